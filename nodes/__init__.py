@@ -1,0 +1,21 @@
+"""ComfyUI glue: the pack's nodes and the model patches they install.
+
+toma_node     -- the ToMA and ToMAAdvanced nodes
+options       -- widget validation and the skip_blocks notation
+apply         -- model family detection and patch installation
+unet_patch    -- SDXL / SD1.5 / SD2 (ComfyUI's UNet)
+flux_patch    -- Flux and the models sharing its block loop
+run_state     -- per-run plans and counters
+ui_stats      -- the stats line pushed to the graph
+"""
+
+from .toma_node import ToMA, ToMAAdvanced
+
+NODE_CLASS_MAPPINGS = {
+    "ToMA": ToMA,
+    "ToMAAdvanced": ToMAAdvanced,
+}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "ToMA": "ToMA Token Merge",
+    "ToMAAdvanced": "ToMA Token Merge (Advanced)",
+}
