@@ -114,9 +114,8 @@ class UNetToMA:
             plan = self.plan_for(x, options, lambda: block.norm1(x))
             if plan is None:
                 return original(x, context=context, transformer_options=options)
-            merged = plan.merge(x)
-            update = original(merged, context=context, transformer_options=options) - merged
-            return x + plan.unmerge(update)
+            return plan.around(
+                lambda t: original(t, context=context, transformer_options=options), x)
 
         return forward
 

@@ -15,6 +15,7 @@ those other tokens pass through untouched.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -105,6 +106,15 @@ class MergePlan:
         grid = y[..., prefix:prefix + n, :].unflatten(-2, (self.regions.count, self.k))
         restored = self.regions.join(self._heads(u, y) @ grid)
         return self._splice(y, restored, prefix, n)
+
+    def around(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+               prefix: int = 0) -> torch.Tensor:
+        """Run a residual block `fn` on merged tokens and unmerge only its update:
+        x + unmerge(fn(merge(x)) - merge(x)), so every token keeps its own residual stream.
+        x [B, prefix + N + suffix, C]; fn maps the merged sequence to one of the same shape.
+        """
+        merged = self.merge(x, prefix)
+        return x + self.unmerge(fn(merged) - merged, prefix)
 
     @staticmethod
     def _splice(x: torch.Tensor, grid: torch.Tensor, prefix: int, n: int) -> torch.Tensor:

@@ -1,0 +1,303 @@
+"""Checks the UI-format workflows in example_workflows/ (they appear in ComfyUI's template browser).
+
+Every workflow must parse, use only this pack's nodes or known ComfyUI core nodes, have consistent
+links, and give this pack's nodes widget values that fit their current INPUT_TYPES (widget values
+are stored by position, so a reordered or retyped widget breaks these files).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from toma_pack.nodes import NODE_CLASS_MAPPINGS
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "example_workflows"
+EXAMPLE_FILES = sorted(EXAMPLES_DIR.glob("*.json"))
+EXPECTED_EXAMPLES = {
+    "sdxl_toma_txt2img.json",
+    "flux_dev_toma_txt2img.json",
+    "sdxl_toma_hires_fix.json",
+}
+
+# ComfyUI core node types the examples may use (backend nodes plus frontend-only ones).
+CORE_NODE_TYPES = {
+    "CheckpointLoaderSimple",
+    "CLIPTextEncode",
+    "ConditioningZeroOut",
+    "DualCLIPLoader",
+    "EmptyLatentImage",
+    "EmptySD3LatentImage",
+    "FluxGuidance",
+    "KSampler",
+    "LatentUpscaleBy",
+    "SaveImage",
+    "UNETLoader",
+    "VAEDecode",
+    "VAELoader",
+    # frontend-only
+    "Note",
+    "MarkdownNote",
+    "Reroute",
+}
+
+# Widget counts of the core nodes used, read from ComfyUI's nodes.py / comfy_extras (KSampler's
+# seed brings the frontend's control_after_generate value; DualCLIPLoader has the optional
+# "device" combo on current versions).
+CORE_WIDGET_COUNTS = {
+    "CheckpointLoaderSimple": {1},
+    "CLIPTextEncode": {1},
+    "ConditioningZeroOut": {0},
+    "DualCLIPLoader": {3, 4},
+    "EmptyLatentImage": {3},
+    "EmptySD3LatentImage": {3},
+    "FluxGuidance": {1},
+    "KSampler": {7},
+    "LatentUpscaleBy": {2},
+    "SaveImage": {1},
+    "UNETLoader": {2},
+    "VAEDecode": {0},
+    "VAELoader": {1},
+    "Note": {1},
+    "MarkdownNote": {1},
+}
+
+TOMA_TYPES = {"ToMA", "ToMAAdvanced"}
+SEED_CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
+SCALAR_WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
+NON_WIDGET_NODE_TYPES = {"Note", "MarkdownNote", "Reroute"}
+
+
+def load(path: Path) -> dict:
+    with path.open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+def nodes_by_id(workflow: dict) -> dict:
+    return {node["id"]: node for node in workflow["nodes"]}
+
+
+def widget_specs(node_class) -> list[tuple[str, object, dict]]:
+    """(name, type or combo list, options) for each widget, in the order the frontend makes them;
+    the seed-style control_after_generate value appears as its own ("<name>:control") entry."""
+    input_types = node_class.INPUT_TYPES()
+    specs = []
+    for section in ("required", "optional"):
+        for name, spec in (input_types.get(section) or {}).items():
+            kind = spec[0]
+            opts = dict(spec[1]) if len(spec) > 1 and isinstance(spec[1], dict) else {}
+            if opts.get("forceInput"):
+                continue
+            if kind == "COMBO":
+                kind = list(opts.get("options", []))
+            if isinstance(kind, (list, tuple)):
+                specs.append((name, list(kind), opts))
+            elif str(kind) in SCALAR_WIDGET_TYPES:
+                specs.append((name, str(kind), opts))
+                if opts.get("control_after_generate"):
+                    specs.append((f"{name}:control", sorted(SEED_CONTROL_VALUES), {}))
+    return specs
+
+
+def check_value(name: str, kind, opts: dict, value) -> None:
+    if isinstance(kind, list):
+        assert value in kind, f"{name}={value!r} is not one of {kind}"
+        return
+    if kind == "BOOLEAN":
+        assert isinstance(value, bool), f"{name}={value!r} should be a boolean"
+        return
+    if kind == "STRING":
+        assert isinstance(value, str), f"{name}={value!r} should be a string"
+        return
+    if kind == "INT":
+        assert isinstance(value, int) and not isinstance(value, bool), (
+            f"{name}={value!r} should be an integer"
+        )
+    else:  # FLOAT
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), (
+            f"{name}={value!r} should be a number"
+        )
+        assert math.isfinite(value), f"{name}={value!r} should be finite"
+    if "min" in opts:
+        assert value >= opts["min"], f"{name}={value!r} is below min {opts['min']}"
+    if "max" in opts:
+        assert value <= opts["max"], f"{name}={value!r} is above max {opts['max']}"
+
+
+def test_expected_examples_exist():
+    names = {path.name for path in EXAMPLE_FILES}
+    assert EXPECTED_EXAMPLES <= names, f"missing: {sorted(EXPECTED_EXAMPLES - names)}"
+
+
+def test_core_types_are_not_shadowed_by_the_pack():
+    assert not CORE_NODE_TYPES & set(NODE_CLASS_MAPPINGS)
+
+
+def test_pack_exports_toma():
+    assert "ToMA" in NODE_CLASS_MAPPINGS
+
+
+@pytest.fixture(params=EXAMPLE_FILES, ids=[path.name for path in EXAMPLE_FILES])
+def workflow(request) -> dict:
+    return load(request.param)
+
+
+def test_top_level_structure(workflow):
+    for key in ("last_node_id", "last_link_id", "nodes", "links", "version"):
+        assert key in workflow, key
+    assert isinstance(workflow["nodes"], list) and workflow["nodes"]
+    assert isinstance(workflow["links"], list)
+    ids = [node["id"] for node in workflow["nodes"]]
+    assert len(ids) == len(set(ids)), "duplicate node ids"
+    assert all(isinstance(i, int) for i in ids)
+    assert workflow["last_node_id"] >= max(ids)
+    link_ids = [link[0] for link in workflow["links"]]
+    assert len(link_ids) == len(set(link_ids)), "duplicate link ids"
+    if link_ids:
+        assert workflow["last_link_id"] >= max(link_ids)
+    for node in workflow["nodes"]:
+        for key in ("id", "type", "pos", "size", "flags", "order", "mode", "properties"):
+            assert key in node, f"node {node.get('id')} lacks {key}"
+        assert len(node["pos"]) == 2 and len(node["size"]) == 2
+        assert isinstance(node.get("inputs", []), list)
+        assert isinstance(node.get("outputs", []), list)
+        assert isinstance(node.get("widgets_values", []), list)
+
+
+def test_node_types_are_known(workflow):
+    known = CORE_NODE_TYPES | set(NODE_CLASS_MAPPINGS)
+    unknown = {node["type"] for node in workflow["nodes"]} - known
+    assert not unknown, f"unknown node types: {sorted(unknown)}"
+
+
+def test_links_are_consistent(workflow):
+    nodes = nodes_by_id(workflow)
+    links = {}
+    for link in workflow["links"]:
+        assert len(link) == 6, link
+        link_id, src, src_slot, dst, dst_slot, link_type = link
+        links[link_id] = link
+        assert src in nodes, f"link {link_id}: no source node {src}"
+        assert dst in nodes, f"link {link_id}: no target node {dst}"
+        outputs = nodes[src].get("outputs") or []
+        inputs = nodes[dst].get("inputs") or []
+        assert 0 <= src_slot < len(outputs), f"link {link_id}: no output slot {src_slot}"
+        assert 0 <= dst_slot < len(inputs), f"link {link_id}: no input slot {dst_slot}"
+        output, input_ = outputs[src_slot], inputs[dst_slot]
+        assert link_id in (output.get("links") or []), f"link {link_id} missing from output"
+        assert input_.get("link") == link_id, f"link {link_id} missing from input"
+        assert output["type"] == link_type == input_["type"], (
+            f"link {link_id}: {output['type']} -> {link_type} -> {input_['type']}"
+        )
+
+    # And the other way round: every link id a node mentions exists and points back.
+    for node in workflow["nodes"]:
+        for slot, input_ in enumerate(node.get("inputs") or []):
+            link_id = input_.get("link")
+            if link_id is not None:
+                assert link_id in links, f"node {node['id']} input {input_['name']}: {link_id}"
+                assert links[link_id][3:5] == [node["id"], slot]
+        for slot, output in enumerate(node.get("outputs") or []):
+            for link_id in output.get("links") or []:
+                assert link_id in links, f"node {node['id']} output {output['name']}: {link_id}"
+                assert links[link_id][1:3] == [node["id"], slot]
+
+
+def test_required_inputs_are_connected(workflow):
+    for node in workflow["nodes"]:
+        if node["type"] in NON_WIDGET_NODE_TYPES:
+            continue
+        for input_ in node.get("inputs") or []:
+            if input_.get("widget"):
+                continue
+            assert input_.get("link") is not None, (
+                f"node {node['id']} ({node['type']}) input {input_['name']} is not connected"
+            )
+
+
+def test_pack_node_widgets_fit_their_inputs(workflow):
+    pack_nodes = [node for node in workflow["nodes"] if node["type"] in NODE_CLASS_MAPPINGS]
+    assert any(node["type"] in TOMA_TYPES for node in pack_nodes), "example without a ToMA node"
+    for node in pack_nodes:
+        specs = widget_specs(NODE_CLASS_MAPPINGS[node["type"]])
+        values = node.get("widgets_values", [])
+        assert len(values) == len(specs), (
+            f"node {node['id']} ({node['type']}): {len(values)} widget values for "
+            f"{[name for name, _, _ in specs]}"
+        )
+        for (name, kind, opts), value in zip(specs, values, strict=True):
+            check_value(f"{node['type']}.{name}", kind, opts, value)
+
+
+def test_toma_widget_layout_is_the_published_one():
+    # Saved workflows store widget values by position: this order must never change.
+    names = [name for name, _, _ in widget_specs(NODE_CLASS_MAPPINGS["ToMA"])]
+    assert names[:4] == ["ratio", "tile_count", "skip_blocks", "recompute_every"]
+
+
+def test_core_node_widget_counts(workflow):
+    for node in workflow["nodes"]:
+        if node["type"] in CORE_WIDGET_COUNTS:
+            count = len(node.get("widgets_values", []))
+            assert count in CORE_WIDGET_COUNTS[node["type"]], (
+                f"node {node['id']} ({node['type']}) has {count} widget values"
+            )
+
+
+def test_ksampler_widgets(workflow):
+    for node in workflow["nodes"]:
+        if node["type"] != "KSampler":
+            continue
+        seed, control, steps, cfg, sampler, scheduler, denoise = node["widgets_values"]
+        assert isinstance(seed, int) and seed >= 0
+        assert control in SEED_CONTROL_VALUES
+        assert isinstance(steps, int) and steps >= 1
+        assert isinstance(cfg, (int, float)) and 0 <= cfg <= 100
+        assert isinstance(sampler, str) and isinstance(scheduler, str)
+        assert isinstance(denoise, (int, float)) and 0 < denoise <= 1
+
+
+def test_every_example_has_a_note(workflow):
+    notes = [n for n in workflow["nodes"] if n["type"] in {"Note", "MarkdownNote"}]
+    assert notes, "each example explains itself in a note"
+    assert all(
+        isinstance(n["widgets_values"][0], str) and "ToMA" in n["widgets_values"][0] for n in notes
+    )
+
+
+def _model_source(nodes: dict, links: dict, node: dict) -> dict:
+    input_ = next(i for i in node["inputs"] if i["name"] == "model")
+    return nodes[links[input_["link"]][1]]
+
+
+def test_hires_fix_merges_only_the_large_pass():
+    workflow = load(EXAMPLES_DIR / "sdxl_toma_hires_fix.json")
+    nodes = nodes_by_id(workflow)
+    links = {link[0]: link for link in workflow["links"]}
+    samplers = [n for n in workflow["nodes"] if n["type"] == "KSampler"]
+    assert len(samplers) == 2
+    first = next(n for n in samplers if n["widgets_values"][6] == 1.0)
+    second = next(n for n in samplers if n["widgets_values"][6] < 1.0)
+    assert _model_source(nodes, links, first)["type"] == "CheckpointLoaderSimple"
+    assert _model_source(nodes, links, second)["type"] in TOMA_TYPES
+    latent = next(i for i in second["inputs"] if i["name"] == "latent_image")
+    assert nodes[links[latent["link"]][1]]["type"] == "LatentUpscaleBy"
+
+
+@pytest.mark.parametrize(
+    ("name", "latent_type"),
+    [
+        ("sdxl_toma_txt2img.json", "EmptyLatentImage"),
+        ("flux_dev_toma_txt2img.json", "EmptySD3LatentImage"),
+    ],
+)
+def test_txt2img_examples_sample_through_toma_at_1024(name, latent_type):
+    workflow = load(EXAMPLES_DIR / name)
+    nodes = nodes_by_id(workflow)
+    links = {link[0]: link for link in workflow["links"]}
+    (sampler,) = [n for n in workflow["nodes"] if n["type"] == "KSampler"]
+    assert _model_source(nodes, links, sampler)["type"] in TOMA_TYPES
+    (latent,) = [n for n in workflow["nodes"] if n["type"] == latent_type]
+    assert latent["widgets_values"][:2] == [1024, 1024]
