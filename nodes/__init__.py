@@ -1,6 +1,7 @@
 """ComfyUI glue: the pack's nodes and the model patches they install.
 
 toma_node     -- the ToMA and ToMAAdvanced nodes
+preview_node  -- ToMAPreview, the merge overlay
 options       -- widget validation and the skip_blocks notation
 apply         -- model family detection and patch installation
 unet_patch    -- SDXL / SD1.5 / SD2 (ComfyUI's UNet)
@@ -9,13 +10,16 @@ run_state     -- per-run plans and counters
 ui_stats      -- the stats line pushed to the graph
 """
 
+from .preview_node import ToMAPreview
 from .toma_node import ToMA, ToMAAdvanced
 
 NODE_CLASS_MAPPINGS = {
     "ToMA": ToMA,
     "ToMAAdvanced": ToMAAdvanced,
+    "ToMAPreview": ToMAPreview,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "ToMA": "ToMA Token Merge",
     "ToMAAdvanced": "ToMA Token Merge (Advanced)",
+    "ToMAPreview": "ToMA Merge Preview",
 }

@@ -67,7 +67,7 @@ class ToMAState:
             self._report(run)
 
     def diffusion_model_wrapper(self, executor: Callable, *args, **kwargs):
-        """WrappersMP.DIFFUSION_MODEL: a throwaway run when the model is called outside a sampler."""
+        """WrappersMP.DIFFUSION_MODEL: a throwaway run for a model call outside a sampler."""
         if self.run is not None:
             return executor(*args, **kwargs)
         self.run = RunState(PlanCache(self.options.recompute_every))

@@ -5,6 +5,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import toma_dev  # noqa: E402
+import toma_dev
 
 toma_dev.load_pack()

@@ -90,7 +90,7 @@ class MergePlan:
         return w.unsqueeze(1) if x.dim() == 4 else w
 
     def merge(self, x: torch.Tensor, prefix: int = 0) -> torch.Tensor:
-        """x [B, prefix + N + suffix, C] (or [B, heads, ..., D]) -> [B, prefix + R*k + suffix, C]."""
+        """x [B, prefix + N + suffix, C] (or [B, heads, L, D]) -> [B, prefix + R*k + suffix, C]."""
         n = self.tokens
         self._check(x, n, prefix)
         m, _ = self._weights(x)
