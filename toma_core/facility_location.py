@@ -31,6 +31,24 @@ def similarity(xn: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Ten
     return sim
 
 
+def gram_similarity(x: torch.Tensor, valid: torch.Tensor | None = None,
+                    eps: float = 1e-6) -> torch.Tensor:
+    """Cosine similarity inside each region from raw features: x [..., S, C] -> [..., S, S].
+
+    The same values as `similarity(normalized(x), valid)` up to float rounding, but without the
+    normalised copy of x: the float32 Gram matrix X X^T scaled by the inverse norms read off its
+    diagonal (norms below `eps` count as `eps`, as in `normalized`). Features are expected to be
+    normalised hidden states (entries far below 1e18), so their squared norms fit in float32.
+    """
+    x = x.float()
+    gram = x @ x.transpose(-1, -2)
+    inv = gram.diagonal(dim1=-2, dim2=-1).clamp_min(eps * eps).rsqrt()
+    sim = gram.mul_(inv.unsqueeze(-1)).mul_(inv.unsqueeze(-2))
+    if valid is not None:
+        sim.masked_fill_(~(valid[..., :, None] & valid[..., None, :]), -1.0)
+    return sim
+
+
 def greedy_facility_location(sim: torch.Tensor, k: int,
                              valid: torch.Tensor | None = None) -> torch.Tensor:
     """Pick k destinations per region greedily.
@@ -42,18 +60,23 @@ def greedy_facility_location(sim: torch.Tensor, k: int,
     s = sim.shape[-1]
     if not 1 <= k <= s:
         raise ValueError(f"k must be in [1, {s}], got {k}")
+    if valid is not None and k > (fewest := int(valid.sum(-1).min())):
+        raise ValueError(f"k must be at most {fewest} (valid slots in the smallest region), "
+                         f"got {k}")
     cover = torch.zeros(sim.shape[:-1], dtype=sim.dtype, device=sim.device)   # [..., S]
     blocked = torch.zeros(sim.shape[:-1], dtype=torch.bool, device=sim.device)
     if valid is not None:
         blocked = blocked | ~valid
     shifted = sim + 1.0
+    buf = torch.empty_like(shifted)
     picks = []
     for _ in range(k):
-        gain = (shifted - cover.unsqueeze(-2)).clamp_min_(0).sum(-1)          # [..., S]
-        pick = gain.masked_fill(blocked, -1.0).argmax(-1, keepdim=True)     # [..., 1]
+        # gain(v) = sum_j relu(shifted[v, j] - cover[j]), into one reused [..., S, S] buffer.
+        gain = torch.sub(shifted, cover.unsqueeze(-2), out=buf).clamp_min_(0).sum(-1)
+        pick = gain.masked_fill_(blocked, -1.0).argmax(-1, keepdim=True)   # [..., 1]
         row = shifted.gather(-2, pick.unsqueeze(-1).expand(*pick.shape, s)).squeeze(-2)
-        cover = torch.maximum(cover, row)
-        blocked = blocked.scatter(-1, pick, True)
+        torch.maximum(cover, row, out=cover)
+        blocked.scatter_(-1, pick, True)
         picks.append(pick)
     return torch.cat(picks, -1)
 

@@ -21,8 +21,8 @@ from typing import Literal
 
 import torch
 
-from .facility_location import greedy_facility_location, normalized, similarity
-from .regions import RegionMode, Regions, make_regions
+from .facility_location import gram_similarity, greedy_facility_location
+from .regions import REGION_MODES, RegionMode, Regions, make_regions
 
 UnmergeMethod = Literal["transpose", "pinv"]
 BatchPolicy = Literal["per_item", "shared"]
@@ -143,25 +143,25 @@ class MergePlan:
         return torch.stack([items[i].index_select(dim - 1, r) for i, r in enumerate(rows)])
 
 
-def _assignment(xn: torch.Tensor, picks: torch.Tensor, tau: float,
+def _assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
                 valid: torch.Tensor | None) -> torch.Tensor:
     """P [..., k, S]: softmax over destinations of tau * cos(dest, token); tau = inf is hard.
 
-    Computed in float32 from normalised features; softmax subtracts the column max, so any tau
-    is stable. Pad slot columns are zero.
+    sim [..., S, S] is the region's cosine similarity (float32), so the scores are its rows at
+    the picks; softmax subtracts the column max, so any tau is stable. Pad slot columns are zero.
     """
-    dest = xn.gather(-2, picks.unsqueeze(-1).expand(*picks.shape, xn.shape[-1]))
-    scores = dest @ xn.transpose(-1, -2)                                   # [..., k, S]
+    scores = sim.gather(-2, picks.unsqueeze(-1).expand(*picks.shape, sim.shape[-1]))
     if math.isinf(tau):
         best = scores.argmax(-2, keepdim=True)
         p = torch.zeros_like(scores).scatter_(-2, best, 1.0)
     else:
-        p = torch.softmax(scores * tau, dim=-2)
+        p = torch.softmax(scores.mul_(tau), dim=-2)
     # A destination is its own source: keep that exact so no merged token is ever empty.
-    own = torch.zeros_like(p).scatter_(-1, picks.unsqueeze(-1), 1.0)
-    p = torch.where(own.sum(-2, keepdim=True) > 0, own, p)
+    is_dest = torch.zeros(sim.shape[:-1], dtype=torch.bool, device=sim.device)
+    is_dest.scatter_(-1, picks, True)                                      # [..., S]
+    p.masked_fill_(is_dest.unsqueeze(-2), 0.0).scatter_(-1, picks.unsqueeze(-1), 1.0)
     if valid is not None:
-        p = p * valid.unsqueeze(-2)
+        p.mul_(valid.unsqueeze(-2))
     return p
 
 
@@ -177,6 +177,10 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
     "shared": one set from the batch's mean features, applied to every item (cheaper, coarser).
     """
     _validate(features, h, w, ratio, tau, unmerge, batch)
+    if regions is None and mode not in REGION_MODES:
+        raise ValueError(f"region mode must be one of {REGION_MODES}, got {mode!r}")
+    if regions is not None and (regions.h, regions.w) != (h, w):
+        raise ValueError(f"regions are for a {regions.h}x{regions.w} grid, not {h}x{w}")
     if ratio == 0:
         return None
     regions = (regions or make_regions(h, w, mode, tile_count)).to(features.device)
@@ -184,12 +188,13 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
     if regions.count * k >= h * w:
         return None
     feats = features.float().mean(0, keepdim=True) if batch == "shared" else features
-    xn = regions.split(normalized(feats))                                   # [B', R, S, C]
     valid = regions.valid
-    picks = greedy_facility_location(similarity(xn, valid), k, valid)      # [B', R, k]
-    p = _assignment(xn, picks, tau, valid)
+    sim = gram_similarity(regions.split(feats), valid)                     # [B', R, S, S]
+    picks = greedy_facility_location(sim, k, valid)                        # [B', R, k]
+    p = _assignment(sim, picks, tau, valid)
     m = p / p.sum(-1, keepdim=True)
-    u = torch.linalg.pinv(m) if unmerge == "pinv" else p.transpose(-1, -2)
+    # Contiguous: batched matmuls with a transposed [S, k] operand run up to 3x slower on CPU.
+    u = torch.linalg.pinv(m) if unmerge == "pinv" else p.transpose(-1, -2).contiguous()
     slots = regions.token_ids(features.device)                             # [R, S]
     dest_tokens = slots.expand(picks.shape[0], -1, -1).gather(-1, picks).flatten(1)
     return MergePlan(regions, k, picks, dest_tokens, m, u)

@@ -34,7 +34,8 @@ def step_index(sigma: float, schedule: Sequence[float] | torch.Tensor | None) ->
 @dataclass
 class _Entry:
     plan: MergePlan | None
-    step: int
+    step: int       # step the plan was built at
+    seen: int       # latest step it was asked for
 
 
 class PlanCache:
@@ -49,20 +50,24 @@ class PlanCache:
         self.build_seconds = 0.0
 
     def due(self, key: Hashable, step: int) -> bool:
-        """True when the plan under `key` is missing or was built too many steps ago (or at a
-        later step, as when a new run starts)."""
+        """True when the plan under `key` is missing, was built `recompute_every` or more steps
+        ago, or `step` is earlier than the latest step it served (a new run started, even one
+        that comes back to the very step the plan was built at)."""
         entry = self._entries.get(key)
-        return entry is None or not 0 <= step - entry.step < self.recompute_every
+        return (entry is None or step < entry.seen
+                or step - entry.step >= self.recompute_every)
 
     def get(self, key: Hashable, step: int,
             build: Callable[[], MergePlan | None]) -> MergePlan | None:
         """The plan under `key` for `step`, calling `build()` when it is due."""
         if self.due(key, step):
             start = time.perf_counter()
-            self._entries[key] = _Entry(build(), step)
+            self._entries[key] = _Entry(build(), step, step)
             self.build_seconds += time.perf_counter() - start
             self.builds += 1
-        return self._entries[key].plan
+        entry = self._entries[key]
+        entry.seen = step
+        return entry.plan
 
     def clear(self) -> None:
         """Forget every plan (the counters stay)."""

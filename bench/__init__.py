@@ -1,0 +1,1 @@
+"""Benchmarks for the ToMA pack (scripts, not tests): `python -m bench.kernels`."""

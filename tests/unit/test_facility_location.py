@@ -1,0 +1,220 @@
+"""Greedy facility location (toma_core.facility_location) against brute force and its guarantee."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from toma_pack.toma_core import (
+    coverage,
+    greedy_facility_location,
+    make_regions,
+    normalized,
+    similarity,
+)
+from toma_pack.toma_core.facility_location import gram_similarity
+
+GREEDY_BOUND = 1.0 - 1.0 / math.e
+TOL = 1e-4
+
+
+def _features(seed: int, s: int, c: int, duplicates: bool = False) -> torch.Tensor:
+    """[S, C] random features; with `duplicates`, drawn from a pool of <= S // 2 + 1 vectors."""
+    gen = torch.Generator().manual_seed(seed)
+    if not duplicates:
+        return torch.randn(s, c, generator=gen)
+    pool = torch.randn(max(1, s // 2 + 1) if s > 1 else 1, c, generator=gen)
+    return pool[torch.randint(len(pool), (s,), generator=gen)]
+
+
+def _sim(x: torch.Tensor) -> torch.Tensor:
+    return similarity(normalized(x))
+
+
+def _brute_force(sim: torch.Tensor, k: int) -> float:
+    """max over every k-subset of the coverage objective (sim [S, S])."""
+    s = sim.shape[-1]
+    subsets = torch.tensor(list(itertools.combinations(range(s), k)))
+    return float(coverage(sim.expand(len(subsets), s, s), subsets).max())
+
+
+def _objective(sim: torch.Tensor, picks: list[int]) -> float:
+    """f(D) = sum_j max_{d in D} (sim[d, j] + 1), f({}) = 0, straight from the definition."""
+    if not picks:
+        return 0.0
+    return float((sim[picks] + 1.0).max(0).values.sum())
+
+
+def test_normalized_unit_rows_float32() -> None:
+    x = torch.randn(3, 5, 7).half()
+    xn = normalized(x)
+    assert xn.dtype == torch.float32
+    torch.testing.assert_close(xn.norm(dim=-1), torch.ones(3, 5), atol=1e-3, rtol=0)
+    zero = normalized(torch.zeros(2, 4))
+    assert torch.isfinite(zero).all() and not zero.any()
+
+
+def test_similarity_symmetric_with_unit_diagonal() -> None:
+    sim = _sim(torch.randn(2, 4, 9, 6))
+    assert sim.shape == (2, 4, 9, 9)
+    torch.testing.assert_close(sim, sim.transpose(-1, -2))
+    torch.testing.assert_close(sim.diagonal(dim1=-2, dim2=-1), torch.ones(2, 4, 9))
+    assert bool((sim <= 1 + 1e-5).all() and (sim >= -1 - 1e-5).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_gram_similarity_matches_normalised_dot(dtype: torch.dtype) -> None:
+    """The Gram shortcut gives the cosine similarity of normalise-then-dot, pads masked alike."""
+    x = (torch.randn(2, 3, 6, 40) * torch.rand(2, 3, 6, 1) * 10).to(dtype)
+    x[0, 1, 2] = 0                                     # a zero token: similarity 0, not NaN
+    valid = torch.tensor([[True] * 6, [True] * 4 + [False] * 2, [True] * 5 + [False]])
+    for v in (None, valid):
+        got = gram_similarity(x, v)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, similarity(normalized(x), v), atol=2e-6, rtol=0)
+    assert not gram_similarity(x)[0, 1, 2].any()
+
+
+def test_similarity_masks_pad_slots() -> None:
+    valid = torch.tensor([[True, True, False], [True, True, True]])
+    sim = similarity(normalized(torch.randn(1, 2, 3, 4)), valid)
+    assert bool((sim[0, 0, 2, :] == -1).all() and (sim[0, 0, :, 2] == -1).all())
+    assert bool((sim[0, 1] > -1.5).all())
+    assert float(sim[0, 1, 2, 2]) == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("s", [1, 2, 5, 9])
+def test_k1_is_optimal(seed: int, s: int) -> None:
+    """k = 1: the greedy's single pick maximises f over all singletons."""
+    sim = _sim(_features(seed, s, 4))
+    picks = greedy_facility_location(sim, 1)
+    assert picks.shape == (1,)
+    assert _objective(sim, picks.tolist()) == pytest.approx(_brute_force(sim, 1), abs=TOL)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("s", [1, 3, 8])
+def test_k_equals_s_picks_everything(seed: int, s: int) -> None:
+    sim = _sim(_features(seed, s, 3, duplicates=seed % 2 == 1))
+    picks = greedy_facility_location(sim, s)
+    assert sorted(picks.tolist()) == list(range(s))
+    assert _objective(sim, picks.tolist()) == pytest.approx(_brute_force(sim, s), abs=TOL)
+
+
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), s=st.integers(1, 9), k=st.integers(1, 4),
+       c=st.integers(1, 5), duplicates=st.booleans())
+def test_greedy_guarantee(seed: int, s: int, k: int, c: int, duplicates: bool) -> None:
+    """f(greedy) >= (1 - 1/e) f(optimum); picks distinct; each pick has the largest gain."""
+    k = min(k, s)
+    sim = _sim(_features(seed, s, c, duplicates))
+    picks = greedy_facility_location(sim, k).tolist()
+    assert len(picks) == k and len(set(picks)) == k
+    assert all(0 <= p < s for p in picks)
+    value = _objective(sim, picks)
+    best = _brute_force(sim, k)
+    assert value <= best + TOL
+    assert value >= GREEDY_BOUND * best - TOL
+    # The greedy property itself: every pick's marginal gain is the largest available then.
+    # f(D + v) for every v at once: sum_j max(cover_j, sim[v, j] + 1), in float64.
+    shifted = sim.double() + 1.0
+    cover = torch.zeros(s, dtype=torch.float64)
+    gains = []
+    for i, p in enumerate(picks):
+        with_v = torch.maximum(shifted, cover).sum(-1)
+        with_v[picks[:i]] = -math.inf
+        base = float(cover.sum())
+        assert float(with_v[p]) >= float(with_v.max()) - TOL
+        gains.append(float(with_v[p]) - base)
+        cover = torch.maximum(cover, shifted[p])
+    assert sum(gains) == pytest.approx(value, abs=TOL)
+    # Submodularity: the greedy's gains never increase.
+    assert all(b <= a + TOL for a, b in zip(gains, gains[1:], strict=False))
+
+def test_coverage_matches_definition() -> None:
+    sim = _sim(torch.randn(7, 5))
+    for picks in ([0], [3, 1], [6, 2, 4], list(range(7))):
+        got = float(coverage(sim, torch.tensor(picks)))
+        assert got == pytest.approx(_objective(sim, picks), abs=1e-5)
+    # All tokens picked: each covers itself at similarity 1, shifted to 2.
+    assert float(coverage(sim, torch.arange(7))) == pytest.approx(14.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 8])
+def test_identical_tokens_never_repeat(k: int) -> None:
+    """All gains tie at 0 after the first pick: picks stay distinct, lowest slots first."""
+    sim = _sim(torch.ones(8, 4))
+    picks = greedy_facility_location(sim, k)
+    assert picks.tolist() == list(range(k))
+    batched = _sim(torch.ones(3, 2, 8, 4))
+    picks = greedy_facility_location(batched, k)
+    assert picks.shape == (3, 2, k)
+    for row in picks.reshape(-1, k).tolist():
+        assert len(set(row)) == k
+
+
+def test_batched_equals_per_region() -> None:
+    """One batched call over [B, R] equals the greedy run on each region alone."""
+    x = torch.randn(2, 5, 9, 6, generator=torch.Generator().manual_seed(3))
+    x[1, 2] = x[1, 2, :1]  # a region of identical tokens among ordinary ones
+    sim = _sim(x)
+    picks = greedy_facility_location(sim, 4)
+    assert picks.shape == (2, 5, 4)
+    for b in range(2):
+        for r in range(5):
+            assert torch.equal(picks[b, r], greedy_facility_location(sim[b, r], 4))
+
+
+def test_greedy_is_deterministic() -> None:
+    sim = _sim(torch.randn(4, 16, 8))
+    assert torch.equal(greedy_facility_location(sim, 6), greedy_facility_location(sim, 6))
+
+
+@pytest.mark.parametrize(("h", "w", "tile_count"), [(5, 7, 4), (45, 80, 64), (11, 3, 2)])
+def test_pad_slots_never_picked(h: int, w: int, tile_count: int) -> None:
+    """Ragged regions: even with k = the smallest region's size, pad slots are never chosen."""
+    regions = make_regions(h, w, "tile", tile_count)
+    assert not regions.even
+    x = torch.randn(2, h * w, 5, generator=torch.Generator().manual_seed(h * w))
+    xn = regions.split(normalized(x))
+    sim = similarity(xn, regions.valid)
+    for k in sorted({1, max(1, regions.min_size // 2), regions.min_size}):
+        picks = greedy_facility_location(sim, k, regions.valid)
+        chosen_valid = regions.valid.expand(2, -1, -1).gather(-1, picks)
+        assert bool(chosen_valid.all())
+        assert all(len(set(row)) == k for row in picks.reshape(-1, k).tolist())
+    # The smallest regions with k = their size: exactly their valid slots.
+    k = regions.min_size
+    picks = greedy_facility_location(sim, k, regions.valid)
+    smallest = (regions.valid.sum(-1) == k).nonzero().flatten()
+    for r in smallest.tolist():
+        expected = regions.valid[r].nonzero().flatten().tolist()
+        assert sorted(picks[0, r].tolist()) == expected
+
+
+def test_pad_slots_with_identical_tokens() -> None:
+    """Ties at zero gain must still skip pad slots (they sit at the region's end)."""
+    regions = make_regions(5, 7, "tile", 4)
+    xn = regions.split(normalized(torch.ones(1, 35, 3)))
+    sim = similarity(xn, regions.valid)
+    picks = greedy_facility_location(sim, regions.min_size, regions.valid)
+    assert bool(regions.valid.gather(-1, picks[0]).all())
+
+
+@pytest.mark.parametrize("k", [0, -1, 10])
+def test_k_out_of_range(k: int) -> None:
+    sim = _sim(torch.randn(9, 3))
+    with pytest.raises(ValueError, match="k"):
+        greedy_facility_location(sim, k)
+
+
+def test_k_more_than_valid_slots_rejected() -> None:
+    regions = make_regions(5, 7, "tile", 4)
+    sim = similarity(regions.split(normalized(torch.randn(1, 35, 3))), regions.valid)
+    with pytest.raises(ValueError, match="k"):
+        greedy_facility_location(sim, regions.min_size + 1, regions.valid)
