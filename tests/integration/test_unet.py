@@ -1,0 +1,184 @@
+"""ToMA on ComfyUI's UNet (the tiny SDXL-layout model), sampled with comfy.sample.sample.
+
+The tiny model has attention at latent/2 and latent/4 (like SDXL): with a 64x64 latent those are
+32x32 = 1024 and 16x16 = 256 tokens, 17 transformer blocks in all.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import comfy_harness as ch
+import pytest
+import torch
+from toma_pack.nodes import ToMA, ToMAAdvanced
+from toma_pack.nodes import run_state as run_state_module
+
+LAYERS = 17
+
+
+def advanced(model, ratio=0.5, scope="block", levels="all", recompute_every=5, **extra):
+    settings = dict(start_percent=0.0, end_percent=1.0, unet_levels=levels, merge_scope=scope,
+                    region="tile", tau=1000.0, unmerge="transpose", batch_policy="per_item",
+                    verbose=False)
+    settings.update(extra)
+    (patched,) = ToMAAdvanced().patch(model, ratio, 0, "d0-4, s0-4", recompute_every,
+                                      unique_id="7", **settings)
+    return patched
+
+
+def run(model, batch=2, height=64, width=64, **kwargs):
+    positive, negative = ch.sdxl_conds(batch, width * 8, height * 8)
+    latent = ch.empty_latent(model, batch, height, width)
+    return ch.sample(model, latent, positive, negative, **kwargs)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.fixture(scope="module")
+def sdxl():
+    return ch.tiny_sdxl_patcher()
+
+
+@pytest.fixture
+def self_attention_lengths(monkeypatch):
+    """Query lengths of every self-attention call (cross-attention has the text's key length)."""
+    import comfy.ldm.modules.attention as attention
+
+    lengths: list[int] = []
+    inner = attention.optimized_attention
+
+    def recording(q, k, v, *args, **kwargs):
+        if k.shape[-2] == q.shape[-2] or k.shape[1] == q.shape[1]:
+            lengths.append(q.shape[1])
+        return inner(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "optimized_attention", recording)
+    return lengths
+
+
+@pytest.fixture
+def stats(monkeypatch):
+    """The stats dicts the node sends to the graph when a run ends."""
+    sent: list[dict] = []
+    monkeypatch.setattr(run_state_module, "send_stats", lambda node, s: sent.append(s))
+    return sent
+
+
+def test_ratio_zero_is_bit_identical(sdxl):
+    (patched,) = ToMA().patch(sdxl, 0.0, 0, "d0-4, s0-4", 5)
+    assert torch.equal(run(patched), run(sdxl))
+
+
+@pytest.mark.parametrize("scope", ["block", "attention"])
+def test_merging_halves_the_self_attention_sequences(sdxl, scope, self_attention_lengths):
+    run(sdxl, steps=1, cfg=1.0)
+    full = sorted(set(self_attention_lengths))
+    self_attention_lengths.clear()
+    run(advanced(sdxl, scope=scope), steps=1, cfg=1.0)
+    assert full == [256, 1024]
+    assert sorted(set(self_attention_lengths)) == [128, 512]
+
+
+def test_auto_levels_leave_small_levels_alone(sdxl, self_attention_lengths, stats):
+    (patched,) = ToMA().patch(sdxl, 0.5, 0, "d0-4, s0-4", 5, unique_id="3")
+    run(patched, steps=2, cfg=1.0)
+    # 1024-token level merged to 512; the 256-token level runs whole
+    assert sorted(set(self_attention_lengths)) == [256, 512]
+    assert stats[-1]["layers_merged"] == 5 and stats[-1]["layers_total"] == LAYERS
+    assert stats[-1]["levels"] == [{"name": "32x32", "tokens": 1024, "merged_tokens": 512}]
+
+
+@pytest.mark.parametrize("scope", ["block", "attention"])
+def test_outputs_finite_near_unpatched_and_worse_with_more_merging(sdxl, scope):
+    base = run(sdxl)
+    errors = [rel_err(run(advanced(sdxl, ratio, scope)), base) for ratio in (0.25, 0.75)]
+    assert all(e < 0.9 for e in errors), errors
+    assert errors[0] < errors[1], errors
+
+
+def test_input_model_untouched(sdxl):
+    options = copy.deepcopy(sdxl.model_options)
+    before = run(sdxl)
+    patched = advanced(sdxl)
+    run(patched)
+    assert sdxl.model_options == options and not sdxl.object_patches
+    assert torch.equal(run(sdxl), before)
+
+
+@pytest.mark.parametrize("batch,height,width", [(1, 64, 64), (2, 64, 64), (3, 40, 56),
+                                                (2, 48, 80)])
+def test_batches_and_non_square_latents(sdxl, batch, height, width, attention):
+    out = run(advanced(sdxl), batch=batch, height=height, width=width, steps=2)
+    assert out.shape == (batch, 4, height, width)
+    assert torch.isfinite(out).all()
+
+
+def test_batch_items_get_their_own_destinations(sdxl):
+    """Item 0 of a batch of 2 equals that item sampled alone with per_item destinations; with
+    the shared policy the other item's features move it."""
+    positive, negative = ch.sdxl_conds(2, 512, 512)
+    latent = ch.empty_latent(sdxl, 2, 64, 64)
+
+    def first(cond):
+        return [[cond[0][0][:1], {**cond[0][1], "pooled_output": cond[0][1]["pooled_output"][:1]}]]
+
+    for policy, same in (("per_item", True), ("shared", False)):
+        patched = advanced(sdxl, batch_policy=policy)
+        pair = ch.sample(patched, latent, positive, negative, steps=2)
+        one = ch.sample(patched, latent[:1], first(positive), first(negative), steps=2)
+        assert (rel_err(pair[:1], one) < 1e-5) == same, policy
+
+
+def test_plans_follow_the_sigma_schedule_not_call_counts(sdxl, stats, caplog):
+    """Heun calls the model twice per step and CFG twice per call; with recompute_every 2 over
+    4 steps, each plan (one per level and cond/uncond layout) is built at steps 0 and 2."""
+    patched = advanced(sdxl, recompute_every=2, verbose=True)
+    with caplog.at_level(logging.INFO, logger="ToMA"):
+        run(patched, sampler="heun", steps=4)
+    assert "4 plans built" in caplog.text  # 2 levels x 2 rebuilds (cond and uncond batched)
+    assert stats[-1]["steps_merged"] == 4 and stats[-1]["steps_total"] == 4
+
+
+def test_runs_leave_no_state_and_repeat_exactly(sdxl):
+    patched = advanced(sdxl)
+    first = run(patched)
+    assert torch.equal(run(patched), first)
+
+
+def test_partial_denoise_and_step_window(sdxl, stats):
+    out = run(advanced(sdxl, start_percent=0.5), steps=4, denoise=0.6)
+    assert torch.isfinite(out).all()
+    assert stats[-1]["steps_merged"] == 2
+
+
+def test_other_attn1_patches_still_run(sdxl):
+    calls = []
+
+    def other(n, context, value, extra_options):
+        calls.append(n.shape[1])
+        return n, context, value
+
+    model = sdxl.clone()
+    model.set_model_attn1_patch(other)
+    out = run(advanced(model, scope="attention"), steps=1)
+    assert torch.isfinite(out).all() and calls and set(calls) == {256, 1024}
+
+
+def test_applying_twice_merges_once(sdxl, self_attention_lengths):
+    twice = advanced(advanced(sdxl))
+    out = run(twice, steps=1, cfg=1.0)
+    assert torch.isfinite(out).all()
+    assert sorted(set(self_attention_lengths)) == [128, 512]
+
+
+def test_bad_widget_values_name_the_widget(sdxl):
+    with pytest.raises(ValueError, match="ratio"):
+        ToMA().patch(sdxl, 1.5, 0, "d0-4, s0-4", 5)
+    with pytest.raises(ValueError, match="recompute_every"):
+        ToMA().patch(sdxl, 0.5, 0, "d0-4, s0-4", 0)
+    with pytest.raises(ValueError, match="merge_scope"):
+        advanced(sdxl, scope="everything")
