@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from comfy_harness import (
     attention_backend,
     comfy_version,

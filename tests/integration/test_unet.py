@@ -9,9 +9,10 @@ from __future__ import annotations
 import copy
 import logging
 
-import comfy_harness as ch
 import pytest
 import torch
+
+import comfy_harness as ch
 from toma_pack.nodes import ToMA, ToMAAdvanced
 from toma_pack.nodes import run_state as run_state_module
 

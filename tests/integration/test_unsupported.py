@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import comfy_harness as ch
 import pytest
 import torch
+
+import comfy_harness as ch
 from toma_pack.nodes import ToMA
 
 

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from toma_pack.nodes import NODE_CLASS_MAPPINGS
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "example_workflows"

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from toma_pack.toma_core import (
     coverage,
     greedy_facility_location,

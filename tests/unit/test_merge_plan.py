@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from toma_pack.toma_core import (
     REGION_MODES,
     UNMERGE_METHODS,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from toma_pack.toma_core import PlanCache, build_plan, step_index
 
 # A decreasing Karras-like schedule ending at 0, as ComfyUI's samplers pass it.

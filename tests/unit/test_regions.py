@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from toma_pack.toma_core import REGION_MODES, Regions, make_regions, tile_grid
 
 GRIDS = [(1, 1), (1, 9), (9, 1), (2, 2), (3, 5), (8, 8), (32, 32), (45, 80), (67, 101), (64, 64),

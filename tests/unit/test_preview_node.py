@@ -1,0 +1,62 @@
+"""ToMAPreview draws tiles, destinations and assignments over a picture."""
+
+import pytest
+import torch
+
+from toma_pack.nodes import ToMAPreview
+from toma_pack.nodes.preview_node import palette, token_features
+
+OUTER = "16px (SDXL outer, Flux)"
+
+
+def picture(height=256, width=256):
+    y = torch.linspace(0, 1, height).view(-1, 1, 1)
+    x = torch.linspace(0, 1, width).view(1, -1, 1)
+    rgb = torch.cat([y.expand(height, width, 1), x.expand(height, width, 1),
+                     (x * y).expand(height, width, 1)], -1)
+    return rgb.unsqueeze(0).clamp(0, 1) * 0.8 + 0.1
+
+
+def render(image, ratio=0.5, tiles=4, level=OUTER):
+    return ToMAPreview().render(image, ratio, tiles, level)[0]
+
+
+def test_shape_range_and_batch_kept():
+    image = torch.cat([picture(200, 328), picture(200, 328).flip(1)])
+    out = render(image)
+    assert out.shape == image.shape
+    assert out.min() >= 0 and out.max() <= 1
+
+
+def test_tile_borders_are_white_lines():
+    out = render(picture(), tiles=4)                 # 16x16 tokens, 2x2 tiles of 8x8
+    assert torch.all(out[0, 128] == 1) and torch.all(out[0, :, 128] == 1)
+    assert not torch.all(out[0, 64] == 1)
+
+
+def test_merging_fewer_colours_than_tokens():
+    """Tokens tinted by their destination: at ratio 0.75 a tile shows at most k tints."""
+    image = picture()
+    plain = render(image, ratio=0.0)
+    merged = render(image, ratio=0.75)
+    overlay = merged - 0.55 * image.float()
+    cells = overlay[0, 4::16, 4::16].reshape(-1, 3)  # one pixel inside each 16px cell
+    top_left = overlay[0, 4:128:16, 4:128:16].reshape(-1, 3)
+    assert not torch.equal(plain, merged)
+    # k = 16 destinations in this tile: at most 16 tints, each also in a darker shade
+    assert len(torch.unique(top_left.round(decimals=2), dim=0)) <= 2 * 16
+    assert len(torch.unique(cells.round(decimals=2), dim=0)) > 2 * 16
+
+
+def test_features_and_palette():
+    feats, h, w = token_features(picture(100, 70)[0], 16)
+    assert (h, w) == (7, 5) and feats.shape == (1, 35, 48)
+    assert torch.allclose(feats.mean(1), torch.zeros(48), atol=1e-6)
+    colours = palette(torch.arange(50))
+    assert colours.shape == (50, 3) and len(torch.unique(colours, dim=0)) == 50
+
+
+@pytest.mark.parametrize("args,match", [((0.5, 4, "nope"), "level"), ((1.5, 4, OUTER), "ratio")])
+def test_bad_input_names_the_widget(args, match):
+    with pytest.raises(ValueError, match=match):
+        ToMAPreview().render(picture(), *args)
