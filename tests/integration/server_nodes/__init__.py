@@ -1,0 +1,84 @@
+"""Test-only ComfyUI node pack: a tiny SDXL source and a latent sink, for tests/integration.
+
+ComfyUI loads this folder as a custom node pack only inside test_server.py's temporary base
+directory (comfy_server.py links it there); it is never part of the ToMA pack. No VAE, no
+weights on disk: the model is comfy_harness's random-weight tiny SDXL, built in the server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+# ComfyUI imports this file through a symlink: resolve it to find the harness beside it.
+_HARNESS_FILE = Path(__file__).resolve().parent.parent / "comfy_harness.py"
+_HARNESS_NAME = "toma_test_server_harness"
+
+
+def _harness() -> ModuleType:
+    """comfy_harness under a private name (no sys.path change inside the server)."""
+    if _HARNESS_NAME not in sys.modules:
+        spec = importlib.util.spec_from_file_location(_HARNESS_NAME, _HARNESS_FILE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_HARNESS_NAME] = module
+        spec.loader.exec_module(module)
+        # It warns that it cannot force CPU mode once ComfyUI is imported: the server already
+        # runs with --cpu.
+        logging.getLogger(_HARNESS_NAME).setLevel(logging.ERROR)
+    return sys.modules[_HARNESS_NAME]
+
+
+class ToMATestTinySDXL:
+    """Tiny random-weight SDXL with matching conditioning and an empty latent."""
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:  # noqa: N802 (ComfyUI's name)
+        return {"required": {
+            # 64x64 latent: the outer attention level has 32x32 = 1024 tokens, where ToMA's
+            # "auto" levels start merging.
+            "latent_size": ("INT", {"default": 64, "min": 8, "max": 256, "step": 8}),
+            "seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1}),
+        }}
+
+    RETURN_TYPES = ("MODEL", "CONDITIONING", "CONDITIONING", "LATENT")
+    RETURN_NAMES = ("model", "positive", "negative", "latent")
+    FUNCTION = "build"
+    CATEGORY = "testing/ToMA"
+
+    def build(self, latent_size: int, seed: int) -> tuple:
+        harness = _harness()
+        model = harness.tiny_sdxl_patcher(seed)
+        pixels = latent_size * 8
+        positive, negative = harness.sdxl_conds(1, pixels, pixels, seed=seed)
+        latent = harness.empty_latent(model, 1, latent_size, latent_size)
+        return model, positive, negative, {"samples": latent}
+
+
+class ToMATestLatentSink:
+    """Output node: reports the sampled latent's shape and whether it is finite."""
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:  # noqa: N802 (ComfyUI's name)
+        return {"required": {"samples": ("LATENT",)}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "report"
+    OUTPUT_NODE = True
+    CATEGORY = "testing/ToMA"
+
+    def report(self, samples: dict) -> dict:
+        latent = samples["samples"]
+        # UI values are lists: ComfyUI concatenates them across list-mapped executions.
+        return {"ui": {"latent_shape": [list(latent.shape)],
+                       "finite": [bool(torch.isfinite(latent).all())]}}
+
+
+NODE_CLASS_MAPPINGS = {
+    "ToMATestTinySDXL": ToMATestTinySDXL,
+    "ToMATestLatentSink": ToMATestLatentSink,
+}
