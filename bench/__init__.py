@@ -1,1 +1,1 @@
-"""Benchmarks for the ToMA pack (scripts, not tests): `python -m bench.kernels`."""
+"""Benchmarks for the ToMA pack (scripts, not tests): `python -m bench` runs the suite."""

@@ -22,7 +22,8 @@ BASIC_INPUTS = {
     "tile_count": ("INT", {
         "default": 0, "min": 0, "max": 4096, "step": 1,
         "tooltip": "Tiles per image at each merged level; destinations are chosen inside each "
-                   "tile. 0 = the model family's default (64 for UNet models, 256 for Flux). "
+                   "tile. 0 = measured defaults: UNet models use tiles of about 8x8 tokens at "
+                   "every level (64 tiles at SDXL's outer level at 1024x1024), Flux 256 tiles. "
                    "With region 'stripe' it is the number of stripes."}),
     "skip_blocks": ("STRING", {
         "default": DEFAULT_SKIP_BLOCKS, "multiline": False,

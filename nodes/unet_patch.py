@@ -29,7 +29,9 @@ from .run_state import ToMAState, plain_function
 
 log = logging.getLogger("ToMA")
 
-DEFAULT_TILE_COUNT = 64
+# tile_count 0: tiles of about 8x8 tokens at every level (64 tiles at SDXL's 4096-token level,
+# 16 at its 1024-token level). bench/: lowest block error at both levels, same speed.
+TOKENS_PER_TILE = 64
 # Levels below this many tokens are left alone by "auto": merging costs more than it saves there
 # (see bench/ and the README's Benchmarks section).
 AUTO_MIN_TOKENS = 1024
@@ -74,10 +76,10 @@ class UNetToMA:
             return None
         o = self.state.options
         key = ("unet", h, w, x.shape[0], tuple(options.get("cond_or_uncond") or ()))
+        tiles = o.tile_count or max(1, round(h * w / TOKENS_PER_TILE))
         plan = self.state.plan(key, step, lambda: build_plan(
-            features(), h, w, o.ratio, mode=o.region,
-            tile_count=o.tile_count or DEFAULT_TILE_COUNT, tau=o.tau, unmerge=o.unmerge,
-            batch=o.batch_policy))
+            features(), h, w, o.ratio, mode=o.region, tile_count=tiles, tau=o.tau,
+            unmerge=o.unmerge, batch=o.batch_policy))
         self.state.record(layer, level, h * w, plan, step)
         return plan
 

@@ -1,0 +1,114 @@
+"""What a benchmark run uses: device, dtype, repetitions, and ComfyUI when COMFYUI_PATH is set."""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Settings shared by the sections.
+
+    batch: images per block call (1: one latent, no CFG batching); warmup/reps: untimed and
+    timed calls per variant, interleaved across variants; comfy: ComfyUI's classes are in use;
+    clock: "wall" (perf_counter) or "cpu" (this process's CPU time: steadier on a shared CPU
+    machine when torch runs one thread; meaningless on CUDA).
+    """
+
+    device: torch.device
+    dtype: torch.dtype
+    quick: bool
+    comfy: bool
+    batch: int = 1
+    warmup: int = 2
+    reps: int = 7
+    seed: int = 0
+    clock: str = "wall"
+
+    def now(self) -> float:
+        """Seconds on the configured clock."""
+        return time.process_time() if self.clock == "cpu" else time.perf_counter()
+
+    def sync(self) -> None:
+        """Wait for queued kernels (CUDA); nothing on CPU."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def default_config(quick: bool, comfy: bool, device: str | None = None,
+                   clock: str = "wall") -> BenchConfig:
+    """CUDA in bf16 when a GPU is present, else CPU in fp32; quick: 1 warm-up, 3 reps."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    warmup, reps = (1, 3) if quick else (2, 7)
+    if dev.type == "cuda":
+        warmup, reps = warmup + 3, reps * 3
+    if clock == "cpu" and dev.type == "cuda":
+        raise ValueError("the cpu clock cannot time CUDA kernels: use the wall clock")
+    return BenchConfig(dev, dtype, quick, comfy, warmup=warmup, reps=reps, clock=clock)
+
+
+def setup_comfy(device: torch.device) -> bool:
+    """Put the ComfyUI at COMFYUI_PATH on sys.path (CPU mode on CPU, SDPA attention) and load
+    this pack as `toma_pack`. False, doing nothing, when COMFYUI_PATH is unset."""
+    path = os.environ.get("COMFYUI_PATH")
+    if not path:
+        return False
+    if not (Path(path) / "comfy").is_dir():
+        raise SystemExit(f"COMFYUI_PATH={path} is not a ComfyUI checkout (no comfy/ folder)")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import comfy.options  # (before cli_args on some versions)
+    from comfy.cli_args import args
+
+    if "comfy.model_management" in sys.modules:
+        log.warning("comfy.model_management was imported before setup: CPU/SDPA not applied")
+    args.cpu = device.type == "cpu"
+    args.use_pytorch_cross_attention = True
+    import comfy.ldm.modules.attention  # noqa: F401  (picks its attention function now)
+
+    load_pack()
+    return True
+
+
+def load_pack():
+    """This checkout as the package `toma_pack` (see toma_dev.py)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import toma_dev
+
+    return toma_dev.load_pack()
+
+
+def interleaved_medians(calls: dict[str, Callable[[], object]], cfg: BenchConfig,
+                        warmup: int | None = None, reps: int | None = None) -> dict[str, float]:
+    """Median seconds per call, the calls interleaved: every repetition runs each once, in
+    alternating order, so machine noise hits all of them alike. inference_mode throughout."""
+    warmup = cfg.warmup if warmup is None else warmup
+    reps = cfg.reps if reps is None else reps
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for name in names:
+                calls[name]()
+        for rep in range(reps):
+            for name in names if rep % 2 == 0 else reversed(names):
+                cfg.sync()
+                start = cfg.now()
+                calls[name]()
+                cfg.sync()
+                times[name].append(cfg.now() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
