@@ -82,8 +82,8 @@ HIDDEN = {"unique_id": "UNIQUE_ID"}
 DESCRIPTION = (
     "ToMA token merging: merges similar image tokens inside tiles so the transformer blocks run "
     "on fewer tokens, then spreads the result back. Put it between the model loader (and any "
-    "LoRA) and the sampler. Helps at 1024x1024 and above (SDXL, Flux); at 512x512 and below "
-    "there are too few tokens and it stands aside. Works on " + SUPPORTED + "; other models get "
+    "LoRA) and the sampler. Helps most at 1024x1024 and above (SDXL, Flux); UNet levels under "
+    "1024 tokens (SDXL below 512x512) are left alone. Works on " + SUPPORTED + "; other models get "
     "an error.")
 
 
