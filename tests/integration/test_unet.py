@@ -183,3 +183,15 @@ def test_bad_widget_values_name_the_widget(sdxl):
         ToMA().patch(sdxl, 0.5, 0, "d0-4, s0-4", 0)
     with pytest.raises(ValueError, match="merge_scope"):
         advanced(sdxl, scope="everything")
+
+
+def test_hires_fix_second_pass_at_a_new_size(sdxl, stats):
+    """One patched model, two passes: plans are keyed on the grid, so the larger second pass
+    (img2img from the upscaled first pass) gets its own plans."""
+    patched = advanced(sdxl)
+    first = run(patched, height=48, width=48, steps=2)
+    upscaled = torch.nn.functional.interpolate(first, scale_factor=1.5, mode="nearest")
+    positive, negative = ch.sdxl_conds(2, 72 * 8, 72 * 8)
+    second = ch.sample(patched, upscaled, positive, negative, steps=2, denoise=0.5)
+    assert second.shape == (2, 4, 72, 72) and torch.isfinite(second).all()
+    assert [lv["name"] for lv in stats[-1]["levels"]] == ["18x18", "36x36"]
