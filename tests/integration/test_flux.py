@@ -1,0 +1,557 @@
+"""ToMA on a tiny random-weight Flux model, run through real ComfyUI sampling.
+
+Most checks read one sampling run made with two recording "dit" patches around ToMA's: an inner
+one (installed before ToMA, standing for another pack's patch: ToMA must wrap it) sees exactly
+what reaches ComfyUI's block; an outer one (installed after, wrapping ToMA's) sees the block's
+real input. A wrapper on Flux's attention function records the sequence length reaching
+attention. The plan is rebuilt in the test from the outer input with toma_core, so the merged
+tokens, RoPE rows and mask rows are checked against an independent computation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import comfy_harness as ch
+from toma_pack.nodes.apply import apply_toma
+from toma_pack.nodes.flux_patch import DEFAULT_TILE_COUNT, existing_replace
+from toma_pack.nodes.options import make_options
+from toma_pack.toma_core import build_plan, destinations_per_region, make_regions
+
+DOUBLES, SINGLES = 2, 2         # the harness's tiny Flux
+TEXT_TOKENS = 16
+SKIP = "d0"                     # merged: d1 (a group of one), s0-s1 (a group of two)
+MERGED = {("double", 1), ("single", 0), ("single", 1)}
+GROUP_FIRST = {("double", 1): ("double", 1), ("single", 0): ("single", 0),
+               ("single", 1): ("single", 0)}
+
+
+# Model calls -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def flux():
+    return ch.tiny_flux_patcher()
+
+
+def flux_conds(batch: int = 1, reference=None, mask=None, mask_grid=None):
+    """(positive, negative); optional Kontext reference latent and [B, L, L] attention mask."""
+    positive, negative = ch.flux_conds(batch, TEXT_TOKENS)
+    extra = positive[0][1]
+    if reference is not None:
+        extra["reference_latents"] = [reference]
+    if mask is not None:
+        extra["attention_mask"] = mask
+        extra["attention_mask_img_shape"] = mask_grid
+    return positive, negative
+
+
+def sample(model, latent_hw, positive, negative, steps=2, cfg=2.0, noise=None):
+    """ComfyUI's sampling on a [1, 16, h, w] latent, or on given noise [B, 16, h, w]."""
+    if noise is None:
+        latent = ch.empty_latent(model, 1, *latent_hw)
+        return ch.sample(model, latent, positive, negative, steps=steps, cfg=cfg)
+    import comfy.sample
+
+    return comfy.sample.sample(model, noise, steps, cfg, "euler", "normal", positive, negative,
+                               torch.zeros_like(noise), disable_pbar=True, seed=0)
+
+
+@contextlib.contextmanager
+def attention_recorder(batches: bool = False, masks: bool = False):
+    """Record every Flux attention call: sequence length (with batch size or mask if asked).
+    Wraps comfy.ldm.flux.layers.attention, the function both block kinds call; restored after."""
+    import comfy.ldm.flux.layers as layers
+
+    seen: list = []
+    original = layers.attention
+
+    def attention(q, k, v, pe, mask=None, **kwargs):
+        if batches:
+            seen.append((q.shape[2], q.shape[0]))
+        elif masks:
+            seen.append((q.shape[2], None if mask is None else mask.clone()))
+        else:
+            seen.append(q.shape[2])
+        return original(q, k, v, pe=pe, mask=mask, **kwargs)
+
+    layers.attention = attention
+    try:
+        yield seen
+    finally:
+        layers.attention = original
+
+
+# Recording patches -----------------------------------------------------------------------------
+class Recorder:
+    """A "dit" replace patch on every block that records its args, then hands on the call:
+    to `previous` (the patch that was there) or to the original block."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, dict]] = []
+
+    def install(self, model, doubles: int = DOUBLES, singles: int = SINGLES) -> None:
+        for kind, depth in (("double", doubles), ("single", singles)):
+            for i in range(depth):
+                previous = existing_replace(model, f"{kind}_block", i)
+                model.set_model_patch_replace(self.patch(kind, i, previous), "dit",
+                                              f"{kind}_block", i)
+
+    def patch(self, kind: str, index: int, previous):
+        def f(args: dict, extra: dict) -> dict:
+            self.calls.append((kind, index, {
+                k: args[k].clone() for k in ("img", "txt", "pe", "attn_mask")
+                if torch.is_tensor(args.get(k))}))
+            return previous(args, extra) if previous is not None else extra["original_block"](args)
+
+        return f
+
+
+def grid_of(latent_h: int, latent_w: int) -> tuple[int, int]:
+    return (latent_h + 1) // 2, (latent_w + 1) // 2
+
+
+def expected_merged(h: int, w: int, ratio: float) -> int:
+    regions = make_regions(h, w, "tile", DEFAULT_TILE_COUNT)
+    return regions.count * destinations_per_region(ratio, regions)
+
+
+def plan_from(outer_args: dict, kind: str, h: int, w: int, ratio: float):
+    """The plan ToMA should have built from a group's first block input (independently)."""
+    img = outer_args["img"]
+    prefix = 0 if kind == "double" else TEXT_TOKENS
+    grid = img[:, prefix:prefix + h * w]
+    return build_plan(F.layer_norm(grid.float(), grid.shape[-1:]), h, w, ratio,
+                      tile_count=DEFAULT_TILE_COUNT)
+
+
+# One recorded run shared by several tests ------------------------------------------------------
+LATENT = (16, 20)               # 8 x 10 image tokens
+REF_LATENT = (6, 8)             # a Kontext reference: 3 x 4 = 12 tokens appended
+RATIO = 0.5
+
+
+@pytest.fixture(scope="module")
+def recorded(flux):
+    inner, outer = Recorder(), Recorder()
+    inner_model = flux.clone()
+    inner.install(inner_model)
+    toma = apply_toma(inner_model, make_options(RATIO, skip_blocks=SKIP, recompute_every=1))
+    outer.install(toma)
+    ref = torch.randn(1, 16, *REF_LATENT, generator=torch.Generator().manual_seed(5))
+    positive, negative = flux_conds(reference=ref)
+    with attention_recorder() as lengths:
+        out = sample(toma, LATENT, positive, negative, steps=2, cfg=2.0)
+    assert len(inner.calls) == len(outer.calls) > 0
+    return {"inner": inner.calls, "outer": outer.calls, "lengths": lengths, "out": out,
+            "positive": positive, "negative": negative}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def test_ratio_zero_is_bit_identical(flux, attention):
+    positive, negative = flux_conds()
+    base = sample(flux, LATENT, positive, negative)
+    off = sample(apply_toma(flux, make_options(0.0)), LATENT, positive, negative)
+    assert torch.equal(off, base)
+    # and merging does something, more of it the higher the ratio (the tiny model's tokens are
+    # random, so even light merging moves the result by 10-20 %)
+    errors = [rel_err(sample(apply_toma(flux, make_options(r, skip_blocks="none")), LATENT,
+                             positive, negative), base) for r in (0.25, 0.75)]
+    assert 0.01 < errors[0] < errors[1] < 0.7
+
+
+def test_attention_sees_merged_image_tokens_only_in_merged_blocks(recorded):
+    h, w = grid_of(*LATENT)
+    merged = expected_merged(h, w, RATIO)
+    assert merged == 40                                 # 20 tiles of 2 x 2 keep 2 each: half
+    lengths = recorded["lengths"]
+    blocks = [(kind, i) for kind, i, _ in recorded["outer"]]
+    assert len(lengths) == len(blocks)
+    for (kind, i), seq, (_, _, outer) in zip(blocks, lengths, recorded["outer"], strict=True):
+        refs = outer["img"].shape[1] - h * w - (TEXT_TOKENS if kind == "single" else 0)
+        assert refs in (0, 12)                          # cond calls carry the reference
+        image = merged if (kind, i) in MERGED else h * w
+        assert seq == TEXT_TOKENS + image + refs, (kind, i)
+
+
+def test_text_and_reference_tokens_pass_untouched(recorded):
+    h, w = grid_of(*LATENT)
+    n = h * w
+    merged = expected_merged(h, w, RATIO)
+    seen_refs = False
+    for (kind, i, inner), (_, _, outer) in zip(recorded["inner"], recorded["outer"], strict=True):
+        if (kind, i) not in MERGED:
+            assert torch.equal(inner["img"], outer["img"])
+            continue
+        if kind == "double":
+            assert torch.equal(inner["txt"], outer["txt"])
+            inner_refs, outer_refs = inner["img"][:, merged:], outer["img"][:, n:]
+        else:
+            assert torch.equal(inner["img"][:, :TEXT_TOKENS], outer["img"][:, :TEXT_TOKENS])
+            inner_refs = inner["img"][:, TEXT_TOKENS + merged:]
+            outer_refs = outer["img"][:, TEXT_TOKENS + n:]
+        assert torch.equal(inner_refs, outer_refs)
+        seen_refs |= outer_refs.shape[1] == 12
+        # RoPE rows of text and references are the original ones
+        assert torch.equal(inner["pe"][:, :, :TEXT_TOKENS], outer["pe"][:, :, :TEXT_TOKENS])
+        assert torch.equal(inner["pe"][:, :, TEXT_TOKENS + merged:],
+                           outer["pe"][:, :, TEXT_TOKENS + n:])
+    assert seen_refs
+
+
+def test_merged_tokens_and_rope_rows_follow_the_plan(recorded):
+    """Inner image tokens = plan.merge(outer), inner RoPE rows = destinations' rows, one plan per
+    group (built from the group's first block input)."""
+    h, w = grid_of(*LATENT)
+    firsts: dict = {}
+    checked = 0
+    for (kind, i, inner), (_, _, outer) in zip(recorded["inner"], recorded["outer"], strict=True):
+        if (kind, i) not in MERGED:
+            continue
+        if GROUP_FIRST[(kind, i)] == (kind, i):
+            firsts[(kind, i)] = plan_from(outer, kind, h, w, RATIO)
+        plan = firsts[GROUP_FIRST[(kind, i)]]
+        prefix = 0 if kind == "double" else TEXT_TOKENS
+        torch.testing.assert_close(inner["img"], plan.merge(outer["img"], prefix))
+        assert torch.equal(inner["pe"], plan.merge_positions(outer["pe"], 2, TEXT_TOKENS))
+        # each merged token's RoPE row is its destination's row in the full sequence
+        dest = plan.dest_tokens[0]
+        assert torch.equal(inner["pe"][0, :, TEXT_TOKENS:TEXT_TOKENS + dest.numel()],
+                           outer["pe"][0, :, TEXT_TOKENS + dest])
+        assert len(set(dest.tolist())) == dest.numel()  # distinct destinations
+        checked += 1
+    assert checked >= 3 * 2                              # 3 merged blocks, >= 2 model calls
+
+
+def test_chained_patch_runs_with_merged_args(recorded):
+    """The inner recorder is another pack's patch: it ran for every block call, on merged
+    sequences in merged blocks, and its result (the original block's) was used."""
+    h, w = grid_of(*LATENT)
+    kinds = {(k, i) for k, i, _ in recorded["inner"]}
+    assert kinds == {("double", 0), ("double", 1), ("single", 0), ("single", 1)}
+    pairs = zip(recorded["inner"], recorded["outer"], strict=True)
+    shorter = [(k, i) for (k, i, a), (_, _, b) in pairs if a["img"].shape[1] < b["img"].shape[1]]
+    assert set(shorter) == MERGED
+    assert recorded["out"].shape == (1, 16, *LATENT)
+    assert torch.isfinite(recorded["out"]).all()
+    assert h * w == 80
+
+
+# Scopes, batches, shapes ------------------------------------------------------------------------
+def test_attention_scope_merges_only_double_block_attention(flux):
+    h, w = grid_of(*LATENT)
+    inner = Recorder()
+    model = flux.clone()
+    inner.install(model)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none", merge_scope="attention"))
+    positive, negative = flux_conds()
+    with attention_recorder() as lengths:
+        out = sample(toma, LATENT, positive, negative, steps=1, cfg=1.0)
+    merged = expected_merged(h, w, RATIO)
+    assert lengths == [TEXT_TOKENS + merged] * (DOUBLES + SINGLES)
+    # double blocks get the full image stream (the MLP runs at full length), singles merged
+    img_lengths = [c["img"].shape[1] for _, _, c in inner.calls]
+    assert img_lengths == [h * w] * DOUBLES + [TEXT_TOKENS + merged] * SINGLES
+    base = sample(flux, LATENT, positive, negative, steps=1, cfg=1.0)
+    whole = sample(apply_toma(flux, make_options(RATIO, skip_blocks="none", merge_scope="block")),
+                   LATENT, positive, negative, steps=1, cfg=1.0)
+    assert torch.isfinite(out).all()
+    # the MLPs of the double blocks at full length: closer to the plain model than whole blocks
+    assert 0.01 < rel_err(out, base) < rel_err(whole, base) < 0.5
+
+
+def test_batch_two_with_cfg_keeps_items_apart(flux):
+    """Batch 2 and CFG 2 (one model call of 4 items): each item merges with its own plan, so
+    item 0 does not change when item 1 does, and comes out close to item 0 sampled alone."""
+    toma = apply_toma(flux, make_options(RATIO, skip_blocks="none"))
+    positive, negative = flux_conds()
+    g = torch.Generator().manual_seed(3)
+    noise = torch.randn(2, 16, *LATENT, generator=g)
+    other = torch.cat((noise[:1], torch.randn(1, 16, *LATENT, generator=g)))
+    with attention_recorder(batches=True) as lengths:
+        both = sample(toma, LATENT, positive, negative, steps=2, cfg=2.0, noise=noise)
+    swapped = sample(toma, LATENT, positive, negative, steps=2, cfg=2.0, noise=other)
+    alone = sample(toma, LATENT, positive, negative, steps=2, cfg=2.0, noise=noise[:1])
+    assert {b for _, b in lengths} == {4}
+    assert both.shape == (2, 16, *LATENT)
+    torch.testing.assert_close(both[0], swapped[0], rtol=1e-5, atol=1e-5)
+    assert rel_err(swapped[1], both[1]) > 0.1
+    # other batch sizes round differently; a near-tie may pick another destination
+    assert rel_err(both[:1], alone) < 1e-2
+
+
+@pytest.mark.parametrize("latent", [(13, 17), (9, 4)])
+def test_odd_latent(flux, latent):
+    """Sides not even nor multiples of the tile grid (13 x 17 -> 7 x 9 tokens, ragged tiles);
+    s0 skipped: full length there."""
+    h, w = grid_of(*latent)
+    toma = apply_toma(flux, make_options(RATIO, skip_blocks="s0"))
+    positive, negative = flux_conds()
+    with attention_recorder() as lengths:
+        out = sample(toma, latent, positive, negative, steps=1, cfg=1.0)
+    merged = expected_merged(h, w, RATIO)
+    assert merged < h * w
+    full, short = TEXT_TOKENS + h * w, TEXT_TOKENS + merged
+    assert lengths == [short, short, full, short]
+    assert out.shape == (1, 16, *latent) and torch.isfinite(out).all()
+
+
+def test_attention_mask_is_gathered_at_merged_positions(flux, attention):
+    """A [B, L, L] additive mask (keys of the last 8 text tokens blocked) reaches attention
+    gathered at the merged positions, and the result stays close to the unmerged run."""
+    h, w = grid_of(*LATENT)
+    n = h * w
+    length = TEXT_TOKENS + n
+    mask = torch.zeros(1, length, length)
+    mask[:, :, TEXT_TOKENS - 8:TEXT_TOKENS] = float("-inf")
+    positive, negative = flux_conds(mask=mask, mask_grid=(h, w))
+    outer = Recorder()
+    toma = apply_toma(flux, make_options(RATIO, skip_blocks="none"))
+    outer.install(toma)
+    with attention_recorder(masks=True) as seen:
+        out = sample(toma, LATENT, positive, negative, steps=1, cfg=1.0)
+    merged = expected_merged(h, w, RATIO)
+    masks = [m for _, m in seen]
+    assert all(m is not None and m.shape[-2:] == (TEXT_TOKENS + merged,) * 2 for m in masks)
+    plan = plan_from(outer.calls[0][2], "double", h, w, RATIO)
+    expect = plan.merge_positions(plan.merge_positions(mask, 1, TEXT_TOKENS), 2, TEXT_TOKENS)
+    assert torch.equal(masks[0].reshape(expect.shape), expect)
+    base = sample(flux, LATENT, positive, negative, steps=1, cfg=1.0)
+    assert torch.isfinite(out).all()
+    assert 0.01 < rel_err(out, base) < 0.5
+
+
+def test_skip_blocks_past_depth_is_a_clear_error(flux):
+    with pytest.raises(ValueError, match=r"skip_blocks: d2 is past this model's depth "
+                                         r"\(2 double blocks, d0-d1\)"):
+        apply_toma(flux, make_options(RATIO, skip_blocks="d0-4, s0-4"))
+    with pytest.raises(ValueError, match=r"skip_blocks: s2 is past"):
+        apply_toma(flux, make_options(RATIO, skip_blocks="s1-2"))
+
+
+def test_skipping_every_block_merges_nothing(flux):
+    positive, negative = flux_conds()
+    base = sample(flux, LATENT, positive, negative, steps=1, cfg=1.0)
+    toma = apply_toma(flux, make_options(RATIO, skip_blocks="d0-1, s0-1"))
+    h, w = grid_of(*LATENT)
+    with attention_recorder() as lengths:
+        out = sample(toma, LATENT, positive, negative, steps=1, cfg=1.0)
+    assert lengths == [TEXT_TOKENS + h * w] * (DOUBLES + SINGLES)
+    assert torch.equal(out, base)
+
+
+def test_unfit_mask_leaves_blocks_unmerged_with_one_warning(flux, caplog):
+    """A mask whose query dim is neither 1 nor the sequence cannot be gathered: the blocks run
+    unmerged (attention then rejects the mask exactly as it would without ToMA)."""
+    from toma_pack.nodes.flux_patch import FluxCall, patch_flux
+    from toma_pack.nodes.run_state import RunState, ToMAState
+    from toma_pack.toma_core import PlanCache
+
+    state = ToMAState(make_options(RATIO, skip_blocks="none"), "flux")
+    state.run = RunState(PlanCache(5))
+    model = flux.clone()
+    toma = patch_flux(model, state)
+    toma.calls.append(FluxCall(8, 10))
+    patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
+        ("double_block", 0)]
+    seen = []
+
+    def original(args):
+        seen.append(args["img"].shape[1])
+        return {"img": args["img"], "txt": args["txt"]}
+
+    g = torch.Generator().manual_seed(0)
+    args = {"img": torch.randn(1, 80, 64, generator=g), "txt": torch.randn(1, 8, 64, generator=g),
+            "vec": torch.randn(1, 64), "pe": torch.randn(1, 1, 88, 8, 2, 2),
+            "attn_mask": torch.zeros(1, 7, 88), "transformer_options": {}}
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        patch(args, {"original_block": original})
+        patch(args, {"original_block": original})
+        args["attn_mask"] = torch.zeros(1, 1, 88)        # key-padding form: gathered, merged
+        patch(args, {"original_block": original})
+    assert seen == [80, 80, 40]
+    warnings = [r for r in caplog.records if "attention mask" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+# Direct calls of the replace patches on the model's real blocks -----------------------------------
+def _direct(flux, scope: str = "block"):
+    """patch_flux on a clone, a run opened and a model call of an 8 x 10 grid pushed."""
+    from toma_pack.nodes.flux_patch import FluxCall, patch_flux
+    from toma_pack.nodes.run_state import RunState, ToMAState
+    from toma_pack.toma_core import PlanCache
+
+    state = ToMAState(make_options(RATIO, skip_blocks="none", merge_scope=scope), "flux")
+    state.run = RunState(PlanCache(5))
+    model = flux.clone()
+    toma = patch_flux(model, state)
+    toma.calls.append(FluxCall(8, 10, txt_len=TEXT_TOKENS))
+    return model, toma
+
+
+def _inputs(flux, refs: int = 0):
+    """txt [1, T, 64], img [1, 80 + refs, 64] (smooth along rows), vec, pe for T + 80 + refs."""
+    dm = flux.model.diffusion_model
+    g = torch.Generator().manual_seed(4)
+    rows = torch.randn(1, 8, 1, 64, generator=g).expand(1, 8, 10, 64).reshape(1, 80, 64)
+    img = torch.cat((rows + 0.1 * torch.randn(1, 80, 64, generator=g),
+                     torch.randn(1, refs, 64, generator=g)), 1)
+    txt = torch.randn(1, TEXT_TOKENS, 64, generator=g)
+    ys, xs = torch.meshgrid(torch.arange(8), torch.arange(10), indexing="ij")
+    ids = torch.cat((torch.zeros(1, TEXT_TOKENS, 3),
+                     torch.stack((torch.zeros_like(ys), ys, xs), -1).reshape(1, 80, 3).float(),
+                     torch.ones(1, refs, 3)), 1)
+    return txt, img, torch.randn(1, 64, generator=g), dm.pe_embedder(ids)
+
+
+def test_single_block_unmerges_only_the_update(flux):
+    model, _ = _direct(flux)
+    block = flux.model.diffusion_model.single_blocks[0]
+    txt, img, vec, pe = _inputs(flux, refs=5)
+    x = torch.cat((txt, img), 1)
+    patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
+        ("single_block", 0)]
+
+    def original(a):
+        return {"img": block(a["img"], vec=a["vec"], pe=a["pe"], attn_mask=a["attn_mask"],
+                             transformer_options={})}
+
+    with torch.no_grad():
+        out = patch({"img": x.clone(), "vec": vec, "pe": pe, "attn_mask": None,
+                     "transformer_options": {}}, {"original_block": original})["img"]
+        plan = plan_from({"img": x}, "single", 8, 10, RATIO)
+        merged = plan.merge(x, TEXT_TOKENS)
+        ran = block(merged.clone(), vec=vec, pe=plan.merge_positions(pe, 2, TEXT_TOKENS))
+    m, t = plan.merged_tokens, TEXT_TOKENS
+    assert out.shape == x.shape
+    assert torch.equal(out[:, :t], ran[:, :t])                   # text: the block's output
+    assert torch.equal(out[:, t + 80:], ran[:, t + m:])           # references likewise
+    torch.testing.assert_close(out[:, t:t + 80], x[:, t:t + 80]
+                               + plan.unmerge(ran[:, t:t + m] - merged[:, t:t + m]))
+
+
+@pytest.mark.parametrize("scope", ["block", "attention"])
+def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
+    model, toma = _direct(flux, scope)
+    block = flux.model.diffusion_model.double_blocks[0]
+    txt, img, vec, pe = _inputs(flux, refs=3)
+    patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
+        ("double_block", 0)]
+    hooks = {}
+    if scope == "attention":      # what ComfyUI's object patches do while the model runs
+        for name in ("qkv", "proj"):
+            key = f"diffusion_model.double_blocks.0.img_attn.{name}.forward"
+            hooks[name] = model.object_patches[key]
+
+    def original(a):
+        for name, fn in hooks.items():
+            getattr(block.img_attn, name).forward = fn
+        try:
+            i, t = block(img=a["img"], txt=a["txt"], vec=a["vec"], pe=a["pe"],
+                         attn_mask=a["attn_mask"], transformer_options={})
+        finally:
+            for name in hooks:
+                delattr(getattr(block.img_attn, name), "forward")
+        return {"img": i, "txt": t}
+
+    with torch.no_grad():
+        out = patch({"img": img.clone(), "txt": txt.clone(), "vec": vec, "pe": pe,
+                     "attn_mask": None, "transformer_options": {}}, {"original_block": original})
+        plain_img, plain_txt = block(img=img.clone(), txt=txt.clone(), vec=vec, pe=pe)
+        plan = plan_from({"img": img}, "double", 8, 10, RATIO)
+    assert out["img"].shape == img.shape and out["txt"].shape == txt.shape
+    assert not torch.equal(out["img"], plain_img)
+    if scope == "block":
+        with torch.no_grad():
+            merged = plan.merge(img)
+            ran_img, ran_txt = block(img=merged.clone(), txt=txt.clone(), vec=vec,
+                                     pe=plan.merge_positions(pe, 2, TEXT_TOKENS))
+        m = plan.merged_tokens
+        assert torch.equal(out["txt"], ran_txt)
+        assert torch.equal(out["img"][:, 80:], ran_img[:, m:])
+        torch.testing.assert_close(out["img"][:, :80],
+                                   img[:, :80] + plan.unmerge(ran_img[:, :m] - merged[:, :m]))
+    # both scopes stay near the plain block on these smooth tokens
+    assert float((out["img"] - plain_img).norm() / (plain_img - img).norm()) < 0.5
+    assert not toma.attention                          # no hook state left behind
+
+
+@pytest.mark.parametrize("grid", [(64, 64), (52, 76), (85, 48)],
+                         ids=["1024x1024", "832x1216", "1360x768"])
+def test_real_resolutions_through_a_single_block(flux, grid):
+    """Token grids of common Flux sizes (latent 128x128, 104x152, 170x96) with the default 256
+    tiles: the merged length is about half and the block output keeps its shape."""
+    from toma_pack.nodes.flux_patch import FluxCall
+
+    h, w = grid
+    model, toma = _direct(flux)
+    toma.calls[-1] = FluxCall(h, w, txt_len=TEXT_TOKENS)
+    block = flux.model.diffusion_model.single_blocks[1]
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, TEXT_TOKENS + h * w, 64, generator=g)
+    pe = torch.randn(1, 1, TEXT_TOKENS + h * w, 8, 2, 2, generator=g)
+    seen = []
+
+    def original(a):
+        seen.append(a["img"].shape[1])
+        return {"img": block(a["img"], vec=a["vec"], pe=a["pe"])}
+
+    patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
+        ("single_block", 1)]
+    with torch.no_grad():
+        out = patch({"img": x, "vec": torch.randn(1, 64, generator=g), "pe": pe,
+                     "attn_mask": None, "transformer_options": {}},
+                    {"original_block": original})["img"]
+    merged = expected_merged(h, w, RATIO)
+    assert seen == [TEXT_TOKENS + merged]
+    assert abs(merged - h * w / 2) <= 0.03 * h * w
+    assert out.shape == x.shape and torch.isfinite(out).all()
+
+
+def test_two_toma_nodes_merge_once(flux):
+    """A second ToMA on an already patched model wraps the first one's patches; the sequence is
+    merged by the outer one only (the inner one sees it flagged as merged)."""
+    positive, negative = flux_conds()
+    once = apply_toma(flux, make_options(RATIO, skip_blocks="none"))
+    twice = apply_toma(once, make_options(RATIO, skip_blocks="none"))
+    h, w = grid_of(*LATENT)
+    with attention_recorder() as lengths:
+        out_twice = sample(twice, LATENT, positive, negative, steps=1, cfg=1.0)
+    out_once = sample(once, LATENT, positive, negative, steps=1, cfg=1.0)
+    assert lengths == [TEXT_TOKENS + expected_merged(h, w, RATIO)] * (DOUBLES + SINGLES)
+    torch.testing.assert_close(out_twice, out_once)
+
+
+def test_timestep_zero_references_run_unmerged(flux, caplog):
+    """Flux 2's 'index_timestep_zero' references modulate fixed token spans: such calls are not
+    merged (one warning), other calls still are."""
+    model, toma = _direct(flux)
+    toma.calls.clear()
+    patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
+        ("double_block", 1)]
+    txt, img, vec, pe = _inputs(flux)
+    seen = []
+
+    def original(a):
+        seen.append(a["img"].shape[1])
+        return {"img": a["img"], "txt": a["txt"]}
+
+    def executor(x, *args, **kwargs):
+        return patch({"img": img, "txt": txt, "vec": vec, "pe": pe, "attn_mask": None,
+                      "transformer_options": {}}, {"original_block": original})
+
+    latent = torch.zeros(1, 16, 16, 20)
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        for _ in range(2):
+            toma.grid_wrapper(executor, latent, ref_latents=[latent],
+                              ref_latents_method="index_timestep_zero")
+        toma.grid_wrapper(executor, latent, ref_latents=[latent], ref_latents_method="index")
+    assert seen == [80, 80, expected_merged(8, 10, RATIO)]
+    assert len([r for r in caplog.records if "timestep_zero" in r.getMessage()]) == 1
+    assert toma.calls == []

@@ -1,0 +1,121 @@
+"""Widget validation (make_options) and the skip_blocks notation: pure parsing, no ComfyUI."""
+
+import pytest
+
+from toma_pack.nodes.options import (
+    DEFAULT_SKIP_BLOCKS,
+    SkipBlocks,
+    ToMAOptions,
+    make_options,
+    parse_skip_blocks,
+)
+
+
+# skip_blocks ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, double, single", [
+    ("d0-4, s0-4", range(5), range(5)),
+    ("d0-d4,s0-s4", range(5), range(5)),
+    ("d3", [3], []),
+    ("s7", [], [7]),
+    ("d1 d3  s2", [1, 3], [2]),
+    ("D2 - 5, S0", [2, 3, 4, 5], [0]),      # case and spaces around the dash are forgiven
+    ("d0-4, d2-6", range(7), []),           # overlapping ranges merge
+    ("d18-18", [18], []),
+    ("", [], []),
+    ("none", [], []),
+    ("  None  ", [], []),
+])
+def test_parse_skip_blocks(text, double, single):
+    parsed = parse_skip_blocks(text)
+    assert parsed == SkipBlocks(frozenset(double), frozenset(single))
+
+
+def test_s_with_space_before_number_is_rejected():
+    # "S 0" reads as two parts "s" and "0" after splitting on spaces: both unreadable
+    with pytest.raises(ValueError, match="cannot read 's'"):
+        parse_skip_blocks("s 0")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("x3", "cannot read 'x3'"),
+    ("d", "cannot read 'd'"),
+    ("3", "cannot read '3'"),
+    ("d1-s4", "cannot read 'd1-s4'"),
+    ("d-3", "cannot read 'd-3'"),
+    ("d1.5", "cannot read 'd1.5'"),
+    ("d-1", "cannot read 'd-1'"),
+    ("d5-2", "range 'd5-2' runs backwards"),
+])
+def test_parse_skip_blocks_errors_name_the_widget(text, fragment):
+    with pytest.raises(ValueError) as err:
+        parse_skip_blocks(text)
+    assert str(err.value).startswith("skip_blocks: ")
+    assert fragment in str(err.value)
+
+
+def test_check_depth_accepts_the_last_block_and_names_the_first_past_it():
+    skip = parse_skip_blocks("d0-18, s0-37")
+    skip.check_depth(19, 38)                        # Flux.1: d0-d18, s0-s37 all exist
+    with pytest.raises(ValueError) as err:
+        parse_skip_blocks("d2, d19-20").check_depth(19, 38)
+    assert "skip_blocks: d19 is past this model's depth (19 double blocks, d0-d18)" == str(
+        err.value)
+    with pytest.raises(ValueError, match=r"s40 is past .* \(38 single blocks, s0-s37\)"):
+        parse_skip_blocks("s40").check_depth(19, 38)
+
+
+def test_check_depth_on_a_small_model():
+    with pytest.raises(ValueError, match=r"d2 is past this model's depth \(2 double blocks"):
+        parse_skip_blocks(DEFAULT_SKIP_BLOCKS).check_depth(2, 3)
+
+
+# make_options -------------------------------------------------------------------------------------
+def test_defaults():
+    o = make_options()
+    assert o == ToMAOptions()
+    assert o.skip_blocks == SkipBlocks(frozenset(range(5)), frozenset(range(5)))
+    assert (o.ratio, o.tile_count, o.merge_scope) == (0.5, 0, "auto")
+
+
+def test_values_are_normalised():
+    o = make_options(ratio=1 - 0.25, tile_count=256, skip_blocks="none", recompute_every=3,
+                     merge_scope="attention", verbose=1)
+    assert o.ratio == 0.75 and isinstance(o.ratio, float)
+    assert o.skip_blocks == SkipBlocks(frozenset(), frozenset())
+    assert (o.tile_count, o.recompute_every, o.merge_scope, o.verbose) == (256, 3, "attention",
+                                                                           True)
+
+
+@pytest.mark.parametrize("kwargs, widget", [
+    ({"ratio": -0.1}, "ratio"),
+    ({"ratio": 0.95}, "ratio"),
+    ({"ratio": float("nan")}, "ratio"),
+    ({"ratio": "0.5"}, "ratio"),
+    ({"ratio": True}, "ratio"),
+    ({"tile_count": -1}, "tile_count"),
+    ({"tile_count": 4097}, "tile_count"),
+    ({"tile_count": 64.0}, "tile_count"),
+    ({"recompute_every": 0}, "recompute_every"),
+    ({"start_percent": 1.5}, "start_percent"),
+    ({"end_percent": -0.5}, "end_percent"),
+    ({"start_percent": 0.6, "end_percent": 0.4}, "start_percent"),
+    ({"start_percent": 0.5, "end_percent": 0.5}, "start_percent"),
+    ({"tau": 0.5}, "tau"),
+    ({"unet_levels": "some"}, "unet_levels"),
+    ({"merge_scope": "model"}, "merge_scope"),
+    ({"region": "circle"}, "region"),
+    ({"unmerge": "inverse"}, "unmerge"),
+    ({"batch_policy": "mean"}, "batch_policy"),
+    ({"skip_blocks": None}, "skip_blocks"),
+    ({"skip_blocks": "q1"}, "skip_blocks"),
+])
+def test_make_options_errors_name_the_widget(kwargs, widget):
+    with pytest.raises(ValueError) as err:
+        make_options(**kwargs)
+    assert str(err.value).startswith(widget), str(err.value)
+
+
+def test_choice_error_lists_the_choices():
+    with pytest.raises(ValueError, match="merge_scope must be one of auto, block, attention; "
+                                         "got 'model'"):
+        make_options(merge_scope="model")
