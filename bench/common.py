@@ -17,7 +17,7 @@ import torch
 log = logging.getLogger(__name__)
 
 
-def _sync(device: torch.device | str) -> None:
+def sync(device: torch.device | str) -> None:
     """Wait for queued kernels on a CUDA device (no-op elsewhere)."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
@@ -26,7 +26,7 @@ def _sync(device: torch.device | str) -> None:
 Clock = Literal["wall", "cpu"]
 
 
-def _now(clock: Clock) -> float:
+def now(clock: Clock) -> float:
     """Seconds on `clock`: "wall" (perf_counter) or "cpu" (this process's CPU time, steadier on
     a shared machine when torch runs one thread; it adds up every thread, and misses GPU time)."""
     return time.process_time() if clock == "cpu" else time.perf_counter()
@@ -53,11 +53,11 @@ def median_times(calls: dict[str, Callable[[], Any]], warmup: int = 3, reps: int
                 calls[name]()
         for rep in range(reps):
             for name in names if rep % 2 == 0 else reversed(names):
-                _sync(device)
-                start = _now(clock)
+                sync(device)
+                start = now(clock)
                 calls[name]()
-                _sync(device)
-                times[name].append(_now(clock) - start)
+                sync(device)
+                times[name].append(now(clock) - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -76,12 +76,12 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> in
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    _sync(device)
+    sync(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
     with torch.no_grad():
         fn()
-    _sync(device)
+    sync(device)
     return torch.cuda.max_memory_allocated(device) - base
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .common import median_times, now, sync
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger(__name__)
@@ -39,12 +39,11 @@ class BenchConfig:
 
     def now(self) -> float:
         """Seconds on the configured clock."""
-        return time.process_time() if self.clock == "cpu" else time.perf_counter()
+        return now(self.clock)
 
     def sync(self) -> None:
         """Wait for queued kernels (CUDA); nothing on CPU."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        sync(self.device)
 
 
 def default_config(quick: bool, comfy: bool, device: str | None = None,
@@ -94,21 +93,7 @@ def load_pack():
 
 def interleaved_medians(calls: dict[str, Callable[[], object]], cfg: BenchConfig,
                         warmup: int | None = None, reps: int | None = None) -> dict[str, float]:
-    """Median seconds per call, the calls interleaved: every repetition runs each once, in
-    alternating order, so machine noise hits all of them alike. inference_mode throughout."""
-    warmup = cfg.warmup if warmup is None else warmup
-    reps = cfg.reps if reps is None else reps
-    names = list(calls)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    with torch.inference_mode():
-        for _ in range(warmup):
-            for name in names:
-                calls[name]()
-        for rep in range(reps):
-            for name in names if rep % 2 == 0 else reversed(names):
-                cfg.sync()
-                start = cfg.now()
-                calls[name]()
-                cfg.sync()
-                times[name].append(cfg.now() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median seconds per call, interleaved (see common.median_times), with cfg's device, clock
+    and repetitions unless given."""
+    return median_times(calls, cfg.warmup if warmup is None else warmup,
+                        cfg.reps if reps is None else reps, cfg.device, cfg.clock)
