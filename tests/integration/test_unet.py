@@ -127,11 +127,15 @@ def test_batch_items_get_their_own_destinations(sdxl):
     def first(cond):
         return [[cond[0][0][:1], {**cond[0][1], "pooled_output": cond[0][1]["pooled_output"][:1]}]]
 
-    for policy, same in (("per_item", True), ("shared", False)):
+    errors = {}
+    for policy in ("per_item", "shared"):
         patched = advanced(sdxl, batch_policy=policy)
         pair = ch.sample(patched, latent, positive, negative, steps=2)
         one = ch.sample(patched, latent[:1], first(positive), first(negative), steps=2)
-        assert (rel_err(pair[:1], one) < 1e-5) == same, policy
+        errors[policy] = rel_err(pair[:1], one)
+    # per_item differs from the lone run only by float noise (scaled by tau = 1000 in the
+    # assignment's softmax); shared mixes the other item in.
+    assert errors["per_item"] < 1e-2 and errors["shared"] > 0.1, errors
 
 
 def test_plans_follow_the_sigma_schedule_not_call_counts(sdxl, stats, caplog):
