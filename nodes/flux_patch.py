@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import math
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..toma_core import MergePlan, build_plan
-from .run_state import ToMAState, plain_function
+from .run_state import ToMAState, patch_forward, plain_function
 
 log = logging.getLogger("ToMA")
 
@@ -389,12 +388,8 @@ def install_attention_hooks(model, toma: FluxToMA, diffusion_model: torch.nn.Mod
     (chaining another pack's patch of the same forward)."""
     attn = diffusion_model.double_blocks[index].img_attn
     for name, make in (("qkv", toma.qkv_forward), ("proj", toma.proj_forward)):
-        key = f"diffusion_model.double_blocks.{index}.img_attn.{name}.forward"
-        module = getattr(attn, name)
-        previous = model.object_patches.get(key)
-        original = previous if previous is not None else types.MethodType(type(module).forward,
-                                                                           module)
-        model.add_object_patch(key, make(index, original))
+        patch_forward(model, f"double_blocks.{index}.img_attn.{name}", getattr(attn, name),
+                      lambda original, m=make: m(index, original))
 
 
 def patch_flux(model, state: ToMAState) -> FluxToMA:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
+import types
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+
+import torch
 
 from ..toma_core import MergePlan, PlanCache, step_index
 from .options import ToMAOptions
@@ -32,6 +35,17 @@ def plain_function(method: Callable) -> Callable:
         return method(*args, **kwargs)
 
     return call
+
+
+def patch_forward(model, path: str, module: torch.nn.Module,
+                  make: Callable[[Callable], Callable]) -> None:
+    """Object-patch the forward of `module` (at diffusion_model.<path>) on ModelPatcher `model`
+    with make(original). `original` is another pack's object patch of that forward when there is
+    one (it keeps running, inside ours), else the module's own forward."""
+    key = f"diffusion_model.{path}.forward"
+    previous = model.object_patches.get(key)
+    original = previous if previous is not None else types.MethodType(type(module).forward, module)
+    model.add_object_patch(key, make(original))
 
 
 @dataclass

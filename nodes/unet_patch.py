@@ -19,13 +19,12 @@ already merged it) is left alone.
 from __future__ import annotations
 
 import logging
-import types
 from collections.abc import Callable
 
 import torch
 
 from ..toma_core import MergePlan, build_plan
-from .run_state import ToMAState, plain_function
+from .run_state import ToMAState, patch_forward, plain_function
 
 log = logging.getLogger("ToMA")
 
@@ -161,9 +160,5 @@ def patch_unet(model, state: ToMAState, scope: str) -> None:
         model.set_model_attn1_output_patch(plain_function(toma.attn1_output_patch))
         return
     for name, block in blocks:
-        key = f"diffusion_model.{name}.forward"
-        previous = model.object_patches.get(key)
-        original = previous if previous is not None else types.MethodType(type(block).forward,
-                                                                           block)
-        model.add_object_patch(key, toma.block_forward(block, original))
+        patch_forward(model, name, block, lambda original, b=block: toma.block_forward(b, original))
     log.debug("ToMA: patched %d UNet transformer blocks", len(blocks))
