@@ -59,6 +59,9 @@ class RunState:
     layers_merged: set = field(default_factory=set)
     steps_merged: set = field(default_factory=set)
     levels: dict = field(default_factory=dict)
+    # (sigmas, schedule, step) of the latest call: every block of one model call shares the
+    # same sigmas tensor, so the step (a host read of sigma) is worked out once per call.
+    last_step: tuple | None = None
 
 
 class ToMAState:
@@ -102,9 +105,13 @@ class ToMAState:
         schedule = transformer_options.get("sample_sigmas")
         sigmas = transformer_options.get("sigmas")
         step = 0
-        if schedule is not None and sigmas is not None:
+        last = self.run.last_step
+        if last is not None and last[0] is sigmas and last[1] is schedule:
+            step = last[2]
+        elif schedule is not None and sigmas is not None:
             step = step_index(float(sigmas.flatten()[0]), schedule)
             self.run.steps_total = max(len(schedule) - 1, 1)
+            self.run.last_step = (sigmas, schedule, step)
         fraction = step / self.run.steps_total if self.run.steps_total else 0.0
         if not self.options.start_percent <= fraction < self.options.end_percent:
             return None
