@@ -72,6 +72,14 @@ class ToMAState:
         self.family = family
         self.node_id = node_id
         self.run: RunState | None = None
+        self.notices: list[str] = []   # said once per node, shown in every run's stats
+
+    def notice(self, message: str) -> None:
+        """Tell the user once (log warning, and a note in the stats line of every run) about
+        something ToMA did differently from what was asked, e.g. a scope fallback."""
+        if message not in self.notices:
+            self.notices.append(message)
+            log.warning("ToMA: %s", message)
 
     # Runs ------------------------------------------------------------------------------------
     def outer_sample_wrapper(self, executor: Callable, *args, **kwargs):
@@ -149,8 +157,11 @@ class ToMAState:
             "levels": [{"name": name, "tokens": n, "merged_tokens": m}
                        for name, (n, m) in sorted(run.levels.items())],
         }
+        notes = list(self.notices)
         if not run.layers_merged:
-            stats["note"] = "nothing merged: no layer had enough tokens in the active steps"
+            notes.append("nothing merged: no layer had enough tokens in the active steps")
+        if notes:
+            stats["note"] = "; ".join(notes)
         return stats
 
     def _report(self, run: RunState) -> None:

@@ -1,11 +1,89 @@
 #!/usr/bin/env bash
-# One-time development setup: .venv with CPU torch and the test/benchmark tools.
+# Development and CI setup. Idempotent: each environment is rebuilt only when its inputs change
+# (a stamp file holds the hash of what it was built from), so a second run takes seconds.
+#
+#   .venv/                      torch (CPU build) + test/benchmark tools, plus the requirements
+#                               of the newest ComfyUI source tree in $TOMA_COMFY_TREES (default
+#                               ../shared/comfyui) when there is one
+#   .cache/venvs/<version>/     the same for each older tree (`scripts/venv-for.sh <version>`)
+#
 # TORCH_SPEC overrides the torch requirement (default: the CPU build 2.13.0).
+# Debian's chromium is installed with apt-get when missing and we are root (the frontend tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-# torch first and pinned: an unpinned torch (or one pulled by a dependency) is a multi-GB CUDA build.
-.venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-.venv/bin/python -m pip install -q -r requirements-dev.txt
-.venv/bin/python -c "import torch; print('torch', torch.__version__)"
+ROOT=$PWD
+PY=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+TREES=${TOMA_COMFY_TREES:-$ROOT/../shared/comfyui}
+
+quiet() {  # run a command; print its output only if it fails
+  local log
+  log=$(mktemp)
+  if ! "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    return 1
+  fi
+  rm -f "$log"
+}
+
+stamp_of() {  # hash of what a venv is built from: Python, torch, requirement files, recipe
+  { "$PY" --version; echo "$TORCH_SPEC"; cat requirements-dev.txt "$@"
+    declare -f make_venv add_comfy_requirements; } | sha256sum | cut -d' ' -f1
+}
+
+make_venv() {  # make_venv DIR STAMP: a venv with pinned torch and the dev tools
+  local dir=$1 stamp=$2
+  if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$stamp" ]; then
+    return 1  # up to date
+  fi
+  echo "setup: building $dir"
+  rm -rf "$dir"
+  "$PY" -m venv "$dir"
+  quiet "$dir/bin/python" -m pip install --upgrade pip
+  # torch first and pinned: an unpinned torch (or one pulled by a dependency) is a multi-GB
+  # CUDA build.
+  quiet "$dir/bin/python" -m pip install "$TORCH_SPEC"
+  quiet "$dir/bin/python" -m pip install -r requirements-dev.txt -c <(echo "$TORCH_SPEC")
+  return 0
+}
+
+# torchvision/torchaudio are left out of ComfyUI's requirements: their PyPI wheels need CUDA
+# libraries beside the CPU torch; the tests put ../shared/stubs in their place. spandrel depends
+# on torchvision, so it comes without its dependencies (only the upscale nodes use it).
+add_comfy_requirements() {  # add_comfy_requirements VENV TREE
+  local reqs
+  reqs=$(mktemp)
+  grep -v -E '^\s*(torch|torchvision|torchaudio|spandrel)\s*($|[<>=~!;#])' \
+    "$2/requirements.txt" >"$reqs"
+  quiet "$1/bin/python" -m pip install -r "$reqs" -c <(echo "$TORCH_SPEC")
+  quiet "$1/bin/python" -m pip install --no-deps spandrel
+  rm -f "$reqs"
+}
+
+trees=()
+if [ -d "$TREES" ]; then
+  mapfile -t trees < <(find "$TREES" -mindepth 1 -maxdepth 1 -name 'v*' -printf '%f\n' | sort -V)
+fi
+newest=${trees[${#trees[@]}-1]:-}
+for version in "${trees[@]}" ""; do  # "" last: .venv
+  if [ -z "$version" ]; then
+    dir=.venv tree=${newest:+$TREES/$newest}
+  elif [ "$version" = "$newest" ]; then
+    continue
+  else
+    dir=.cache/venvs/$version tree=$TREES/$version
+  fi
+  stamp=$(stamp_of ${tree:+"$tree/requirements.txt"})
+  if make_venv "$dir" "$stamp"; then
+    [ -z "$tree" ] || add_comfy_requirements "$dir" "$tree"
+    echo "$stamp" >"$dir/.stamp"
+  fi
+done
+
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing Debian chromium (frontend tests)"
+  quiet apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq chromium
+fi
+echo "setup: ok ($("$ROOT/.venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

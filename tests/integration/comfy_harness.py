@@ -4,7 +4,8 @@ Tested against ComfyUI 0.3.64, 0.8.0 and 0.33.0. Nothing here imports `comfy` wh
 imported: `ensure_comfy()` does it once, so that a machine without ComfyUI skips the integration
 tests (see conftest.py) instead of failing to collect them.
 
-Where ComfyUI is: $COMFYUI_PATH, else the ComfyUI folder that holds this pack in custom_nodes/.
+Where ComfyUI is: $COMFYUI_PATH, else the ComfyUI folder that holds this pack in custom_nodes/,
+else the newest source tree in ../shared/comfyui (this project's read-only copies, see its README).
 
 The tiny models are ComfyUI's own SDXL and Flux classes at toy sizes, fp32 on the CPU, with
 weights filled from a seeded generator (uninitialised otherwise: ComfyUI skips weight init).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -31,6 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SHARED_TREES = REPO_ROOT.parent / "shared" / "comfyui"
+# Stand-ins for torchvision/torchaudio, whose PyPI wheels need CUDA beside the CPU torch here;
+# used only with the shared trees and only when the real packages are missing.
+SHARED_STUBS = REPO_ROOT.parent / "shared" / "stubs"
 CPU = torch.device("cpu")
 HOW_TO = (
     "set COMFYUI_PATH=/path/to/ComfyUI (a checkout whose requirements.txt is installed in this "
@@ -127,7 +133,22 @@ def find_comfyui() -> Path:
     for root in _pack_roots():
         if _is_comfyui(root.parent.parent):
             return root.parent.parent.resolve()
+    trees = shared_trees()
+    if trees:
+        return trees[-1]
     raise ComfyUnavailableError(f"no ComfyUI found: {HOW_TO}")
+
+
+def _version_key(path: Path) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", path.name))
+
+
+def shared_trees() -> list[Path]:
+    """The ComfyUI source trees in ../shared/comfyui (v0.3.64, ...), oldest first; [] if none."""
+    if not SHARED_TREES.is_dir():
+        return []
+    return sorted((p.resolve() for p in SHARED_TREES.iterdir() if _is_comfyui(p)),
+                  key=_version_key)
 
 
 def _imported_from(module_name: str) -> Path | None:
@@ -144,7 +165,9 @@ def _import_comfy(path: Path) -> None:
         if where is None or not where.is_relative_to(path):
             raise ComfyUnavailableError(
                 f"a different `comfy` is already imported (from {where}), not {path}")
-    elif str(path) not in sys.path:
+    else:
+        _use_stubs_if_needed(path)
+    if "comfy" not in sys.modules and str(path) not in sys.path:
         # Appended, not prepended: ComfyUI's top-level nodes.py, utils/, app/ must not shadow
         # this pack's own packages (the pack has a nodes/ package) for the other tests.
         sys.path.append(str(path))
@@ -162,6 +185,21 @@ def _import_comfy(path: Path) -> None:
     where = _imported_from("comfy")
     if where is None or not where.is_relative_to(path):
         raise ComfyUnavailableError(f"`comfy` was imported from {where}, not from {path}")
+
+
+def _use_stubs_if_needed(path: Path) -> None:
+    """Put ../shared/stubs on sys.path (and PYTHONPATH, for ComfyUI servers started by tests)
+    when testing a shared tree in a Python without torchvision/torchaudio."""
+    if not path.is_relative_to(SHARED_TREES.resolve()) or not SHARED_STUBS.is_dir():
+        return
+    if all(importlib.util.find_spec(name) for name in ("torchvision", "torchaudio")):
+        return
+    stubs = str(SHARED_STUBS)
+    if stubs not in sys.path:
+        sys.path.insert(0, stubs)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if stubs not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([stubs, *parts])
 
 
 _status: tuple[Path | None, str] | None = None

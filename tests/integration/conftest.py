@@ -3,10 +3,15 @@
 Without one, or when `import comfy` fails in this Python, every test module here is skipped
 with that reason before it is imported (test modules may import comfy at top level, which would
 otherwise be a collection error).
+
+Where ComfyUI must be tested (TOMA_REQUIRE_COMFYUI=1, set by scripts/test.sh, or whenever the
+project's ../shared/comfyui trees exist) a skip is a failure: CI must never go green over tests
+that did not run. Tests that do not apply to a ComfyUI version test what happens there instead.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +42,33 @@ def pytest_pycollect_makemodule(
     if path is not None:
         return None  # pytest's own Module
     return _SkippedModule.from_parent(parent, path=module_path)
+
+
+def require_comfyui() -> bool:
+    """Whether a skipped real-ComfyUI test fails the run (see the module docstring)."""
+    flag = os.environ.get("TOMA_REQUIRE_COMFYUI")
+    if flag is not None:
+        return flag not in ("", "0")
+    return bool(comfy_harness.shared_trees())
+
+
+def _fail_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    if report.skipped and require_comfyui():
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped where ComfyUI must be tested: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    _fail_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    _fail_skip(outcome.get_result())
 
 
 def pytest_report_header() -> str:

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The test command (README, Development; .ci/run runs exactly this). Sets up what is missing
+# (scripts/setup.sh: venvs rebuilt only when their inputs change), then runs
+#   ruff, the unit tests, the integration/server/frontend tests once per ComfyUI source tree
+#   in ../shared/comfyui (each in its own venv), and the JavaScript tests.
+# Output stays quiet unless something fails; skipped tests are listed with their reasons.
+#
+# Where ../shared/comfyui exists, nothing may skip for want of ComfyUI: TOMA_REQUIRE_COMFYUI=1
+# turns such a skip into a failure (tests/integration/conftest.py).
+#
+#   bash scripts/test.sh                 everything
+#   bash scripts/test.sh v0.8.0 [pytest arguments]    integration tests on one version only
+#                                   (default tests/integration), e.g. tests/integration/test_flux.py
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TREES=${TOMA_COMFY_TREES:-$ROOT/../shared/comfyui}
+bash scripts/setup.sh >/dev/null
+
+only=""
+if [ $# -gt 0 ] && [ -d "$TREES/$1" ]; then
+  only=$1
+  shift
+fi
+PYTEST=(-q -rs -p no:cacheprovider)
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(tests/integration)
+started=$SECONDS
+
+if [ -z "$only" ]; then
+  .venv/bin/ruff check --quiet .
+  echo "== unit tests"
+  .venv/bin/python -m pytest "${PYTEST[@]}" tests/unit
+fi
+
+if [ -d "$TREES" ]; then
+  for tree in "$TREES"/v*/; do
+    version=$(basename "$tree")
+    [ -z "$only" ] || [ "$only" = "$version" ] || continue
+    echo "== integration tests on ComfyUI $version"
+    TOMA_REQUIRE_COMFYUI=1 COMFYUI_PATH=${tree%/} \
+      "$(bash scripts/venv-for.sh "$version")/bin/python" -m pytest "${PYTEST[@]}" "${targets[@]}"
+  done
+else
+  echo "== integration tests: no ComfyUI source trees at $TREES"
+  .venv/bin/python -m pytest "${PYTEST[@]}" tests/integration
+fi
+
+if [ -z "$only" ]; then
+  echo "== JavaScript tests"
+  node --test tests/js/ >/tmp/toma-js-tests.log 2>&1 || { cat /tmp/toma-js-tests.log; exit 1; }
+  grep -E "^# (tests|pass|fail)" /tmp/toma-js-tests.log | tr '\n' ' '
+  echo
+fi
+echo "== all tests passed in $((SECONDS - started)) s"
