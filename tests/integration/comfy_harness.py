@@ -417,17 +417,20 @@ def flux_conds(batch: int, txt_len: int, guidance: float = 3.5,
 # Sampling --------------------------------------------------------------------------------------
 def sample(patcher: ModelPatcher, latent: torch.Tensor, positive: Conditioning,
            negative: Conditioning, steps: int = 4, cfg: float = 2.0, sampler: str = "euler",
-           scheduler: str = "normal", seed: int = 0, denoise: float = 1.0) -> torch.Tensor:
+           scheduler: str = "normal", seed: int = 0, denoise: float = 1.0,
+           noise_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Run ComfyUI's KSampler path (comfy.sample.sample) like the KSampler node does.
 
     cfg 1.0 skips the negative pass (ComfyUI's cfg1 optimisation): use it for Flux.
+    noise_mask: the latent's "noise_mask" (1 = denoise), as the KSampler node passes it.
     """
     ensure_comfy()
     import comfy.sample
 
     noise = comfy.sample.prepare_noise(latent, seed)
     return comfy.sample.sample(patcher, noise, steps, cfg, sampler, scheduler, positive, negative,
-                               latent, denoise=denoise, disable_pbar=True, seed=seed)
+                               latent, denoise=denoise, noise_mask=noise_mask,
+                               disable_pbar=True, seed=seed)
 
 
 def unload_models() -> None:

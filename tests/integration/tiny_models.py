@@ -1,0 +1,415 @@
+"""Tiny random-weight models of ComfyUI's diffusion transformers (issue 13's families), built
+from ComfyUI's own classes like comfy_harness.tiny_sdxl_patcher / tiny_flux_patcher.
+
+Each family is a `Family`: the comfy.supported_models config class it is built from (its
+presence in a ComfyUI tree is what says whether the tree has the family), a toy-sized
+unet_config in the real layout (same block kinds, patch size, latent channels, RoPE axes, token
+order; widths 64, 2 blocks of each kind), and the conditioning ComfyUI's own nodes would attach
+(text context, pooled vectors, image-to-video concat latents, CLIP-vision outputs, reference
+latents, noise masks). `inputs(name, ...)` gives everything `comfy_harness.sample` needs.
+
+    patcher = tiny_patcher("wan22_5b")
+    x = inputs("wan22_5b", batch=1, height=12, width=10, frames=3)
+    out = sample(patcher, x.latent, x.positive, x.negative, noise_mask=x.noise_mask)
+
+`height`, `width` and `frames` are latent sizes (pixels / 8 or / 16, frames = latent frames).
+Nothing here imports comfy at module import time (see comfy_harness).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from comfy_harness import Conditioning, _patcher, _randn, ensure_comfy, shared_trees
+
+if TYPE_CHECKING:
+    from comfy.model_patcher import ModelPatcher
+
+TEXT_DIM = 32        # width of every tiny text encoder output
+TEXT_TOKENS = 7      # length of every tiny text context
+POOLED_DIM = 32      # width of pooled text vectors (SD3, HunyuanVideo 1.0)
+# Wan 2.1 i2v: CLIP ViT-H penultimate states, 257 x 1280 (img_emb = MLPProj(1280, dim)).
+CLIP_VISION_TOKENS = 257
+CLIP_VISION_DIM = 1280
+SIGLIP_DIM = 1152          # HunyuanVideo 1.5: vision_in = MLPProj(1152, hidden)
+BYT5_DIM = 1472            # HunyuanVideo 1.5: ByT5Mapper(in_dim=1472)
+
+
+@dataclass(frozen=True)
+class SampleInputs:
+    """What comfy_harness.sample takes: latent [B, C, (T,) H, W], conditioning, noise mask."""
+
+    latent: torch.Tensor
+    positive: Conditioning
+    negative: Conditioning
+    noise_mask: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    """One tiny model family.
+
+    config: class name in comfy.supported_models; unet_config: () -> the toy unet_config;
+    video: latent is [B, C, T, H, W] (else [B, C, H, W], or [B, C, 1, H, W] when `frames_dim`);
+    extra_conds: (batch, latent shape, seed) -> per-cond extras added to the text context;
+    start_frame: image-to-video through the latent: frame 0 holds the (seeded) start image and
+    the noise mask keeps it (0 there, 1 elsewhere), as Wan22ImageToVideoLatent and
+    HunyuanImageToVideo "v2 (replace)" do;
+    text_tokens: length of the tiny text context; model_class: the diffusion model's class
+    (module path, class) whose presence the tests also check.
+    """
+
+    name: str
+    config: str
+    unet_config: Callable[[], dict[str, Any]]
+    model_class: tuple[str, str]
+    video: bool = False
+    frames_dim: bool = False
+    extra_conds: Callable[[int, tuple[int, ...], int], dict[str, Any]] = field(
+        default=lambda batch, shape, seed: {})
+    start_frame: bool = False
+    text_tokens: int = TEXT_TOKENS
+
+
+# Toy unet_configs, in each family's real layout -------------------------------------------------
+def _wan(**overrides: Any) -> Callable[[], dict[str, Any]]:
+    """Wan: head dim 16 (RoPE axes 16 - 4*2, 2*2, 2*2 = 8, 4, 4), patch (1, 2, 2)."""
+    def config() -> dict[str, Any]:
+        return {"image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2),
+                "text_len": 512, "in_dim": 16, "dim": 64, "ffn_dim": 128, "freq_dim": 256,
+                "text_dim": TEXT_DIM, "out_dim": 16, "num_heads": 4, "num_layers": 2,
+                "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6,
+                **overrides}
+    return config
+
+
+def _qwen_image() -> dict[str, Any]:
+    """Qwen-Image: patch 2 over 16 channels (in 64), 4 heads of 16, RoPE axes 4+6+6."""
+    return {"image_model": "qwen_image", "patch_size": 2, "in_channels": 64, "out_channels": 16,
+            "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 4,
+            "joint_attention_dim": TEXT_DIM, "axes_dims_rope": (4, 6, 6)}
+
+
+def _hunyuan_video(**overrides: Any) -> Callable[[], dict[str, Any]]:
+    """HunyuanVideo: double + single blocks (Flux's, image first before 0.33), patch [1, 2, 2]."""
+    def config() -> dict[str, Any]:
+        import comfy.ldm.hunyuan_video.model as hv
+
+        params = {"image_model": "hunyuan_video", "in_channels": 16, "out_channels": 16,
+                  "vec_in_dim": POOLED_DIM, "context_in_dim": TEXT_DIM, "hidden_size": 64,
+                  "mlp_ratio": 4.0, "num_heads": 4, "depth": 2, "depth_single_blocks": 2,
+                  "axes_dim": [4, 6, 6], "theta": 256, "patch_size": [1, 2, 2],
+                  "qkv_bias": True, "guidance_embed": True, "byt5": False, "meanflow": False,
+                  "use_cond_type_embedding": False, "vision_in_dim": None,
+                  "meanflow_sum": False, **overrides}
+        return _known_fields(params, hv.HunyuanVideoParams, keep=("image_model",))
+    return config
+
+
+def _mmdit(qk_norm: str | None, x_block_self_attn_layers: list[int]) -> Callable[[], dict]:
+    """SD3 MMDiT: depth 2 -> width 128, 2 heads of 64 (the class fixes head size 64); learned
+    position table for up to 16x16 patches (SD3's pos_embed_max_size, 192 in the real model)."""
+    def config() -> dict[str, Any]:
+        return {"in_channels": 16, "out_channels": 16, "patch_size": 2, "depth": 2,
+                "input_size": None, "adm_in_channels": POOLED_DIM,
+                "context_embedder_config": {"target": "torch.nn.Linear",
+                                            "params": {"in_features": TEXT_DIM,
+                                                       "out_features": 128}},
+                "num_patches": 16 * 16, "pos_embed_max_size": 16, "pos_embed_scaling_factor": None,
+                "qk_norm": qk_norm, "x_block_self_attn_layers": x_block_self_attn_layers}
+    return config
+
+
+def _lumina(**overrides: Any) -> Callable[[], dict[str, Any]]:
+    """Lumina 2 / Z-Image NextDiT: patch 2, 4 heads of 16 (RoPE axes 4+6+6)."""
+    def config() -> dict[str, Any]:
+        import comfy.ldm.lumina.model as lumina
+
+        params = {"image_model": "lumina2", "patch_size": 2, "in_channels": 16, "dim": 64,
+                  "n_layers": 2, "n_refiner_layers": 1, "n_heads": 4, "n_kv_heads": 2,
+                  "qk_norm": True, "cap_feat_dim": TEXT_DIM, "axes_dims": [4, 6, 6],
+                  "axes_lens": [300, 512, 512], "rope_theta": 10000.0,
+                  "ffn_dim_multiplier": 4.0, **overrides}
+        # v0.3.64's NextDiT has no rope_theta (fixed 10000 there, the value used here); the
+        # Z-Image overrides must all exist.
+        known = set(inspect.signature(lumina.NextDiT.__init__).parameters) | {"image_model"}
+        missing = [k for k in overrides if k not in known]
+        if missing:
+            raise ValueError(f"this ComfyUI's NextDiT has no {missing}")
+        return {k: v for k, v in params.items() if k in known}
+    return config
+
+
+def _flux_like(model: str, **params: Any) -> Callable[[], dict[str, Any]]:
+    """Flux 2 / Chroma: fields filtered by the params dataclass, which grows across versions."""
+    def config() -> dict[str, Any]:
+        if model == "chroma":
+            import comfy.ldm.chroma.model as chroma
+
+            fields_of = chroma.ChromaParams
+        else:
+            import comfy.ldm.flux.model as flux
+
+            fields_of = flux.FluxParams
+        return _known_fields({"image_model": model, **params}, fields_of, keep=("image_model",))
+    return config
+
+
+def _known_fields(params: dict[str, Any], dataclass_type: type,
+                  keep: tuple[str, ...] = ()) -> dict[str, Any]:
+    """params restricted to `dataclass_type`'s fields (plus `keep`): older ComfyUI versions have
+    fewer fields, and their dataclasses reject unknown ones."""
+    names = {f.name for f in dataclasses.fields(dataclass_type)} | set(keep)
+    return {k: v for k, v in params.items() if k in names}
+
+
+# Conditioning extras ----------------------------------------------------------------------------
+def _clip_vision(attribute: str, tokens: int, dim: int, batch: int, seed: int) -> Any:
+    import comfy.clip_vision
+
+    output = comfy.clip_vision.Output()
+    output[attribute] = _randn(batch, tokens, dim, seed=seed)
+    return output
+
+
+def _wan21_i2v(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """WanImageToVideo: start image latent in frame 0 (concat_latent_image), concat_mask 0 there
+    (= keep), and the CLIP-vision output of the start image (cross-attention only)."""
+    return {**_wan_concat(batch, shape, seed),
+            "clip_vision_output": _clip_vision("penultimate_hidden_states", CLIP_VISION_TOKENS,
+                                               CLIP_VISION_DIM, batch, seed + 7)}
+
+
+def _wan_concat(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """concat_latent_image [B, 16, T, H, W] with the start image in frame 0, zeros after;
+    concat_mask [1, 1, T, H, W]: 0 on the start frame, 1 elsewhere (WanImageToVideo's)."""
+    _, _, frames, h, w = shape
+    image = torch.zeros(batch, 16, frames, h, w)
+    image[:, :, :1] = _randn(batch, 16, 1, h, w, seed=seed + 5)
+    mask = torch.ones(1, 1, frames, h, w)
+    mask[:, :, :1] = 0.0
+    return {"concat_latent_image": image, "concat_mask": mask}
+
+
+def _qwen_edit(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """TextEncodeQwenImageEdit / ReferenceLatent: one reference latent [1, 16, 1, h, w] of a
+    different size than the output (Qwen appends its tokens after the image tokens)."""
+    h, w = shape[-2], shape[-1]
+    return {"reference_latents": [_randn(1, 16, 1, h + 2, max(w - 2, 2), seed=seed + 9)]}
+
+
+def _hunyuan_i2v_concat(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """HunyuanImageToVideo "v1 (concat)": start image latent and concat_mask (0 on frame 0)."""
+    return {**_pooled(batch, shape, seed), **_wan_concat(batch, shape, seed)}
+
+
+def _hunyuan_i2v_replace(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """HunyuanImageToVideo "v2 (replace)": guiding_frame_index 0 (frame 0's tokens get their
+    own modulation through modulation_dims); the start image is in the latent."""
+    return {**_pooled(batch, shape, seed), "guiding_frame_index": 0}
+
+
+def _hunyuan15(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """HunyuanVideo 1.5 image-to-video: start image latent (32 ch) in frame 0, SigLIP vision
+    states (prepended to the text tokens) and ByT5 glyph tokens."""
+    _, channels, frames, h, w = shape
+    image = torch.zeros(batch, channels, frames, h, w)
+    image[:, :, :1] = _randn(batch, channels, 1, h, w, seed=seed + 5)
+    return {"concat_latent_image": image,
+            "clip_vision_output": _clip_vision("last_hidden_state", 9, SIGLIP_DIM, batch, seed + 7),
+            "conditioning_byt5small": _randn(batch, 5, BYT5_DIM, seed=seed + 8)}
+
+
+def _text_mask(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """Lumina 2 / Z-Image text encoders hand over their attention mask [1, L] (1 = token); a
+    single prompt has no padding. v0.3.64 needs it (num_tokens comes from it)."""
+    return {"attention_mask": torch.ones(1, TEXT_TOKENS, dtype=torch.long)}
+
+
+def _pooled(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    return {"pooled_output": _randn(batch, POOLED_DIM, seed=seed + 1)}
+
+
+# The families -----------------------------------------------------------------------------------
+_FLUX2 = {"in_channels": 128, "out_channels": 128, "vec_in_dim": None,
+          "context_in_dim": TEXT_DIM, "hidden_size": 64, "mlp_ratio": 3.0, "num_heads": 4,
+          "depth": 2, "depth_single_blocks": 2, "axes_dim": [4, 4, 4, 4], "theta": 2000,
+          "patch_size": 1, "qkv_bias": False, "guidance_embed": True, "txt_ids_dims": [3],
+          "global_modulation": True, "mlp_silu_act": True, "ops_bias": False,
+          "default_ref_method": "index", "ref_index_scale": 10.0}
+_CHROMA = {"in_channels": 64, "out_channels": 64, "context_in_dim": TEXT_DIM, "hidden_size": 64,
+           "mlp_ratio": 4.0, "num_heads": 4, "depth": 2, "depth_single_blocks": 2,
+           "axes_dim": [4, 6, 6], "theta": 10000, "patch_size": 2, "qkv_bias": True,
+           "in_dim": 64, "out_dim": 64, "hidden_dim": 64, "n_layers": 2, "txt_ids_dims": [],
+           "vec_in_dim": None}
+
+_WAN = ("comfy.ldm.wan.model", "WanModel")
+_HV = ("comfy.ldm.hunyuan_video.model", "HunyuanVideo")
+_LUMINA = ("comfy.ldm.lumina.model", "NextDiT")
+_MMDIT = ("comfy.ldm.modules.diffusionmodules.mmdit", "OpenAISignatureMMDITWrapper")
+_QWEN = ("comfy.ldm.qwen_image.model", "QwenImageTransformer2DModel")
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
+    Family("wan21_t2v", "WAN21_T2V", _wan(), _WAN, video=True),
+    # Wan 2.1 image-to-video: 36 input channels (16 noise + 4 mask + 16 image) + CLIP vision.
+    Family("wan21_i2v", "WAN21_I2V", _wan(model_type="i2v", in_dim=36), _WAN, video=True,
+           extra_conds=_wan21_i2v),
+    # Wan 2.2 A14B image-to-video: 36 input channels, no CLIP vision (model_type t2v).
+    Family("wan22_14b_i2v", "WAN21_T2V", _wan(in_dim=36), _WAN, video=True,
+           extra_conds=_wan_concat),
+    # Wan 2.2 TI2V 5B: 48-ch latent (/16 spatial), patch 1x2x2; text-to-video ...
+    Family("wan22_5b", "WAN22_T2V", _wan(in_dim=48, out_dim=48), _WAN, video=True),
+    # ... and image-to-video: the start frame stays clean through the noise mask.
+    Family("wan22_5b_i2v", "WAN22_T2V", _wan(in_dim=48, out_dim=48), _WAN, video=True,
+           start_frame=True),
+    Family("qwen_image", "QwenImage", _qwen_image, _QWEN, frames_dim=True),
+    Family("qwen_image_edit", "QwenImage", _qwen_image, _QWEN, frames_dim=True,
+           extra_conds=_qwen_edit),
+    Family("hunyuan_video", "HunyuanVideo", _hunyuan_video(), _HV, video=True,
+           extra_conds=_pooled),
+    # HunyuanVideo image-to-video: 33 inputs (16 noise + 16 image + 1 mask), "v1 (concat)" ...
+    Family("hunyuan_video_i2v", "HunyuanVideoI2V", _hunyuan_video(in_channels=33), _HV,
+           video=True, extra_conds=_hunyuan_i2v_concat),
+    # ... and "v2 (replace)". Without guidance_embed: ComfyUI adds guidance_in's [B, C] to the
+    # [B, 2, C] vec of guiding_frame_index, which fails for B > 2 (e.g. batch 2 with CFG).
+    Family("hunyuan_video_i2v_v2", "HunyuanVideoI2V",
+           _hunyuan_video(in_channels=33, guidance_embed=False), _HV, video=True,
+           extra_conds=_hunyuan_i2v_replace, start_frame=True),
+    # HunyuanVideo 1.5: 32-ch latent, patch 1x1x1, 65 inputs (32 noise + 32 image + 1 mask),
+    # no pooled vector (vector_in None).
+    Family("hunyuan_video15", "HunyuanVideo15",
+           _hunyuan_video(in_channels=65, out_channels=32, vec_in_dim=None,
+                          patch_size=[1, 1, 1], guidance_embed=False, byt5=True,
+                          use_cond_type_embedding=True, vision_in_dim=SIGLIP_DIM,
+                          meanflow_sum=True),
+           _HV, video=True, extra_conds=_hunyuan15),
+    Family("sd3", "SD3", _mmdit(None, []), _MMDIT, extra_conds=_pooled),
+    # SD3.5: RMS q/k norm; Medium's MMDiT-X second self-attention in block 0.
+    Family("sd35", "SD3", _mmdit("rms", [0]), _MMDIT, extra_conds=_pooled),
+    Family("lumina2", "Lumina2", _lumina(), _LUMINA, extra_conds=_text_mask),
+    # Z-Image: width >= 256 (its adaLN input is min(dim, 256) wide, the timestep embedding 256),
+    # 4 heads of 64 with RoPE axes 16+24+24 (the real 32+48+48 halved).
+    Family("z_image", "ZImage",
+           _lumina(dim=256, n_heads=4, n_kv_heads=4, axes_dims=[16, 24, 24],
+                   axes_lens=[1536, 512, 512], rope_theta=256.0,
+                   ffn_dim_multiplier=8.0 / 3.0, z_image_modulation=True, time_scale=1000.0,
+                   pad_tokens_multiple=32),
+           _LUMINA, extra_conds=_text_mask),
+    Family("flux2", "Flux2", _flux_like("flux2", **_FLUX2), ("comfy.ldm.flux.model", "Flux")),
+    Family("chroma", "Chroma", _flux_like("chroma", **_CHROMA),
+           ("comfy.ldm.chroma.model", "Chroma")),
+)}
+
+
+# Which ComfyUI has which family -----------------------------------------------------------------
+def family(name: str) -> Family:
+    """The family called `name`; ValueError listing the known names otherwise."""
+    if name not in FAMILIES:
+        raise ValueError(f"no tiny family {name!r}; known: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def in_tree(name: str, tree: Path) -> bool:
+    """Whether the ComfyUI source tree at `tree` defines the family's config class (read from
+    comfy/supported_models.py, without importing it)."""
+    source = (tree / "comfy" / "supported_models.py").read_text()
+    return re.search(rf"^class {re.escape(family(name).config)}\(", source, re.M) is not None
+
+
+def families_by_version() -> dict[str, list[str]]:
+    """{tree folder name (e.g. "v0.8.0"): [families it has]} for the shared ComfyUI trees."""
+    return {tree.name: [n for n in FAMILIES if in_tree(n, tree)] for tree in shared_trees()}
+
+
+def available(name: str) -> bool:
+    """Whether the imported ComfyUI has the family (its supported_models config class)."""
+    ensure_comfy()
+    import comfy.supported_models
+
+    return hasattr(comfy.supported_models, family(name).config)
+
+
+def available_families() -> list[str]:
+    """The families the imported ComfyUI has."""
+    return [name for name in FAMILIES if available(name)]
+
+
+# Building ---------------------------------------------------------------------------------------
+def tiny_patcher(name: str, seed: int = 0) -> ModelPatcher:
+    """A ModelPatcher around the family's tiny model (fp32, CPU, weights from `seed`).
+
+    Raises ValueError when the imported ComfyUI lacks the family.
+    """
+    if not available(name):
+        raise ValueError(f"this ComfyUI has no {family(name).config} (family {name})")
+    import comfy.supported_models
+
+    fam = family(name)
+    config = getattr(comfy.supported_models, fam.config)(fam.unet_config())
+    patcher = _patcher(config, seed)
+    _fill_buffers(patcher.model, seed)
+    return patcher
+
+
+def _fill_buffers(model: torch.nn.Module, seed: int) -> None:
+    """Learned position tables registered as buffers (SD3's pos_embed) come uninitialised like
+    the weights: small seeded values."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("pos_embed") and buffer.is_floating_point():
+                buffer.copy_(torch.randn(buffer.shape, generator=generator) * 0.02)
+
+
+def latent_shape(name: str, patcher: ModelPatcher, batch: int, height: int, width: int,
+                 frames: int = 1) -> tuple[int, ...]:
+    """The latent shape the family samples: [B, C, T, H, W] for video, [B, C, 1, H, W] for
+    Qwen-Image (5-D latent format), else [B, C, H, W]; `frames` only for video."""
+    fam = family(name)
+    channels = int(patcher.model.latent_format.latent_channels)
+    if fam.video:
+        return (batch, channels, frames, height, width)
+    if frames != 1:
+        raise ValueError(f"{name} is an image model: frames must be 1, got {frames}")
+    if fam.frames_dim:
+        return (batch, channels, 1, height, width)
+    return (batch, channels, height, width)
+
+
+def inputs(name: str, patcher: ModelPatcher, batch: int = 1, height: int = 8, width: int = 8,
+           frames: int = 1, seed: int = 0) -> SampleInputs:
+    """Empty latent, (positive, negative) conditioning and noise mask for the family's tiny
+    model; the negative has its own text context and extras seeded differently."""
+    fam = family(name)
+    shape = latent_shape(name, patcher, batch, height, width, frames)
+
+    def cond(offset: int) -> Conditioning:
+        context = _randn(batch, fam.text_tokens, TEXT_DIM, seed=seed + offset)
+        # Text encoders without a pooled output still hand ComfyUI "pooled_output": None.
+        return [[context, {"pooled_output": None, **fam.extra_conds(batch, shape, seed + offset)}]]
+
+    latent = torch.zeros(shape)
+    if not fam.start_frame:
+        return SampleInputs(latent, cond(0), cond(100))
+    latent[:, :, :1] = _randn(batch, shape[1], 1, *shape[3:], seed=seed + 3)
+    mask = torch.ones(1, 1, *shape[2:])
+    mask[:, :, :1] = 0.0
+    return SampleInputs(latent, cond(0), cond(100), mask)
+
+
+def diffusion_model_class(name: str) -> type:
+    """The diffusion model class the family's config builds (imported from its module)."""
+    ensure_comfy()
+    import importlib
+
+    module, cls = family(name).model_class
+    return getattr(importlib.import_module(module), cls)
