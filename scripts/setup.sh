@@ -56,7 +56,8 @@ add_comfy_requirements() {  # add_comfy_requirements VENV TREE
   reqs=$(mktemp)
   grep -v -E '^\s*(torch|torchvision|torchaudio|spandrel)\s*($|[<>=~!;#])' \
     "$2/requirements.txt" >"$reqs"
-  quiet "$1/bin/python" -m pip install -r "$reqs" -c <(echo "$TORCH_SPEC")
+  # requests: v0.3.64's server imports it without listing it (later trees list it).
+  quiet "$1/bin/python" -m pip install -r "$reqs" requests -c <(echo "$TORCH_SPEC")
   quiet "$1/bin/python" -m pip install --no-deps spandrel
   rm -f "$reqs"
 }
