@@ -1,30 +1,34 @@
 """ToMA for ComfyUI's UNet models (SDXL, SD1.5, SD2): what it changes, and how.
 
-Two merge scopes, both keyed on the block's own token grid (`activations_shape`), so any
-resolution works:
+Every BasicTransformerBlock's `forward` gets an object patch (wrapping another pack's patch of the
+same forward instead of dropping it). On each call it picks the block's scope, keyed on the
+block's own token grid (`activations_shape`), so any resolution works:
 
-- "attention": the attn1 patch pair. Before self-attention the normed tokens (queries, keys and
-  values) are merged; after it the output is unmerged. The paper's SDXL setting. Composes with
-  other packs' attn1 patches (it is one more entry in ComfyUI's patch lists).
-- "block": an object patch on each BasicTransformerBlock's `forward`. The whole block
-  (self-attention, cross-attention, feed-forward) runs on merged tokens and only its update is
-  unmerged: out = x + unmerge(block(merge(x)) - merge(x)). Wraps another pack's patch of the same
-  forward instead of dropping it.
+- "block": the whole block (self-attention, cross-attention, feed-forward) runs on merged tokens
+  and only its update is unmerged: out = x + unmerge(block(merge(x)) - merge(x)). Fastest.
+- "attention": the call gets ToMA's attn1 pair appended to its patch lists. Before
+  self-attention the normed tokens (queries, keys and values) are merged; after it the output is
+  unmerged. The paper's SDXL setting. ToMA's merge runs after every other node's attn1 patch and
+  its unmerge before every other attn1 output patch, so those see the full grid.
+- unmerged: where another node replaces self-attention, or ComfyUI's ToMe merges.
 
-One plan per grid level and batch layout serves every block of that level and is refreshed on the
-`recompute_every` schedule. A call whose sequence is not the level's full grid (another ToMA
-already merged it) is left alone.
+`merge_scope` auto is "block" unless other nodes patch inside the block; unet_neighbours.py says
+what counts and why. One plan per grid level and batch layout serves every block of that level
+and is refreshed on the `recompute_every` schedule. A call whose sequence is not the level's full
+grid (another ToMA already merged it) is left alone.
 """
 
 from __future__ import annotations
 
 import logging
+import types
 from collections.abc import Callable
 
 import torch
 
 from ..toma_core import MergePlan, build_plan
-from .run_state import ToMAState, patch_forward, plain_function
+from .run_state import ToMAState, patch_forward
+from .unet_neighbours import Neighbours, is_toma, mark, neighbours
 
 log = logging.getLogger("ToMA")
 
@@ -43,9 +47,8 @@ class UNetToMA:
 
     def __init__(self, state: ToMAState, scope: str, largest_level_ds: int) -> None:
         self.state = state
-        self.scope = scope
+        self.scope = scope   # the merge_scope widget: "auto", "block" or "attention"
         self.largest_level_ds = largest_level_ds
-        self.plan_slot = f"toma_plan_{id(self)}"   # extra_options key for the attn1 pair
 
     # Which calls merge ---------------------------------------------------------------------------
     def merges_level(self, h: int, w: int, latent_w: int) -> bool:
@@ -54,6 +57,32 @@ class UNetToMA:
         if levels == "largest":
             return round(latent_w / w) <= self.largest_level_ds
         return h * w >= (AUTO_MIN_TOKENS if levels == "auto" else MIN_TOKENS)
+
+    def scope_for(self, options: dict, near: Neighbours) -> str | None:
+        """"block" or "attention" for this block call, or None to run it unmerged."""
+        if near.attn1_replace is not None:
+            self.state.notice(f"another node replaces self-attention in some blocks "
+                              f"({near.attn1_replace}): ToMA leaves those blocks unmerged")
+            return None
+        shape, latent = options.get("activations_shape"), options.get("original_shape")
+        if near.tome and shape is not None and latent is not None \
+                and list(shape[-2:]) == list(latent[-2:]):
+            self.state.notice("ComfyUI's TomePatchModel merges the full-resolution level: ToMA "
+                              "leaves that level to it")
+            return None
+        if self.scope == "attention":
+            return "attention"
+        if not near.in_block:
+            return "block"
+        kinds = ", ".join(near.patches)
+        if self.scope == "block":
+            self.state.notice(f"merge_scope block: other nodes' patches inside transformer blocks "
+                              f"({kinds}) see merged tokens; auto or attention scope keeps them "
+                              f"on the full grid")
+            return "block"
+        self.state.notice(f"merge_scope auto: attention scope where other nodes patch inside "
+                          f"transformer blocks ({kinds}), so that they see every token")
+        return "attention"
 
     def plan_for(self, x: torch.Tensor, options: dict,
                  features: Callable[[], torch.Tensor]) -> MergePlan | None:
@@ -82,52 +111,99 @@ class UNetToMA:
         self.state.record(layer, level, h * w, plan, step)
         return plan
 
-    # Scope "attention": attn1 patch pair ---------------------------------------------------------
-    def attn1_patch(self, n: torch.Tensor, context: torch.Tensor, value: torch.Tensor,
-                    extra_options: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Merge self-attention's queries, keys and values: n [B, N, C] -> [B, N', C]."""
-        plan = self.plan_for(n, extra_options, lambda: n)
-        if plan is None:
-            return n, context, value
-        extra_options[self.plan_slot] = plan
-        merged = plan.merge(n)
+    def leave(self, options: dict) -> None:
+        """Count a block call that runs unmerged because of a neighbour."""
+        shape = options.get("activations_shape")
+        if shape is not None:
+            h, w = int(shape[-2]), int(shape[-1])
+            layer = (tuple(options.get("block") or ()), options.get("block_index", 0))
+            self.state.record(layer, f"{h}x{w}", h * w, None, None)
 
-        def same(t: torch.Tensor) -> torch.Tensor:
-            # keys/values are usually n itself; text context (disable_self_attn) stays whole
-            if t is n:
-                return merged
-            return plan.merge(t) if t is not None and t.shape[1] == n.shape[1] else t
+    # Scope "attention": a fresh attn1 patch pair per block call ----------------------------------
+    def with_attention_pair(self, options: dict) -> dict:
+        """A copy of the call's transformer_options whose attn1 patches end with ToMA's merge and
+        whose attn1 output patches start with its unmerge."""
+        held: list[MergePlan] = []   # the plan the merge used, for the unmerge of the same call
 
-        return merged, same(context), same(value)
-
-    def attn1_output_patch(self, n: torch.Tensor, extra_options: dict) -> torch.Tensor:
-        """Unmerge self-attention's output back to the full grid: [B, N', C] -> [B, N, C]."""
-        plan = extra_options.pop(self.plan_slot, None)
-        return n if plan is None else plan.unmerge(n)
-
-    # Scope "block": transformer block forward -----------------------------------------------------
-    def block_forward(self, block: torch.nn.Module, original: Callable) -> Callable:
-        """A replacement for block.forward that runs `original` on merged tokens."""
-
-        def forward(x: torch.Tensor, context: torch.Tensor | None = None,
-                    transformer_options: dict | None = None) -> torch.Tensor:
-            options = transformer_options if transformer_options is not None else {}
-            plan = self.plan_for(x, options, lambda: block.norm1(x))
+        def merge(n: torch.Tensor, context: torch.Tensor, value: torch.Tensor,
+                  extra_options: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            """Merge self-attention's queries, keys and values: n [B, N, C] -> [B, N', C]."""
+            plan = self.plan_for(n, extra_options, lambda: n)
             if plan is None:
-                return original(x, context=context, transformer_options=options)
-            return plan.around(
-                lambda t: original(t, context=context, transformer_options=options), x)
+                return n, context, value
+            held.append(plan)
+            merged = plan.merge(n)
 
-        return forward
+            def same(t: torch.Tensor) -> torch.Tensor:
+                # keys/values are usually n itself; text context (disable_self_attn) stays whole
+                if t is n:
+                    return merged
+                return plan.merge(t) if t is not None and t.shape[1] == n.shape[1] else t
+
+            return merged, same(context), same(value)
+
+        def unmerge(n: torch.Tensor, extra_options: dict) -> torch.Tensor:
+            """Unmerge self-attention's output back to the full grid: [B, N', C] -> [B, N, C]."""
+            return held.pop().unmerge(n) if held else n
+
+        patches = dict(options.get("patches") or {})
+        patches["attn1_patch"] = [*patches.get("attn1_patch", ()), mark(merge)]
+        patches["attn1_output_patch"] = [mark(unmerge), *patches.get("attn1_output_patch", ())]
+        return {**options, "patches": patches}
+
+    # The block's forward --------------------------------------------------------------------------
+    def block_forward(self, block: torch.nn.Module, original: Callable,
+                      foreign_forward: bool) -> Callable:
+        """A replacement for block.forward(x, context=None, transformer_options={}, ...) that runs
+        `original` merged in the call's scope; other arguments pass through untouched.
+        foreign_forward: `original` is another pack's patch of this forward."""
+
+        def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            options = _call_options(args, kwargs)
+            scope = self.scope_for(options, neighbours(options, foreign_forward))
+            if scope == "block":
+                plan = self.plan_for(x, options, lambda: block.norm1(x))
+                if plan is not None:
+                    return plan.around(lambda t: original(t, *args, **kwargs), x)
+            elif scope == "attention":
+                args, kwargs = _with_call_options(args, kwargs, self.with_attention_pair(options))
+            else:
+                self.leave(options)
+            return original(x, *args, **kwargs)
+
+        return mark(forward)
+
+
+def _call_options(args: tuple, kwargs: dict) -> dict:
+    """transformer_options of a BasicTransformerBlock.forward(x, context, transformer_options)
+    call, given by keyword (ComfyUI) or by position (another pack's wrapper)."""
+    if "transformer_options" in kwargs:
+        return kwargs["transformer_options"] or {}
+    return (args[1] if len(args) > 1 else None) or {}
+
+
+def _with_call_options(args: tuple, kwargs: dict, options: dict) -> tuple[tuple, dict]:
+    """(args, kwargs) of the same call with `options` as its transformer_options."""
+    if "transformer_options" not in kwargs and len(args) > 1:
+        return (args[0], options, *args[2:]), kwargs
+    return args, {**kwargs, "transformer_options": options}
+
+
+def _own_forward(original: Callable, block: torch.nn.Module) -> bool:
+    """Whether `original` is the block's own forward or a ToMA patch (not another pack's)."""
+    own = (isinstance(original, types.MethodType) and original.__self__ is block
+           and original.__func__ is type(block).forward)
+    return own or is_toma(original)
 
 
 def transformer_blocks(diffusion_model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """(dotted path, module) of every BasicTransformerBlock inside a SpatialTransformer."""
+    """(dotted path, module) of every BasicTransformerBlock inside a SpatialTransformer (or a
+    subclass of either)."""
     from comfy.ldm.modules.attention import BasicTransformerBlock, SpatialTransformer
 
     found = []
     for name, module in diffusion_model.named_modules():
-        if type(module) is SpatialTransformer:
+        if isinstance(module, SpatialTransformer):
             for i, block in enumerate(module.transformer_blocks):
                 if isinstance(block, BasicTransformerBlock):
                     found.append((f"{name}.transformer_blocks.{i}", block))
@@ -149,16 +225,14 @@ def largest_level_downsample(diffusion_model: torch.nn.Module) -> int:
 
 
 def patch_unet(model, state: ToMAState, scope: str) -> None:
-    """Install ToMA on a cloned UNet ModelPatcher `model` (changes only that clone's options)."""
+    """Install ToMA on a cloned UNet ModelPatcher `model` (changes only that clone's options).
+    scope: the merge_scope widget ("auto", "block" or "attention")."""
     diffusion_model = model.get_model_object("diffusion_model")
     blocks = transformer_blocks(diffusion_model)
     if not blocks:
         raise ValueError("ToMA: this UNet has no transformer blocks to merge")
     toma = UNetToMA(state, scope, largest_level_downsample(diffusion_model))
-    if scope == "attention":
-        model.set_model_attn1_patch(plain_function(toma.attn1_patch))
-        model.set_model_attn1_output_patch(plain_function(toma.attn1_output_patch))
-        return
     for name, block in blocks:
-        patch_forward(model, name, block, lambda original, b=block: toma.block_forward(b, original))
+        patch_forward(model, name, block, lambda original, b=block: toma.block_forward(
+            b, original, foreign_forward=not _own_forward(original, b)))
     log.debug("ToMA: patched %d UNet transformer blocks", len(blocks))
