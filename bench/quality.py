@@ -1,0 +1,363 @@
+"""Quality section: ToMA and its peers on the trained fixtures, through ComfyUI's sampler.
+
+For each fixture (models/toma-{sdxl,flux}-fixture.safetensors, see bench/train.py) at its
+evaluation size (128 x 128 pixels: SDXL-layout attention levels of 4096 and 1024 tokens, Flux
+1024 image tokens), every variant (unmerged; ToMA at several settings through the pack's own
+ToMAAdvanced node; ToMeSD; ToDo; ComfyUI's EasyCache) is a ModelPatcher clone, sampled with
+comfy.sample.sample (euler, "normal" schedule, cfg 1.0, fixed seeds and class labels) and
+measured:
+
+- s, speedup: median process CPU time of the whole sampling call (interleaved repetitions),
+  and unmerged's time over it;
+- psnr, ssim: of the decoded samples against the unmerged samples of the same seeds;
+- kid: KID (x1000) between the sample sets' features, taken from the unmerged model's own
+  middle (SDXL: middle_block output; Flux: the middle single block's image tokens) at a
+  mid noise level;
+- dloss: increase of the held-out denoising loss (bench.train's objective on photographs never
+  trained on, one sampler step from each noise level to 0 through comfy.sample.sample_custom),
+  mean over the held-out noise levels, relative to unmerged's (step caching: not applicable,
+  it changes nothing within one step).
+
+Writes docs/quality-frontier-<layout>.png (speed vs PSNR and vs KID), docs/quality-grid-
+<layout>.png (unmerged, ToMA defaults, ToMeSD, ToDo side by side) and returns rows for the
+bench report, with the issue's targets checked against them.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import quality_baselines as qb
+from . import quality_data as data
+from . import quality_models as qm
+from .config import ROOT, BenchConfig, load_pack
+
+log = logging.getLogger(__name__)
+
+DOCS = ROOT / "docs"
+COLUMNS = ("model", "variant", "method", "s", "speedup", "psnr", "ssim", "kid", "dloss",
+           "pareto")
+STEPS = 8
+SEEDS = {"sdxl": 2, "flux": 2}           # images per variant (one batch, one seed)
+LABELS = (0, 5, 9, 2)                    # classes of those images (train_photos order)
+SEED = 0
+TARGET_SPEEDUP = {"sdxl": 1.5, "flux": 1.6}
+FEATURE_QUANTILE = 0.5
+
+
+@dataclass
+class Variant:
+    """One way to run a fixture: a name, its method family, settings, and how to patch."""
+
+    name: str
+    method: str
+    make: Callable[[Any], Any]
+    settings: dict = field(default_factory=dict)
+
+
+def _node_defaults() -> dict[str, Any]:
+    """The ToMAAdvanced node's widget defaults (what a user gets), from the node itself."""
+    pack = load_pack()
+    inputs = pack.nodes.toma_node.ToMAAdvanced.INPUT_TYPES()["required"]
+    return {k: spec[1]["default"] for k, spec in inputs.items() if k != "model"}
+
+
+def _toma(**settings: Any) -> Callable[[Any], Any]:
+    def make(patcher):
+        pack = load_pack()
+        (patched,) = pack.nodes.toma_node.ToMAAdvanced().patch(
+            patcher, **{**_node_defaults(), **settings})
+        return patched
+
+    return make
+
+
+def variants(layout: str, side: int, quick: bool = False) -> list[Variant]:
+    """The variants measured on a fixture at a side x side latent (quick: the ones the targets
+    and the picture grid need)."""
+    out = [Variant("unmerged", "unmerged", lambda p: p),
+           Variant("ToMA defaults", "toma", _toma(), {"defaults": True})]
+    if layout == "sdxl":
+        tome = [Variant(f"ToMeSD attention r{r}", "tomesd",
+                        lambda p, r=r: qb.unet_tomesd(p, r, "attention"),
+                        {"ratio": r, "scope": "attention"}) for r in (0.5, 0.75)]
+        tome.append(Variant("ToMeSD block r0.5", "tomesd",
+                            lambda p: qb.unet_tomesd(p, 0.5, "block"),
+                            {"ratio": 0.5, "scope": "block"}))
+        todo = [Variant("ToDo 2x2", "todo", qb.unet_todo)]
+    else:
+        h = w = side // 2
+        txt = qm.CONTEXT_TOKENS
+        tome = [Variant(f"ToMeSD attention r{r}", "tomesd",
+                        lambda p, r=r: qb.flux_tomesd(p, r, txt, h, w),
+                        {"ratio": r, "scope": "attention"}) for r in (0.5, 0.75)]
+        todo = [Variant("ToDo 2x2", "todo", lambda p: qb.flux_todo(p, txt, h, w))]
+    cache = [Variant(f"EasyCache {t}", "easycache", lambda p, t=t: qb.easycache(p, t),
+                     {"reuse_threshold": t}) for t in (0.1, 0.3)]
+    out += tome[:1] + todo + cache[:1] if quick else tome + todo + cache
+    if quick:
+        return out
+    for scope in ("block", "attention"):
+        for r in (0.25, 0.5, 0.75):
+            out.append(Variant(f"ToMA {scope} r{r}", "toma", _toma(ratio=r, merge_scope=scope),
+                               {"ratio": r, "merge_scope": scope}))
+    tiles = (16, 256) if layout == "sdxl" else (16, 64)
+    out += [Variant(f"ToMA tiles {t}", "toma", _toma(tile_count=t), {"tile_count": t})
+            for t in tiles]
+    out += [Variant("ToMA tau 100", "toma", _toma(tau=100.0), {"tau": 100.0}),
+            Variant("ToMA recompute 1", "toma", _toma(recompute_every=1), {"recompute_every": 1}),
+            Variant("ToMA recompute 10", "toma", _toma(recompute_every=10),
+                    {"recompute_every": 10})]
+    if layout == "flux":
+        out += [Variant("ToMA skip none", "toma", _toma(skip_blocks="none"),
+                        {"skip_blocks": "none"}),
+                Variant("ToMA r0.75 skip none", "toma", _toma(ratio=0.75, skip_blocks="none"),
+                        {"ratio": 0.75, "skip_blocks": "none"})]
+    return out
+
+
+# Running the sampler ----------------------------------------------------------------------------
+def _to_latent(fixture: qm.Fixture, x: torch.Tensor) -> torch.Tensor:
+    return fixture.model.latent_format.process_out(x)
+
+
+def _from_latent(fixture: qm.Fixture, x: torch.Tensor) -> torch.Tensor:
+    return fixture.model.latent_format.process_in(x.float().cpu())
+
+
+def sample(patcher, fixture: qm.Fixture, labels: torch.Tensor, side: int,
+           steps: int = STEPS) -> torch.Tensor:
+    """One sample per label (one batch, seed SEED) of a side x side latent, in model space
+    [n, C, side, side]."""
+    import comfy.sample
+
+    channels = fixture.model.latent_format.latent_channels
+    latent = torch.zeros(len(labels), channels, side, side)
+    positive = fixture.conditioning(labels, side, side)
+    negative = fixture.conditioning(torch.full_like(labels, -1), side, side)
+    noise = comfy.sample.prepare_noise(latent, SEED)
+    out = comfy.sample.sample(patcher, noise, steps, 1.0, "euler", "normal", positive, negative,
+                              latent, disable_pbar=True, seed=SEED)
+    return _from_latent(fixture, out)
+
+
+def denoise_once(patcher, fixture: qm.Fixture, x0: torch.Tensor, labels: torch.Tensor,
+                 sigma: float, noise: torch.Tensor) -> torch.Tensor:
+    """One euler step from noise level sigma to 0 through the sampler: the model's denoised
+    prediction of x0 [B, C, h, w] (model space) noised with `noise`; same shape back."""
+    import comfy.sample
+    import comfy.samplers
+
+    h, w = x0.shape[-2:]
+    sigmas = torch.tensor([float(sigma), 0.0])
+    out = comfy.sample.sample_custom(
+        patcher, noise, 1.0, comfy.samplers.sampler_object("euler"), sigmas,
+        fixture.conditioning(labels, h, w), fixture.conditioning(torch.full_like(labels, -1), h, w),
+        _to_latent(fixture, x0), disable_pbar=True, seed=SEED)
+    return _from_latent(fixture, out)
+
+
+@dataclass
+class HeldOut:
+    x0: torch.Tensor        # [n, C, h, w] model space
+    labels: torch.Tensor    # [n] (-1: unconditional)
+    sigmas: list[float]
+    noise: torch.Tensor
+
+
+def held_out(fixture: qm.Fixture, side: int) -> HeldOut:
+    """One fixed crop per held-out photograph (side x side latent), the training script's
+    held-out noise levels, fixed noise."""
+    from .train import held_out_sigmas
+
+    photos = data.load_set(data.HELD_OUT, labelled=False)
+    pixels, labels = photos.fixed_crops(side * qm.LATENT_PER_PIXEL[fixture.layout], 1, SEED)
+    x0 = data.pixels_to_model_space(pixels, fixture.layout)
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(SEED + 777))
+    return HeldOut(x0, labels, [float(s) for s in held_out_sigmas(fixture)], noise)
+
+
+def denoising_losses(patcher, fixture: qm.Fixture, ho: HeldOut) -> list[float]:
+    """bench.train's loss (mean (denoised - x0)^2 / sigma^2) at each held-out sigma."""
+    out = []
+    for sigma in ho.sigmas:
+        denoised = denoise_once(patcher, fixture, ho.x0, ho.labels, sigma, ho.noise)
+        out.append(float(((denoised - ho.x0) ** 2).mean() / sigma ** 2))
+    return out
+
+
+def features(patcher, fixture: qm.Fixture, x: torch.Tensor) -> torch.Tensor:
+    """Middle-of-the-model features of model-space images x: [tokens of all images, C]."""
+    net = fixture.model.diffusion_model
+    module = (net.middle_block if fixture.layout == "sdxl"
+              else net.single_blocks[len(net.single_blocks) // 2])
+    captured: list[torch.Tensor] = []
+
+    def hook(_module, _inputs, output):
+        captured.append(output.detach().float())
+
+    from .train import held_out_sigmas
+
+    table = held_out_sigmas(fixture)
+    sigma = float(table[len(table) // 2])
+    noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(SEED + 99))
+    handle = module.register_forward_hook(hook)
+    try:
+        denoise_once(patcher, fixture, x, torch.full((len(x),), -1), sigma, noise)
+    finally:
+        handle.remove()
+    f = captured[-1]
+    if fixture.layout == "sdxl":                      # [B, C, h, w]
+        return f.flatten(2).transpose(1, 2).reshape(-1, f.shape[1])
+    return f[:, -(x.shape[-2] // 2) * (x.shape[-1] // 2):].reshape(-1, f.shape[-1])
+
+
+# The section ------------------------------------------------------------------------------------
+def measure(layout: str, cfg: BenchConfig, quick: bool, reps: int,
+            side: int | None = None) -> dict[str, Any]:
+    """Rows for every variant of one fixture, plus the images of the picture grid.
+    side: latent side (default: the evaluation size, EVAL_LATENT)."""
+    from . import quality_metrics as metrics
+
+    side = side or qm.EVAL_LATENT[layout]
+    fixture = qm.load(layout, dtype=cfg.dtype, device=cfg.device)
+    base = fixture.patcher(cfg.device)
+    found = variants(layout, side, quick)
+    patched = {}
+    for v in found:
+        p = v.make(base)
+        if p is None:
+            log.warning("quality %s: %s not available in this ComfyUI", layout, v.name)
+            continue
+        patched[v.name] = p
+    found = [v for v in found if v.name in patched]
+    labels = torch.tensor(LABELS[:SEEDS[layout]])
+    times: dict[str, list[float]] = {v.name: [] for v in found}
+    samples: dict[str, torch.Tensor] = {}
+    with torch.inference_mode():
+        sample(patched["unmerged"], fixture, labels, side, steps=2)          # warm-up
+        for rep in range(reps):
+            for v in found if rep % 2 == 0 else list(reversed(found)):
+                log.warning("quality %s rep %d: %s", layout, rep, v.name)
+                cfg.sync()
+                start = cfg.now()
+                out = sample(patched[v.name], fixture, labels, side)
+                cfg.sync()
+                times[v.name].append(cfg.now() - start)
+                samples.setdefault(v.name, out)
+        ho = held_out(fixture, side)
+        losses = {v.name: denoising_losses(patched[v.name], fixture, ho)
+                  for v in found if v.method != "easycache"}
+        feats = {name: features(patched["unmerged"], fixture, x) for name, x in samples.items()}
+    pixels = {name: data.to_uint8(data.model_space_to_pixels(x, layout))
+              for name, x in samples.items()}
+    base_t = statistics.median(times["unmerged"])
+    base_loss = sum(losses["unmerged"]) / len(losses["unmerged"])
+    rows = []
+    for v in found:
+        t = statistics.median(times[v.name])
+        psnr, ssim = metrics.psnr_ssim(pixels["unmerged"], pixels[v.name])
+        loss = losses.get(v.name)
+        rows.append({
+            "model": layout, "variant": v.name, "method": v.method, "settings": v.settings,
+            "s": t, "runs_s": [round(x, 2) for x in times[v.name]], "speedup": base_t / t,
+            "psnr": psnr, "ssim": ssim,
+            "kid": 1000 * metrics.kid(feats["unmerged"], feats[v.name]),
+            "dloss": None if loss is None else sum(loss) / len(loss) / base_loss - 1,
+            "dloss_per_sigma": loss,
+        })
+    mark_pareto(rows)
+    return {"rows": rows, "pixels": pixels, "held_out_loss": losses["unmerged"],
+            "sigmas": ho.sigmas}
+
+
+def mark_pareto(rows: list[dict]) -> None:
+    """pareto = no other row is at least as fast with at least as good PSNR and KID, and
+    strictly better in one."""
+    for r in rows:
+        r["pareto"] = not any(
+            o is not r and o["speedup"] >= r["speedup"] and _finite(o["psnr"]) >= _finite(
+                r["psnr"]) and o["kid"] <= r["kid"]
+            and (o["speedup"] > r["speedup"] or _finite(o["psnr"]) > _finite(r["psnr"])
+                 or o["kid"] < r["kid"])
+            for o in rows)
+
+
+def _finite(psnr: float) -> float:
+    return 1e9 if psnr == float("inf") else psnr
+
+
+BETTER = {"psnr": 1, "ssim": 1, "kid": -1, "dloss": -1}
+
+
+def matched(rows: list[dict], method: str, speed: float) -> dict | None:
+    """The row of `method` to compare at `speed`: the slowest of its rows at least 0.9 x as
+    fast, else its fastest."""
+    own = [r for r in rows if r["method"] == method]
+    fast = [r for r in own if r["speedup"] >= 0.9 * speed]
+    if fast:
+        return min(fast, key=lambda r: r["speedup"])
+    return max(own, key=lambda r: r["speedup"]) if own else None
+
+
+def targets(rows: list[dict], layout: str) -> list[dict[str, Any]]:
+    """The issue's targets for one fixture: the ToMA default's speedup, then metric by metric
+    against ToMeSD (better), ToDo and EasyCache (not worse) at matched speed."""
+    default = next((r for r in rows if r["variant"] == "ToMA defaults"), None)
+    if default is None:
+        return []
+    goal = TARGET_SPEEDUP[layout]
+    out = [{"target": f"{layout}: ToMA defaults >= {goal}x faster than unmerged",
+            "value": f"{default['speedup']:.3g}x", "met": default["speedup"] >= goal}]
+    for method, strict in (("tomesd", True), ("todo", False), ("easycache", False)):
+        peer = matched(rows, method, default["speedup"])
+        if peer is None:
+            out.append({"target": f"{layout}: vs {method}", "value": "not measured",
+                        "met": False})
+            continue
+        for metric, sign in BETTER.items():
+            a, b = default.get(metric), peer.get(metric)
+            if a is None or b is None:
+                continue
+            a, b = (_finite(a), _finite(b)) if metric == "psnr" else (a, b)
+            ok = sign * (a - b) > 0 if strict else sign * (a - b) >= 0
+            relation = "better than" if strict else "not worse than"
+            out.append({"target": f"{layout}: ToMA {metric} {relation} {peer['variant']} "
+                                  f"(speedup {peer['speedup']:.3g}x)",
+                        "value": f"{a:.4g} vs {b:.4g}", "met": ok})
+    return out
+
+
+def run(cfg: BenchConfig, layouts: tuple[str, ...] = qm.LAYOUTS, reps: int | None = None,
+        write_pictures: bool = True, side: int | None = None) -> dict[str, Any]:
+    """The section: rows of every fixture, targets, and the pictures in docs/."""
+    from . import quality_plots as plots
+
+    reps = reps or (2 if cfg.device.type == "cpu" else 3)
+    rows, notes, checks = [], [], []
+    for layout in layouts:
+        result = measure(layout, cfg, cfg.quick, reps, side)
+        rows += result["rows"]
+        checks += targets(result["rows"], layout)
+        notes.append(f"{layout}: held-out denoising loss unmerged "
+                     + ", ".join(f"{v:.4g}" for v in result["held_out_loss"])
+                     + " at sigma " + ", ".join(f"{s:.3g}" for s in result["sigmas"]))
+        if write_pictures:
+            suffix = "" if cfg.device.type == "cpu" else f"-{cfg.device.type}"
+            DOCS.mkdir(exist_ok=True)
+            pixels = qm.EVAL_LATENT[layout] * qm.LATENT_PER_PIXEL[layout]
+            plots.frontier(result["rows"], DOCS / f"quality-frontier-{layout}{suffix}.png",
+                           f"{layout}-layout fixture, {pixels}px")
+            plots.grid(result["pixels"], DOCS / f"quality-grid-{layout}{suffix}.png")
+    notes.insert(0, f"trained fixtures, {STEPS} euler steps, cfg 1.0, {SEEDS['sdxl']} images "
+                    f"per variant, {reps} timed runs each (interleaved), "
+                    f"{str(cfg.dtype).replace('torch.', '')}; kid x1000 on the unmerged "
+                    "model's middle features; dloss = relative increase of held-out "
+                    "denoising loss")
+    return {"rows": rows, "notes": notes, "targets": checks}

@@ -1,0 +1,155 @@
+"""The quality bench's pieces that need no ComfyUI: data pipeline, latent maps, metrics, training
+schedule, target checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bench import quality, quality_data, quality_metrics, train
+
+
+def test_train_and_held_out_photos_are_disjoint_and_licensed():
+    trained = set(quality_data.train_photos())
+    held = set(quality_data.HELD_OUT)
+    assert trained.isdisjoint(held)
+    assert trained | held == set(quality_data.all_photos())
+    assert set(quality_data.LICENCES) == set(quality_data.all_photos())
+
+
+@pytest.mark.parametrize("layout", ["sdxl", "flux"])
+def test_latent_maps_round_trip(layout):
+    g = torch.Generator().manual_seed(0)
+    pixels = torch.rand(2, 3, 16, 24, generator=g) * 2 - 1
+    latent = quality_data.pixels_to_model_space(pixels, layout)
+    expected = (2, 4, 16, 24) if layout == "sdxl" else (2, 16, 8, 12)
+    assert latent.shape == expected
+    back = quality_data.model_space_to_pixels(latent, layout)
+    assert torch.allclose(back, pixels, atol=1e-5)   # measured 6e-7
+
+
+def test_latent_maps_flux_tokens_are_local():
+    """A change of one pixel touches one latent position only (2x2 blocks, no mixing)."""
+    pixels = torch.zeros(1, 3, 8, 8)
+    pixels[0, 1, 5, 2] = 1.0
+    latent = quality_data.pixels_to_model_space(pixels, "flux")
+    touched = (latent.abs().sum(1) > 0).nonzero().tolist()
+    assert touched == [[0, 2, 1]]
+
+
+def test_latent_scale_is_near_unit_on_photographs():
+    photo = quality_data.load_photo("astronaut")
+    latent = quality_data.pixels_to_model_space(photo[None], "sdxl")
+    assert 0.5 < float(latent.std()) < 1.5          # measured 1.06
+
+
+def test_load_photo_short_side_and_range():
+    photo = quality_data.load_photo("coffee")
+    assert min(photo.shape[-2:]) == quality_data.SHORT_SIDE
+    assert photo.min() >= -1 and photo.max() <= 1
+    with pytest.raises(ValueError, match="unknown photograph"):
+        quality_data.load_photo("nope")
+
+
+def test_crops_are_seeded_and_labelled():
+    photos = quality_data.PhotoSet([torch.randn(3, 40, 50), torch.randn(3, 45, 40)], [0, 1],
+                                   ["a", "b"])
+    a = photos.crops(6, 16, torch.Generator().manual_seed(3))
+    b = photos.crops(6, 16, torch.Generator().manual_seed(3))
+    c = photos.crops(6, 16, torch.Generator().manual_seed(4))
+    assert a[0].shape == (6, 3, 16, 16) and a[1].shape == (6,)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], c[0])
+    fixed, labels = photos.fixed_crops(16, 2, seed=0)
+    assert fixed.shape == (4, 3, 16, 16) and labels.tolist() == [0, 0, 1, 1]
+
+
+def test_psnr_ssim():
+    g = torch.Generator().manual_seed(0)
+    ref = (torch.rand(2, 32, 32, 3, generator=g) * 255).to(torch.uint8)
+    assert quality_metrics.psnr_ssim(ref, ref) == (math.inf, 1.0)
+    small = (ref.int() + torch.randint(-3, 4, ref.shape, generator=g)).clamp(0, 255).to(
+        torch.uint8)
+    large = (ref.int() + torch.randint(-60, 61, ref.shape, generator=g)).clamp(0, 255).to(
+        torch.uint8)
+    p_small, s_small = quality_metrics.psnr_ssim(ref, small)
+    p_large, s_large = quality_metrics.psnr_ssim(ref, large)
+    assert p_small > 35 > p_large                       # measured 40.0 and 19.4 dB
+    assert s_small > s_large
+    with pytest.raises(ValueError):
+        quality_metrics.psnr_ssim(ref, ref.float())
+
+
+def test_kid_separates_distributions():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 16, generator=g)
+    same = torch.randn(600, 16, generator=g)
+    shifted = torch.randn(600, 16, generator=g) + 0.5
+    near = quality_metrics.kid(x, same)
+    far = quality_metrics.kid(x, shifted)
+    assert abs(near) < 0.02                             # measured 0.002
+    assert far > 10 * max(abs(near), 1e-3)              # measured 0.2
+    with pytest.raises(ValueError):
+        quality_metrics.kid(x, torch.randn(5, 8))
+
+
+def test_parse_phases():
+    assert train.parse_phases("32:8:600,64:4:150") == [train.Phase(32, 8, 600),
+                                                        train.Phase(64, 4, 150)]
+    for bad in ("32:8", "30:8:10", "32:0:10", "a:b:c"):
+        with pytest.raises(ValueError):
+            train.parse_phases(bad)
+
+
+def test_lr_schedule_warms_up_and_decays():
+    peak = 1e-3
+    assert train.lr_at(0, 1000, peak) == pytest.approx(peak / 100)
+    assert train.lr_at(99, 1000, peak) == pytest.approx(peak)
+    assert train.lr_at(999, 1000, peak) == pytest.approx(0.1 * peak, rel=1e-3)
+    values = [train.lr_at(s, 1000, peak) for s in range(100, 1000)]
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
+
+
+def test_ema_tracks_weights():
+    net = torch.nn.Linear(2, 2)
+    ema = train.EMA(net, decay=0.5)
+    with torch.no_grad():
+        net.weight.add_(1.0)
+    before = ema.shadow["weight"].clone()
+    ema.update(net, step=100)
+    assert torch.allclose(ema.shadow["weight"], before + 0.5)
+    current = net.weight.detach().clone()
+    ema.swap(net)
+    assert torch.allclose(net.weight, before + 0.5)
+    ema.swap(net)
+    assert torch.equal(net.weight, current)
+
+
+def _row(variant, method, speedup, psnr, ssim, kid, dloss):
+    return {"variant": variant, "method": method, "speedup": speedup, "psnr": psnr,
+            "ssim": ssim, "kid": kid, "dloss": dloss}
+
+
+def test_targets_compare_at_matched_speed():
+    rows = [_row("unmerged", "unmerged", 1.0, math.inf, 1.0, 0.0, 0.0),
+            _row("ToMA defaults", "toma", 1.6, 30.0, 0.9, 1.0, 0.05),
+            _row("ToMeSD a", "tomesd", 1.2, 35.0, 0.95, 0.5, 0.01),   # slower: not matched
+            _row("ToMeSD b", "tomesd", 1.55, 28.0, 0.85, 2.0, 0.10),  # matched (>= 0.9 x 1.6)
+            _row("ToDo 2x2", "todo", 1.3, 31.0, 0.92, 0.8, 0.02)]     # only ToDo: its fastest
+    checks = quality.targets(rows, "sdxl")
+    assert checks[0]["met"] is True
+    tome = [c for c in checks if "ToMeSD b" in c["target"]]
+    assert len(tome) == 4 and all(c["met"] for c in tome)
+    todo = [c for c in checks if "ToDo" in c["target"]]
+    assert len(todo) == 4 and not any(c["met"] for c in todo)
+    assert any("easycache" in c["target"] and c["value"] == "not measured" for c in checks)
+
+
+def test_pareto_marks_dominated_rows():
+    rows = [_row("a", "toma", 1.5, 30.0, 0.9, 1.0, 0.0),
+            _row("b", "tomesd", 1.4, 29.0, 0.9, 1.5, 0.0),    # slower, worse: dominated
+            _row("c", "todo", 1.2, 35.0, 0.9, 0.5, 0.0)]
+    quality.mark_pareto(rows)
+    assert [r["pareto"] for r in rows] == [True, False, True]
