@@ -14,7 +14,12 @@ from ..toma_core import BATCH_POLICIES, REGION_MODES, UNMERGE_METHODS
 MERGE_SCOPES: tuple[str, ...] = ("auto", "block", "attention")
 UNET_LEVELS: tuple[str, ...] = ("auto", "all", "largest")
 MAX_RATIO = 0.9
+MAX_TILE_COUNT = 4096
 DEFAULT_SKIP_BLOCKS = "d0-4, s0-4"
+# Block indices above this are refused while parsing, before a range is expanded into a set
+# (a shared workflow's "d0-99999999999" would fill memory). Flux.1 has 19 double and 38 single
+# blocks; check_depth then holds every index to the model's real depth.
+MAX_BLOCK_INDEX = 999
 
 
 @dataclass(frozen=True)
@@ -58,12 +63,22 @@ def parse_skip_blocks(text: str) -> SkipBlocks:
             raise ValueError(f"skip_blocks: cannot read {part!r}; write double blocks as d<i> or "
                              f"d<i>-<j> and single blocks as s<i> or s<i>-<j>, e.g. "
                              f"{DEFAULT_SKIP_BLOCKS!r}")
-        kind, first, last = match.group(1), int(match.group(2)), match.group(3)
-        last_i = int(last) if last is not None else first
-        if last_i < first:
+        kind, first, last = match.group(1), match.group(2), match.group(3)
+        first_i = _block_index(kind, first)
+        last_i = _block_index(kind, last) if last is not None else first_i
+        if last_i < first_i:
             raise ValueError(f"skip_blocks: range {part!r} runs backwards")
-        (double if kind == "d" else single).update(range(first, last_i + 1))
+        (double if kind == "d" else single).update(range(first_i, last_i + 1))
     return SkipBlocks(frozenset(double), frozenset(single))
+
+
+def _block_index(kind: str, digits: str) -> int:
+    """A block index of skip_blocks, refused past MAX_BLOCK_INDEX (checked on the digits, so a
+    thousand-digit number is never converted)."""
+    if len(digits.lstrip("0")) > len(str(MAX_BLOCK_INDEX)) or int(digits) > MAX_BLOCK_INDEX:
+        raise ValueError(f"skip_blocks: {kind}{digits} is past every model's depth; block "
+                         f"indices go up to {kind}{MAX_BLOCK_INDEX}")
+    return int(digits)
 
 
 @dataclass(frozen=True)
@@ -91,15 +106,15 @@ def make_options(ratio: float = 0.5, tile_count: int = 0, skip_blocks: str = DEF
                  tau: float = 1000.0, unmerge: str = "transpose", batch_policy: str = "per_item",
                  verbose: bool = False) -> ToMAOptions:
     """Validate widget values into ToMAOptions; ValueError names the widget at fault."""
-    _number("ratio", ratio, 0.0, MAX_RATIO)
-    _integer("tile_count", tile_count, 0, 4096)
-    _integer("recompute_every", recompute_every, 1, 1000)
-    _number("start_percent", start_percent, 0.0, 1.0)
-    _number("end_percent", end_percent, 0.0, 1.0)
+    check_number("ratio", ratio, 0.0, MAX_RATIO)
+    check_integer("tile_count", tile_count, 0, MAX_TILE_COUNT)
+    check_integer("recompute_every", recompute_every, 1, 1000)
+    check_number("start_percent", start_percent, 0.0, 1.0)
+    check_number("end_percent", end_percent, 0.0, 1.0)
     if start_percent >= end_percent:
         raise ValueError(f"start_percent ({start_percent}) must be below end_percent "
                          f"({end_percent})")
-    _number("tau", tau, 1.0, 1e5)
+    check_number("tau", tau, 1.0, 1e5)
     for name, value, allowed in (("unet_levels", unet_levels, UNET_LEVELS),
                                  ("merge_scope", merge_scope, MERGE_SCOPES),
                                  ("region", region, REGION_MODES),
@@ -115,14 +130,16 @@ def make_options(ratio: float = 0.5, tile_count: int = 0, skip_blocks: str = DEF
                        bool(verbose))
 
 
-def _number(name: str, value: object, low: float, high: float) -> None:
+def check_number(name: str, value: object, low: float, high: float) -> None:
+    """Raise ValueError naming widget `name` unless value is a number in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise ValueError(f"{name} must be a number, got {value!r}")
     if not low <= value <= high:
         raise ValueError(f"{name} must be between {low} and {high}, got {value}")
 
 
-def _integer(name: str, value: object, low: int, high: int) -> None:
+def check_integer(name: str, value: object, low: int, high: int) -> None:
+    """Raise ValueError naming widget `name` unless value is a whole number in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be a whole number, got {value!r}")
     if not low <= value <= high:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..toma_core import build_plan, make_regions
-from .options import MAX_RATIO
+from .options import MAX_RATIO, MAX_TILE_COUNT, check_integer, check_number
 
 LEVELS = {
     "16px (SDXL outer, Flux)": 16,
@@ -83,7 +83,7 @@ class ToMAPreview:
                                            "render or a reference photo)."}),
             "ratio": ("FLOAT", {"default": 0.5, "min": 0.0, "max": MAX_RATIO, "step": 0.05,
                                 "tooltip": "The ratio you use on the ToMA node."}),
-            "tile_count": ("INT", {"default": 64, "min": 1, "max": 4096, "step": 1,
+            "tile_count": ("INT", {"default": 64, "min": 1, "max": MAX_TILE_COUNT, "step": 1,
                                    "tooltip": "Tiles per image (ToMA's default: 64 for UNet "
                                               "models, 256 for Flux)."}),
             "level": (list(LEVELS), {"default": next(iter(LEVELS)),
@@ -102,8 +102,8 @@ class ToMAPreview:
     def render(self, image: torch.Tensor, ratio: float, tile_count: int, level: str) -> tuple:
         if level not in LEVELS:
             raise ValueError(f"level must be one of {', '.join(LEVELS)}; got {level!r}")
-        if not 0 <= ratio <= MAX_RATIO:
-            raise ValueError(f"ratio must be between 0 and {MAX_RATIO}, got {ratio}")
+        check_number("ratio", ratio, 0.0, MAX_RATIO)
+        check_integer("tile_count", tile_count, 1, MAX_TILE_COUNT)
         if image.dim() != 4 or image.shape[-1] < 3:
             raise ValueError(f"image must be [B, H, W, 3], got {tuple(image.shape)}")
         px = LEVELS[level]

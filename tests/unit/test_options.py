@@ -4,6 +4,7 @@ import pytest
 
 from toma_pack.nodes.options import (
     DEFAULT_SKIP_BLOCKS,
+    MAX_BLOCK_INDEX,
     SkipBlocks,
     ToMAOptions,
     make_options,
@@ -51,6 +52,26 @@ def test_parse_skip_blocks_errors_name_the_widget(text, fragment):
         parse_skip_blocks(text)
     assert str(err.value).startswith("skip_blocks: ")
     assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("text, index", [
+    ("d0-99999999999", "d99999999999"),    # would expand into a set of 10^11 indices
+    ("s5-1000", "s1000"),
+    ("d" + "9" * 5000, "d" + "9" * 5000),  # past int()'s 4300-digit limit: never converted
+    ("d0-0001000", "d0001000"),
+])
+def test_block_indices_are_bounded_before_a_range_expands(text, index):
+    with pytest.raises(ValueError) as err:
+        parse_skip_blocks(text)
+    assert str(err.value) == (f"skip_blocks: {index} is past every model's depth; block indices "
+                              f"go up to {index[0]}{MAX_BLOCK_INDEX}")
+
+
+def test_largest_block_index_is_accepted():
+    assert parse_skip_blocks(f"s0-{MAX_BLOCK_INDEX}").single == frozenset(
+        range(MAX_BLOCK_INDEX + 1))
+    with pytest.raises(ValueError, match="^skip_blocks: d99999999999 is past every model"):
+        make_options(skip_blocks="d0-99999999999")
 
 
 def test_check_depth_accepts_the_last_block_and_names_the_first_past_it():

@@ -56,7 +56,17 @@ def test_features_and_palette():
     assert colours.shape == (50, 3) and len(torch.unique(colours, dim=0)) == 50
 
 
-@pytest.mark.parametrize("args,match", [((0.5, 4, "nope"), "level"), ((1.5, 4, OUTER), "ratio")])
-def test_bad_input_names_the_widget(args, match):
-    with pytest.raises(ValueError, match=match):
-        ToMAPreview().render(picture(), *args)
+@pytest.mark.parametrize("args, message", [
+    ((0.5, 4, "nope"), "level must be one of"),
+    ((1.5, 4, OUTER), "ratio must be between 0.0 and 0.9, got 1.5"),
+    ((float("nan"), 4, OUTER), "ratio must be a number, got nan"),
+    ((0.5, -1, OUTER), "tile_count must be between 1 and 4096, got -1"),
+    ((0.5, 0, OUTER), "tile_count must be between 1 and 4096, got 0"),
+    ((0.5, 10**9, OUTER), "tile_count must be between 1 and 4096, got 1000000000"),
+    ((0.5, 4.0, OUTER), "tile_count must be a whole number, got 4.0"),
+    ((0.5, True, OUTER), "tile_count must be a whole number, got True"),
+])
+def test_bad_input_names_the_widget(args, message):
+    with pytest.raises(ValueError) as err:
+        ToMAPreview().render(picture(64, 64), *args)
+    assert str(err.value).startswith(message), str(err.value)
