@@ -20,9 +20,12 @@ from .merge_plan import MergePlan
 def step_index(sigma: float, schedule: Sequence[float] | torch.Tensor | None) -> int:
     """The sampling step a noise level belongs to: the last i with schedule[i] >= sigma.
 
-    schedule: the sampler's sigmas, decreasing. Intermediate evaluations (Heun, 2S samplers)
-    fall between schedule[i] and schedule[i + 1] and count as step i. Without a schedule every
-    call is step 0, so a plan is built once and reused for the whole run.
+    schedule: the sampler's sigmas, decreasing. Step i starts with an evaluation at schedule[i].
+    Second-order samplers evaluate once more within the step: dpm_2 and the 2S samplers between
+    schedule[i] and schedule[i + 1], which counts as step i; Heun's corrector at schedule[i + 1]
+    itself, which counts as step i + 1, like the next step's first evaluation at that same noise
+    level (sigma cannot tell the two apart). Without a schedule every call is step 0, so a plan
+    is built once and reused for the whole run.
     """
     if schedule is None or len(schedule) == 0:
         return 0

@@ -15,6 +15,7 @@ import torch
 import comfy_harness as ch
 from toma_pack.nodes import ToMA, ToMAAdvanced
 from toma_pack.nodes import run_state as run_state_module
+from toma_pack.toma_core import step_index
 
 LAYERS = 17
 
@@ -146,6 +147,24 @@ def test_plans_follow_the_sigma_schedule_not_call_counts(sdxl, stats, caplog):
         run(patched, sampler="heun", steps=4)
     assert "4 plans built" in caplog.text  # 2 levels x 2 rebuilds (cond and uncond batched)
     assert stats[-1]["steps_merged"] == 4 and stats[-1]["steps_total"] == 4
+
+
+def test_heun_corrector_counts_as_the_next_step(sdxl):
+    """What toma_core.step_index says of ComfyUI's Heun: its corrector evaluates at the next
+    step's sigma, so over 4 steps (the last one an Euler step, its next sigma is 0) the model
+    calls count as steps 0, 1, 1, 2, 2, 3, 3."""
+    steps = []
+
+    def record(n, context, value, extra_options):
+        if tuple(extra_options["block"]) == ("input", 4):   # once per model call
+            sigma = float(extra_options["sigmas"][0])
+            steps.append(step_index(sigma, extra_options["sample_sigmas"]))
+        return n, context, value
+
+    model = sdxl.clone()
+    model.set_model_attn1_patch(record)
+    run(model, sampler="heun", steps=4, cfg=1.0)
+    assert steps == [0, 1, 1, 2, 2, 3, 3]
 
 
 def test_runs_leave_no_state_and_repeat_exactly(sdxl):

@@ -34,7 +34,7 @@ def test_step_index_on_schedule(as_tensor: bool) -> None:
 
 
 def test_step_index_intermediate_sigmas() -> None:
-    """Heun / 2S evaluate between two sigmas: that evaluation belongs to the earlier step."""
+    """dpm_2 / 2S evaluate between two sigmas: that evaluation belongs to the earlier step."""
     for i in range(len(SIGMAS) - 1):
         mid = (SIGMAS[i] + SIGMAS[i + 1]) / 2
         geometric = (SIGMAS[i] * SIGMAS[i + 1]) ** 0.5
@@ -142,15 +142,37 @@ def test_recompute_every_rejected(every: int) -> None:
         PlanCache(recompute_every=every)
 
 
-def test_heun_run_with_real_plans() -> None:
-    """Sigma-keyed reuse through a Heun-like run: one build per `recompute_every` steps."""
+def heun_evaluations(schedule: list[float]) -> list[float]:
+    """The sigmas k-diffusion's Heun evaluates the model at: schedule[i], then the corrector at
+    schedule[i + 1] (an Euler step instead when that is 0)."""
+    sigmas = []
+    for i in range(len(schedule) - 1):
+        sigmas.append(schedule[i])
+        if schedule[i + 1] > 0:
+            sigmas.append(schedule[i + 1])
+    return sigmas
+
+
+def test_heun_corrector_counts_as_the_next_step() -> None:
+    """Heun's corrector evaluates at the next step's sigma and counts as that step (step_index's
+    docstring), also after the model's float32 round trip."""
+    steps = [step_index(s, SIGMAS) for s in heun_evaluations(SIGMAS)]
+    last = len(SIGMAS) - 2
+    assert steps == [0] + [i for i in range(1, last + 1) for _ in range(2)]
+    assert steps == [step_index(torch.tensor(s, dtype=torch.float32), SIGMAS)
+                     for s in heun_evaluations(SIGMAS)]
+
+
+@pytest.mark.parametrize("sampler", ["heun", "dpm_2"])
+def test_second_order_run_with_real_plans(sampler: str) -> None:
+    """Sigma-keyed reuse through a second-order run: one build per `recompute_every` steps."""
     x = torch.randn(2, 64, 8, generator=torch.Generator().manual_seed(0))
     cache = PlanCache(recompute_every=2)
-    evaluations = []
-    for i in range(len(SIGMAS) - 1):
-        evaluations.append(SIGMAS[i])
-        if SIGMAS[i + 1] > 0:
-            evaluations.append((SIGMAS[i] + SIGMAS[i + 1]) / 2)
+    if sampler == "heun":
+        evaluations = heun_evaluations(SIGMAS)
+    else:   # dpm_2: schedule[i], then the geometric midpoint towards schedule[i + 1]
+        evaluations = [s for i in range(len(SIGMAS) - 1) for s in (
+            SIGMAS[i], *([(SIGMAS[i] * SIGMAS[i + 1]) ** 0.5] if SIGMAS[i + 1] > 0 else []))]
     steps = [step_index(s, SIGMAS) for s in evaluations]
     assert steps == sorted(steps) and set(steps) == set(range(len(SIGMAS) - 1))
     plans = [cache.get((8, 8), step, lambda: build_plan(x, 8, 8, 0.5, tile_count=4))
