@@ -3,11 +3,16 @@
 Every family this ComfyUI has samples through comfy.sample (the KSampler path) with CFG, at odd
 latent sizes and an odd frame count, and gives finite output of the latent's shape. A family it
 lacks is not skipped: the test asserts that its classes are absent here instead.
+
+The last test pins what each family's block loop hands a "dit" replace patch (block kinds,
+argument names, image token counts, RoPE rows), the facts a generic ToMA block patch builds on.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +24,7 @@ from tiny_models import (
     in_tree,
     inputs,
     tiny_patcher,
+    token_grid,
 )
 
 from comfy_harness import comfy_version, sample
@@ -93,3 +99,101 @@ def test_builders_are_deterministic() -> None:
     assert sa.keys() == sb.keys()
     for key, value in sa.items():
         assert torch.equal(value, sb[key]), key
+
+
+# "dit" replace patches each family's block loop calls: kind -> the argument names it passes.
+# Wan, Qwen-Image and SD3 have one kind ("double_block"), HunyuanVideo, Flux 2 and Chroma two,
+# Lumina 2 / Z-Image none (their loop has no patches_replace: object patches only).
+_FLUX_ARGS = {"double_block": {"img", "txt", "vec", "pe", "attn_mask", "transformer_options"},
+              "single_block": {"img", "vec", "pe", "attn_mask", "transformer_options"}}
+_HV_ARGS = {"double_block": {"img", "txt", "vec", "pe", "attention_mask", "modulation_dims_img",
+                             "modulation_dims_txt", "transformer_options"},
+            "single_block": {"img", "vec", "pe", "attention_mask", "modulation_dims",
+                             "transformer_options"}}
+_TWO_STREAM_ARGS = {"double_block": {"img", "txt", "vec", "pe", "transformer_options"}}
+DIT_ARGS = {"wan": _TWO_STREAM_ARGS, "qwen": _TWO_STREAM_ARGS, "hunyuan": _HV_ARGS,
+            "sd3": {"double_block": {"img", "txt", "vec", "transformer_options"}},
+            "lumina2": {}, "z_image": {}, "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS}
+
+
+def _group(name: str) -> str:
+    return next(g for g in DIT_ARGS if name.startswith(g))
+
+
+def _pe_token_axis(name: str) -> int:
+    """Axis of the RoPE rows' token dimension: Wan [1, L, 1, ...] and Qwen-Image before 0.8
+    [B, L, 1, ...]; Qwen-Image from 0.8, HunyuanVideo, Flux 2, Chroma [B, 1, L, ...]."""
+    if _group(name) == "wan" or (_group(name) == "qwen" and comfy_version() < (0, 8)):
+        return 1
+    return 2
+
+
+def _recorder(kind: str, index: int, calls: list) -> object:
+    def patch(args: dict, extra: dict) -> dict:
+        calls.append((kind, index, args))
+        return extra["original_block"](args)
+    return patch
+
+
+def record_dit_calls(name: str) -> tuple[Any, Any, list, torch.Tensor, torch.Tensor]:
+    """Sample the family's tiny model once plain and once with pass-through "dit" replace
+    patches on every block index it could have: (patcher, inputs, [(kind, index, args)],
+    plain output, patched output)."""
+    patcher = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, patcher, batch, height, width, frames)
+    run = {"steps": 1, "cfg": cfg, "noise_mask": x.noise_mask}
+    plain = sample(patcher, x.latent, x.positive, x.negative, **run)
+    calls: list = []
+    patched = patcher.clone()
+    for kind in ("double_block", "single_block"):
+        for i in range(4):
+            patched.set_model_patch_replace(_recorder(kind, i, calls), "dit", kind, i)
+    out = sample(patched, x.latent, x.positive, x.negative, **run)
+    return patcher, x, calls, plain, out
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_dit_replace_patches_see_the_documented_sequence(name: str) -> None:
+    if not available(name):
+        assert_absent(name)
+        return
+    _, x, calls, plain, out = record_dit_calls(name)
+    # A patch that calls original_block(args) as given reproduces the model exactly.
+    assert torch.equal(out, plain)
+
+    expected = DIT_ARGS[_group(name)]
+    assert {(k, i) for k, i, _ in calls} == {(k, i) for k in expected for i in range(2)}
+    image = math.prod(token_grid(name, x.latent.shape))
+    for ref in x.positive[0][1].get("reference_latents", []):
+        image += math.prod(token_grid(name, ref.shape))   # Qwen edit: appended to the image
+    text = None
+    for kind, _, args in calls:
+        assert set(args) == expected[kind], kind
+        if kind == "double_block":
+            # The image stream holds exactly the image (+ reference) tokens.
+            assert args["img"].shape[1] == image
+            text = args["txt"].shape[1]
+            sequence = image if _group(name) == "wan" else text + image
+        else:
+            # Single blocks: one sequence of text and image tokens.
+            sequence = text + image
+            assert args["img"].shape[1] == sequence
+        if "pe" in args:
+            # RoPE rows: one per token of the attention sequence (Wan: image only).
+            assert args["pe"].shape[_pe_token_axis(name)] == sequence
+
+
+def test_hunyuan_video_token_order_follows_flipped_img_txt() -> None:
+    """HunyuanVideo puts the image first in the attention sequence while its double blocks are
+    built with flipped_img_txt (v0.3.64, v0.8.0), text first once that is gone (v0.33.0)."""
+    patcher, _, calls, _, _ = record_dit_calls("hunyuan_video")
+    flipped = getattr(patcher.model.diffusion_model.double_blocks[0], "flipped_img_txt", False)
+    assert flipped == (comfy_version() < (0, 33))
+    _, _, args = next(c for c in calls if c[0] == "double_block")
+    text = args["txt"].shape[1]
+    rows = args["pe"][0, 0]                     # [text + image, head_dim / 2, 2, 2]
+    text_rows, image_rows = (rows[-text:], rows[:-text]) if flipped else (rows[:text], rows[text:])
+    # Text positions are all zero: one RoPE row repeated; image rows vary.
+    assert torch.equal(text_rows, text_rows[:1].expand_as(text_rows))
+    assert not torch.equal(image_rows, image_rows[:1].expand_as(image_rows))

@@ -64,7 +64,8 @@ class Family:
     the noise mask keeps it (0 there, 1 elsewhere), as Wan22ImageToVideoLatent and
     HunyuanImageToVideo "v2 (replace)" do;
     text_tokens: length of the tiny text context; model_class: the diffusion model's class
-    (module path, class) whose presence the tests also check.
+    (module path, class) whose presence the tests also check; patch: the transformer's patch
+    (t, h, w) over the latent.
     """
 
     name: str
@@ -76,6 +77,7 @@ class Family:
     extra_conds: Callable[[int, tuple[int, ...], int], dict[str, Any]] = field(
         default=lambda batch, shape, seed: {})
     start_frame: bool = False
+    patch: tuple[int, int, int] = (1, 2, 2)
     text_tokens: int = TEXT_TOKENS
 
 
@@ -291,7 +293,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                           patch_size=[1, 1, 1], guidance_embed=False, byt5=True,
                           use_cond_type_embedding=True, vision_in_dim=SIGLIP_DIM,
                           meanflow_sum=True),
-           _HV, video=True, extra_conds=_hunyuan15),
+           _HV, video=True, extra_conds=_hunyuan15, patch=(1, 1, 1)),
     Family("sd3", "SD3", _mmdit(None, []), _MMDIT, extra_conds=_pooled),
     # SD3.5: RMS q/k norm; Medium's MMDiT-X second self-attention in block 0.
     Family("sd35", "SD3", _mmdit("rms", [0]), _MMDIT, extra_conds=_pooled),
@@ -304,7 +306,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                    ffn_dim_multiplier=8.0 / 3.0, z_image_modulation=True, time_scale=1000.0,
                    pad_tokens_multiple=32),
            _LUMINA, extra_conds=_text_mask),
-    Family("flux2", "Flux2", _flux_like("flux2", **_FLUX2), ("comfy.ldm.flux.model", "Flux")),
+    Family("flux2", "Flux2", _flux_like("flux2", **_FLUX2), ("comfy.ldm.flux.model", "Flux"),
+           patch=(1, 1, 1)),
     Family("chroma", "Chroma", _flux_like("chroma", **_CHROMA),
            ("comfy.ldm.chroma.model", "Chroma")),
 )}
@@ -404,6 +407,14 @@ def inputs(name: str, patcher: ModelPatcher, batch: int = 1, height: int = 8, wi
     mask = torch.ones(1, 1, *shape[2:])
     mask[:, :, :1] = 0.0
     return SampleInputs(latent, cond(0), cond(100), mask)
+
+
+def token_grid(name: str, latent: torch.Size | tuple[int, ...]) -> tuple[int, int, int]:
+    """Image tokens (t, h, w) of the family's model for a latent [B, C, (T,) H, W]: every
+    family pads each side up to its patch."""
+    pt, ph, pw = family(name).patch
+    frames = latent[2] if len(latent) == 5 else 1
+    return (-(-frames // pt), -(-latent[-2] // ph), -(-latent[-1] // pw))
 
 
 def diffusion_model_class(name: str) -> type:
