@@ -19,7 +19,9 @@ import torch
 from tiny_models import (
     FAMILIES,
     available,
+    available_families,
     diffusion_model_class,
+    families_by_version,
     family,
     in_tree,
     inputs,
@@ -27,7 +29,7 @@ from tiny_models import (
     token_grid,
 )
 
-from comfy_harness import comfy_version, sample
+from comfy_harness import comfy_version, sample, shared_trees
 
 # (batch, latent height, latent width, latent frames): odd sizes, an odd frame count.
 ODD_VIDEO = (2, 7, 9, 3)
@@ -68,6 +70,13 @@ def test_family_presence_follows_the_tree(name: str, comfyui_path) -> None:
         return
     module, cls = family(name).model_class
     assert hasattr(importlib.import_module(module), cls)
+
+
+def test_families_by_version_names_this_tree(comfyui_path) -> None:
+    by_version = families_by_version()
+    assert set(by_version) == {tree.name for tree in shared_trees()}
+    if comfyui_path in shared_trees():
+        assert by_version[comfyui_path.name] == available_families()
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

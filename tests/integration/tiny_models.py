@@ -9,7 +9,7 @@ order; widths 64, 2 blocks of each kind), and the conditioning ComfyUI's own nod
 latents, noise masks). `inputs(name, ...)` gives everything `comfy_harness.sample` needs.
 
     patcher = tiny_patcher("wan22_5b")
-    x = inputs("wan22_5b", batch=1, height=12, width=10, frames=3)
+    x = inputs("wan22_5b", patcher, batch=1, height=12, width=10, frames=3)
     out = sample(patcher, x.latent, x.positive, x.negative, noise_mask=x.noise_mask)
 
 `height`, `width` and `frames` are latent sizes (pixels / 8 or / 16, frames = latent frames).
@@ -118,7 +118,8 @@ def _hunyuan_video(**overrides: Any) -> Callable[[], dict[str, Any]]:
 
 def _mmdit(qk_norm: str | None, x_block_self_attn_layers: list[int]) -> Callable[[], dict]:
     """SD3 MMDiT: depth 2 -> width 128, 2 heads of 64 (the class fixes head size 64); learned
-    position table for up to 16x16 patches (SD3's pos_embed_max_size, 192 in the real model)."""
+    position table for up to 16x16 patches, i.e. latents up to 32x32 (SD3's
+    pos_embed_max_size, 192 in the real model)."""
     def config() -> dict[str, Any]:
         return {"in_channels": 16, "out_channels": 16, "patch_size": 2, "depth": 2,
                 "input_size": None, "adm_in_channels": POOLED_DIM,
