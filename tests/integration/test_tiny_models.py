@@ -206,3 +206,14 @@ def test_hunyuan_video_token_order_follows_flipped_img_txt() -> None:
     # Text positions are all zero: one RoPE row repeated; image rows vary.
     assert torch.equal(text_rows, text_rows[:1].expand_as(text_rows))
     assert not torch.equal(image_rows, image_rows[:1].expand_as(image_rows))
+
+
+def test_wan22_5b_image_to_video_modulates_per_frame() -> None:
+    """Wan 2.2 5B with a kept start frame gets one timestep per latent frame
+    (WAN22.process_timestep): the blocks' modulation `vec` is [B, frames, 6, C] and
+    repeat_e spreads it over each frame's tokens; text-to-video has one row."""
+    _, x, calls, _, _ = record_dit_calls("wan22_5b_i2v")
+    frames = x.latent.shape[2]
+    assert {args["vec"].shape[1] for _, _, args in calls} == {frames}
+    _, _, calls, _, _ = record_dit_calls("wan22_5b")
+    assert {args["vec"].shape[1] for _, _, args in calls} == {1}
