@@ -402,6 +402,10 @@ def run(families: list[str] | None = None, quick: bool = False, ratio: float = R
         with torch.inference_mode():
             block_rows = bench_case(case, ratio, warmup, reps, clock, merged_block)
         rows += block_rows + project(block_rows, case.depth, skip)
+        # Each family's figures as soon as they exist: full-size runs take long.
+        for row in block_rows:
+            log.warning("%s %s: %d image tokens, %.0f ms, speedup %.3g", name, row["variant"],
+                        row.get("image_tokens") or 0, row["ms"], row["speedup"])
         del case
     return rows
 
