@@ -6,6 +6,15 @@ For each region with tokens X [S, C] and destinations D (k slots):
     unmerge(y) = P^T y    (rows sum to 1, so it commutes with a linear layer plus bias)
 or, as an option, unmerge(y) = pinv(M) y. Both are batched matmuls over all regions at once.
 
+A destination is its own only source (its column of P is one-hot), so M's destination columns
+are diagonal and P^T's destination rows are one-hot. merge and unmerge use that: with each
+region's slots ordered destinations first, then the S - k other slots ("sources"),
+    merge(x)   = diag(M_dd) x_D + M_src x_src       [k, S - k] x [S - k, C]
+    unmerge(y) = y at the destinations, P^T_src y at the sources    [S - k, k] x [k, C]
+which is the dense product with the known zeros skipped: S / (S - k) times fewer FLOPs (2x at
+ratio 0.5, 4x at 0.25), the region layout taken by one gather instead of a reshape copy. Dense
+products stay the fallback for weights without that structure (pinv unmerge).
+
 A plan holds weights for B items ([B, R, k, S]) or one shared set ([1, R, k, S]) that broadcasts
 over any batch. It merges any tensor laid out [B, L, C] or [B, heads, L, D] whose sequence holds
 the N grid tokens after `prefix` other tokens (text) and before any suffix (reference images);
@@ -17,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -40,13 +49,31 @@ def destinations_per_region(ratio: float, regions: Regions) -> int:
     return min(max(1, round((1.0 - ratio) * n / regions.count)), regions.min_size)
 
 
+class _Weights(NamedTuple):
+    """A plan's index and weight tensors in one dtype and device (see `MergePlan._weights`).
+
+    The "sources" of a region are its S - k slots that are not destinations, ascending.
+    """
+
+    dest_ids: torch.Tensor        # [B', R*k] grid token of each merged row (= dest_tokens)
+    src_ids: torch.Tensor         # [B', R*(S-k)] grid token of each source slot (pads: 0)
+    inverse: torch.Tensor         # [B', N] row of each grid token in [merged | sources]
+    merge_dest: torch.Tensor      # [B', R, k, 1] M's diagonal at the destinations
+    merge_src: torch.Tensor       # [B', R, k, S-k] M at the sources
+    unmerge_src: torch.Tensor | None    # [B', R, S-k, k] U at the sources, or None:
+    unmerge_dense: torch.Tensor | None  # [B', R, S, k] U without that structure (pinv)
+
+
 @dataclass
 class MergePlan:
     """Merge/unmerge for one token grid. Build it with `build_plan`.
 
     regions: the partition; k: destinations per region.
     dest_slots [B', R, k]: chosen slot per destination; dest_tokens [B', R*k]: their grid index
-    (the merged sequence order). merge_w [B', R, k, S], unmerge_w [B', R, S, k], float32.
+    (the merged sequence order). merge_w [B', R, k, S], unmerge_w [B', R, S, k], float32: the
+    dense weights (the definition; merge and unmerge skip their known zeros, see the module
+    docstring). Each destination must be its own only source (M's destination columns
+    diagonal), as `build_plan` makes it.
     """
 
     regions: Regions
@@ -55,7 +82,12 @@ class MergePlan:
     dest_tokens: torch.Tensor
     merge_w: torch.Tensor
     unmerge_w: torch.Tensor
+    _compact: _Weights = field(init=False, repr=False)
     _cast: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._compact = _compact_weights(self.regions, self.dest_slots, self.dest_tokens,
+                                         self.merge_w, self.unmerge_w)
 
     @property
     def tokens(self) -> int:
@@ -67,12 +99,13 @@ class MergePlan:
         """Grid tokens after merging (R * k)."""
         return self.regions.count * self.k
 
-    def _weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """merge_w and unmerge_w in x's dtype and device, cast once and kept."""
+    def _weights(self, x: torch.Tensor) -> _Weights:
+        """The plan's tensors in x's dtype (weights) and device, cast once and kept."""
         key = (x.dtype, x.device)
         if key not in self._cast:
-            self._cast[key] = (self.merge_w.to(x.device, x.dtype),
-                               self.unmerge_w.to(x.device, x.dtype))
+            self._cast[key] = _Weights(*(
+                t if t is None else t.to(x.device, x.dtype if t.is_floating_point() else None)
+                for t in self._compact))
         return self._cast[key]
 
     def _check(self, x: torch.Tensor, length: int, prefix: int) -> None:
@@ -91,21 +124,32 @@ class MergePlan:
 
     def merge(self, x: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """x [B, prefix + N + suffix, C] (or [B, heads, L, D]) -> [B, prefix + R*k + suffix, C]."""
-        n = self.tokens
+        n, r, k, s = self.tokens, self.regions.count, self.k, self.regions.size
         self._check(x, n, prefix)
-        m, _ = self._weights(x)
-        grid = x[..., prefix:prefix + n, :]
-        merged = (self._heads(m, x) @ self.regions.split(grid)).flatten(-3, -2)
+        w = self._weights(x)
+        lead, c = x.shape[:-2], x.shape[-1]
+        merged = _take(x, w.dest_ids, prefix)                       # [..., R*k, C], a new tensor
+        merged.view(*lead, r, k, c).mul_(self._heads(w.merge_dest, x))
+        sources = _take(x, w.src_ids, prefix)                       # [..., R*(S-k), C]
+        weights = self._heads(w.merge_src, x).expand(*lead, r, k, s - k)
+        merged.view(-1, k, c).baddbmm_(weights.reshape(-1, k, s - k), sources.view(-1, s - k, c))
         return self._splice(x, merged, prefix, n)
 
     def unmerge(self, y: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """Inverse of merge: y [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C]."""
-        n = self.merged_tokens
-        self._check(y, n, prefix)
-        _, u = self._weights(y)
-        grid = y[..., prefix:prefix + n, :].unflatten(-2, (self.regions.count, self.k))
-        restored = self.regions.join(self._heads(u, y) @ grid)
-        return self._splice(y, restored, prefix, n)
+        m = self.merged_tokens
+        self._check(y, m, prefix)
+        w = self._weights(y)
+        grid = y[..., prefix:prefix + m, :]
+        blocks = grid.unflatten(-2, (self.regions.count, self.k))       # [..., R, k, C]
+        if w.unmerge_dense is not None:
+            restored = self.regions.join(self._heads(w.unmerge_dense, y) @ blocks)
+            return self._splice(y, restored, prefix, m)
+        sources = torch.matmul(self._heads(w.unmerge_src, y), blocks)   # [..., R, S-k, C]
+        # Destinations come back unchanged (their rows of P^T are one-hot): one gather from
+        # [y | sources] puts every grid token, and y's prefix and suffix rows, in place.
+        rows = _unmerge_rows(w.inverse, prefix, y.shape[-2], m)
+        return _take(torch.cat((y, sources.flatten(-3, -2)), -2), rows)
 
     def around(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                prefix: int = 0) -> torch.Tensor:
@@ -141,6 +185,56 @@ class MergePlan:
             return pe.index_select(dim, rows[0])
         items = pe.expand(len(rows), *pe.shape[1:])
         return torch.stack([items[i].index_select(dim - 1, r) for i, r in enumerate(rows)])
+
+
+def _compact_weights(regions: Regions, dest_slots: torch.Tensor, dest_tokens: torch.Tensor,
+                     merge_w: torch.Tensor, unmerge_w: torch.Tensor) -> _Weights:
+    """Source slots and the weights merge/unmerge multiply with; checks that each destination
+    is its own only source. Shapes as in MergePlan and _Weights."""
+    b, r, k = dest_slots.shape
+    s, n, device = regions.size, regions.h * regions.w, dest_slots.device
+    eye = torch.eye(k, dtype=torch.bool, device=device)
+    at_dest = merge_w.gather(-1, dest_slots.unsqueeze(-2).expand(b, r, k, k))  # M[i, d_j]
+    if at_dest.masked_fill(eye, 0).any():
+        raise ValueError("merge weights must keep each destination its own only source")
+    is_dest = torch.zeros(b, r, s, dtype=torch.uint8, device=device).scatter_(-1, dest_slots, 1)
+    src = is_dest.argsort(dim=-1, stable=True)[..., :s - k]                     # [B', R, S-k]
+    src_ids = regions.token_ids(device).expand(b, r, s).gather(-1, src).flatten(1)
+    # Pad slots (ragged regions) are sources with no weight; their rows go to a spare column N.
+    real = src_ids if regions.valid is None else torch.where(
+        regions.valid.to(device).expand(b, r, s).gather(-1, src).flatten(1), src_ids, n)
+    inverse = torch.empty(b, n + 1, dtype=torch.long, device=device).scatter_(
+        1, torch.cat((dest_tokens, real), 1), torch.arange(r * s, device=device).expand(b, -1))
+    u_dest = unmerge_w.gather(-2, dest_slots.unsqueeze(-1).expand(b, r, k, k))  # U[d_i, j]
+    one_hot = torch.equal(u_dest, eye.to(u_dest.dtype).expand(b, r, k, k))
+    return _Weights(
+        dest_tokens, src_ids, inverse[:, :n].contiguous(),
+        merge_w.gather(-1, dest_slots.unsqueeze(-1)),
+        merge_w.gather(-1, src.unsqueeze(-2).expand(b, r, k, s - k)),
+        unmerge_w.gather(-2, src.unsqueeze(-1).expand(b, r, s - k, k)) if one_hot else None,
+        None if one_hot else unmerge_w)
+
+
+def _take(x: torch.Tensor, ids: torch.Tensor, prefix: int = 0) -> torch.Tensor:
+    """Rows prefix + ids of x along its sequence dim, ids per batch item or shared: one gather.
+
+    x [B, L, C] or [B, heads, L, D]; ids [1 or B, M] -> a new tensor [B, (heads,) M, C].
+    """
+    if ids.shape[0] == 1:
+        return x.index_select(-2, ids[0] + prefix if prefix else ids[0])
+    lead, (length, c) = x.shape[:-2], x.shape[-2:]
+    items = torch.arange(math.prod(lead), device=ids.device).view(lead[0], -1, 1) * length
+    rows = (items + (ids + prefix).unsqueeze(1)).flatten()
+    return x.reshape(-1, c).index_select(0, rows).view(*lead, ids.shape[1], c)
+
+
+def _unmerge_rows(inverse: torch.Tensor, prefix: int, length: int, merged: int) -> torch.Tensor:
+    """Rows of [y | sources] that make the unmerged sequence: y's prefix, every grid token, y's
+    suffix. inverse [B', N] indexes [merged | sources]; y has `length` rows, `merged` of them
+    the grid's after `prefix`. -> [B', prefix + N + suffix]."""
+    grid = torch.where(inverse < merged, inverse + prefix, inverse + (length - merged))
+    keep = torch.arange(length, device=inverse.device).expand(inverse.shape[0], -1)
+    return torch.cat((keep[:, :prefix], grid, keep[:, prefix + merged:]), -1)
 
 
 def _assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,

@@ -458,3 +458,56 @@ def test_bad_merge_inputs() -> None:
         plan.merge(torch.randn(2, 64, 4), prefix=1)
     with pytest.raises(ValueError, match="tokens"):
         plan.unmerge(torch.randn(2, plan.merged_tokens - 1, 4))
+
+
+# ---------------------------------------------------------- compact products == dense products
+
+
+def _dense_merge(plan: MergePlan, x: torch.Tensor, prefix: int) -> torch.Tensor:
+    """The definition: M @ (x's grid in region layout), every slot multiplied."""
+    n = plan.tokens
+    w = plan.merge_w.unsqueeze(1) if x.dim() == 4 else plan.merge_w
+    merged = (w @ plan.regions.split(x[..., prefix:prefix + n, :])).flatten(-3, -2)
+    return torch.cat((x[..., :prefix, :], merged, x[..., prefix + n:, :]), -2)
+
+
+def _dense_unmerge(plan: MergePlan, y: torch.Tensor, prefix: int) -> torch.Tensor:
+    """The definition: U @ merged tokens per region, joined back to grid order."""
+    m = plan.merged_tokens
+    w = plan.unmerge_w.unsqueeze(1) if y.dim() == 4 else plan.unmerge_w
+    grid = y[..., prefix:prefix + m, :].unflatten(-2, (plan.regions.count, plan.k))
+    return torch.cat((y[..., :prefix, :], plan.regions.join(w @ grid), y[..., prefix + m:, :]),
+                     -2)
+
+
+@pytest.mark.parametrize(("h", "w", "mode", "tile_count"), [*LAYOUTS, (64, 64, "tile", 64)])
+@pytest.mark.parametrize("batch", ["per_item", "shared"])
+@pytest.mark.parametrize("unmerge", UNMERGE_METHODS)
+def test_compact_products_equal_dense(h: int, w: int, mode: str, tile_count: int, batch: str,
+                                      unmerge: str) -> None:
+    """merge/unmerge skip the known zeros of M and P^T (destination columns/rows) and gather
+    instead of reshaping: the same results as the dense products, in every layout.
+    Measured: merge differs by at most 4.2e-7 of the largest output (summation order);
+    unmerge is bit-identical (the skipped terms are exact zeros and ones)."""
+    n = h * w
+    plan = build_plan(_x(2, n, 8, seed=h * w), h, w, 0.5, mode=mode, tile_count=tile_count,
+                      tau=5.0, batch=batch, unmerge=unmerge)
+    for prefix, suffix in ((0, 0), (5, 3)):
+        x = _x(2, prefix + n + suffix, 12, seed=prefix)
+        for t in (x, x.view(2, -1, 3, 4).transpose(1, 2)):          # [B, L, C], [B, H, L, D]
+            merged, ref = plan.merge(t, prefix), _dense_merge(plan, t, prefix)
+            assert merged.shape == ref.shape
+            assert float((merged - ref).abs().max()) <= 1e-6 * float(ref.abs().max())
+            y = torch.randn(ref.shape, generator=torch.Generator().manual_seed(n))
+            assert torch.equal(plan.unmerge(y, prefix), _dense_unmerge(plan, y, prefix))
+
+
+def test_weights_without_self_source_rejected() -> None:
+    """The compact merge relies on each destination being its own only source: a plan whose
+    merge weights break that is refused, not silently merged wrong."""
+    plan = build_plan(_x(1, 64, 4), 8, 8, 0.5, tile_count=4)
+    broken = plan.merge_w.clone()
+    broken[0, 0, 0] = 1.0 / broken.shape[-1]             # destination 0 takes every slot
+    with pytest.raises(ValueError, match="own only source"):
+        MergePlan(plan.regions, plan.k, plan.dest_slots, plan.dest_tokens, broken,
+                  plan.unmerge_w)
