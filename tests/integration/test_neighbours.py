@@ -168,6 +168,9 @@ def test_pag_perturbs_the_full_middle_grid(sdxl, order, scope, monkeypatch, stat
 
 
 # FreeU, FreeU_V2: patches between UNet blocks, outside the transformer blocks --------------------
+FREEU_CHANGE = {"FreeU": 0.397, "FreeU_V2": 0.236}
+
+
 @pytest.mark.parametrize("node", ["FreeU", "FreeU_V2"])
 def test_freeu_composes_in_block_scope(sdxl, node, self_attention, stats):
     """FreeU scales UNet features between blocks, where ToMA's tokens are whole again: ToMA
@@ -178,7 +181,10 @@ def test_freeu_composes_in_block_scope(sdxl, node, self_attention, stats):
     outs = {order: run_sdxl(compose(sdxl, order, freeu, levels="auto")) for order in ORDERS}
     alone = run_sdxl(toma(sdxl, levels="auto"))
     assert torch.equal(outs["neighbour_first"], outs["toma_first"])
-    assert not torch.allclose(outs["toma_first"], alone)
+    # FreeU's change of the output, relative L2: measured 0.397 (FreeU), 0.236 (FreeU_V2) on
+    # every version; bound / 2
+    change = float((outs["toma_first"] - alone).norm() / alone.norm())
+    assert change > FREEU_CHANGE[node] / 2, change
     assert set(self_attention) == {(512, 512), (256, 256)}
     assert all("note" not in s for s in stats)   # no scope fallback
 

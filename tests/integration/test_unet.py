@@ -94,11 +94,18 @@ def test_auto_levels_leave_small_levels_alone(sdxl, self_attention_lengths, stat
     assert stats[-1]["levels"] == [{"name": "32x32", "tokens": 1024, "merged_tokens": 512}]
 
 
+# Relative L2 error of the sampled latent against the unpatched model's (2 steps at ratio 0.25,
+# 0.75), measured on v0.3.64, v0.8.0 and v0.33.0 alike (CPU, fp32, sub-quadratic attention):
+# block 0.251 and 0.419, attention 0.0886 and 0.160. Bounds: measured x 1.2.
+NEAR_UNPATCHED = {"block": (0.251, 0.419), "attention": (0.0886, 0.160)}
+
+
 @pytest.mark.parametrize("scope", ["block", "attention"])
 def test_outputs_finite_near_unpatched_and_worse_with_more_merging(sdxl, scope):
     base = run(sdxl)
     errors = [rel_err(run(advanced(sdxl, ratio, scope)), base) for ratio in (0.25, 0.75)]
-    assert all(e < 0.9 for e in errors), errors
+    bounds = [measured * 1.2 for measured in NEAR_UNPATCHED[scope]]
+    assert errors[0] < bounds[0] and errors[1] < bounds[1], errors
     assert errors[0] < errors[1], errors
 
 
@@ -134,9 +141,10 @@ def test_batch_items_get_their_own_destinations(sdxl):
         pair = ch.sample(patched, latent, positive, negative, steps=2)
         one = ch.sample(patched, latent[:1], first(positive), first(negative), steps=2)
         errors[policy] = rel_err(pair[:1], one)
-    # per_item differs from the lone run only by float noise (scaled by tau = 1000 in the
-    # assignment's softmax); shared mixes the other item in.
-    assert errors["per_item"] < 1e-2 and errors["shared"] > 0.1, errors
+    # per_item differs from the lone run only by float noise, scaled up by tau = 1000 in the
+    # assignment's softmax: measured 5.7e-4 (sub-quadratic attention, every version; unpatched
+    # model 1.1e-6). shared mixes the other item in: measured 0.49. Bounds: x 2 and / 2.
+    assert errors["per_item"] < 1.2e-3 and errors["shared"] > 0.25, errors
 
 
 def test_plans_follow_the_sigma_schedule_not_call_counts(sdxl, stats, caplog):

@@ -77,6 +77,7 @@ def test_lora_style_weight_patch_still_applies(comfyui_path):
     plain = ch.sample(toma(model), latent, positive, negative, steps=2)
     with_lora = ch.sample(toma(lora), latent, positive, negative, steps=2)
     assert torch.isfinite(with_lora).all()
-    assert not torch.allclose(plain, with_lora)
+    # the LoRA moves the output: relative L2 change measured 0.346 on every version; bound / 2
+    assert float((with_lora - plain).norm() / plain.norm()) > 0.17
     # the LoRA's weights come off again: the ToMA model without it is unchanged
     assert torch.equal(ch.sample(toma(model), latent, positive, negative, steps=2), plain)

@@ -45,13 +45,15 @@ def test_merging_fewer_colours_than_tokens():
     assert not torch.equal(plain, merged)
     # k = 16 destinations in this tile: at most 16 tints, each also in a darker shade
     assert len(torch.unique(top_left.round(decimals=2), dim=0)) <= 2 * 16
-    assert len(torch.unique(cells.round(decimals=2), dim=0)) > 2 * 16
+    # the other three tiles have tints of their own: measured 106 of at most 4 * 2 * 16
+    assert 2 * 16 < len(torch.unique(cells.round(decimals=2), dim=0)) <= 4 * 2 * 16
 
 
 def test_features_and_palette():
     feats, h, w = token_features(picture(100, 70)[0], 16)
     assert (h, w) == (7, 5) and feats.shape == (1, 35, 48)
-    assert torch.allclose(feats.mean(1), torch.zeros(48), atol=1e-6)
+    # features are centred: largest |mean| measured 6.0e-8 (float32 rounding); bound x 1.7
+    assert torch.allclose(feats.mean(1), torch.zeros(48), rtol=0, atol=1e-7)
     colours = palette(torch.arange(50))
     assert colours.shape == (50, 3) and len(torch.unique(colours, dim=0)) == 50
 
