@@ -54,7 +54,8 @@ ADVANCED_INPUTS = {
         "tooltip": "block = the whole transformer block runs on merged tokens and only its "
                    "update is unmerged (fastest); attention = only self-attention (UNet) or "
                    "the image attention of Flux double blocks runs merged (the paper's "
-                   "setting). auto = block."}),
+                   "setting). auto = block; on UNet models attention in blocks that other "
+                   "nodes patch inside, so their patches see every token."}),
     "region": (list(REGION_MODES), {
         "default": "tile",
         "tooltip": "Where destinations are chosen: tiles of the token grid (best quality), row "
