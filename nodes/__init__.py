@@ -5,6 +5,7 @@ preview_node  -- ToMAPreview, the merge overlay
 options       -- widget validation and the skip_blocks notation
 apply         -- model family detection and patch installation
 unet_patch    -- SDXL / SD1.5 / SD2 (ComfyUI's UNet)
+unet_neighbours -- other nodes' patches inside UNet blocks, and where ToMA stands aside for them
 flux_patch    -- Flux and the models sharing its block loop
 run_state     -- per-run plans and counters
 ui_stats      -- the stats line pushed to the graph
