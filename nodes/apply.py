@@ -24,21 +24,20 @@ def model_family(model) -> str:
         if any(isinstance(m, SpatialVideoTransformer) for m in diffusion_model.modules()):
             raise ValueError(f"ToMA does not support video UNets; supported: {SUPPORTED}")
         return "unet"
-    if _is_flux_like(diffusion_model):
+    if isinstance(diffusion_model, _flux_classes()):
         return "flux"
     raise ValueError(f"ToMA cannot patch {type(diffusion_model).__name__} models; "
                      f"supported: {SUPPORTED}")
 
 
-def _is_flux_like(diffusion_model) -> bool:
-    """Models that run Flux's double/single block loop with "dit" replace patches."""
-    from comfy.ldm.flux.layers import DoubleStreamBlock, SingleStreamBlock
+def _flux_classes() -> tuple[type, ...]:
+    """Models with Flux's token layout (text first, then a row-major 2-D image grid) and its
+    double/single block loop with "dit" replace patches. Chroma before v0.8 has its own copies
+    of Flux's block classes, so the model class is what is checked, not the blocks'."""
+    from comfy.ldm.chroma.model import Chroma
+    from comfy.ldm.flux.model import Flux
 
-    double = getattr(diffusion_model, "double_blocks", None)
-    single = getattr(diffusion_model, "single_blocks", None)
-    return (double is not None and single is not None and len(double) > 0
-            and all(isinstance(b, DoubleStreamBlock) for b in double)
-            and all(isinstance(b, SingleStreamBlock) for b in single))
+    return (Flux, Chroma)
 
 
 def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
@@ -56,12 +55,12 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
     state = ToMAState(options, family, node_id)
     patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY,
                                  plain_function(state.outer_sample_wrapper))
-    patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY,
-                                 plain_function(state.diffusion_model_wrapper))
+    patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY,
+                                 plain_function(state.apply_model_wrapper))
     if family == "unet":
         from .unet_patch import patch_unet
 
-        patch_unet(patched, state, "attention" if options.merge_scope == "attention" else "block")
+        patch_unet(patched, state, options.merge_scope)
     else:
         from .flux_patch import patch_flux
 

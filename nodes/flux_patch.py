@@ -16,8 +16,11 @@ What changes, and how:
                  This route is the same on every ComfyUI version (the >= 0.17 attn1 patches
                  would only see Q/K/V after the full-length projection).
   "auto" picks AUTO_DOUBLE_SCOPE, the faster at comparable fidelity (bench/flux_blocks.py).
-- The token grid comes from a DIFFUSION_MODEL wrapper (the latent's H x W, padded to the patch
-  size); text length from the block call itself. Blocks in skip_blocks run unchanged.
+- The token grid comes from the model call's latent (run_state's APPLY_MODEL wrapper hands it
+  to `describe_call`: H x W padded to the patch size); text length from the block call itself.
+  Blocks in skip_blocks run unchanged.
+- Other packs' code inside a merged block sees transformer_options whose token spans
+  (`img_slice`) are rewritten to the merged sequence.
 - Destinations are chosen once per group of consecutive merged blocks of one kind, from the
   layer-normed image tokens entering the group's first block, and refreshed on the
   recompute_every schedule. Doubles and singles never share a group, even when d18 and s0 are
@@ -27,6 +30,7 @@ What changes, and how:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Callable
@@ -36,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..toma_core import MergePlan, build_plan
-from .run_state import ToMAState, patch_forward, plain_function
+from .run_state import ModelCall, ToMAState, patch_forward
 
 log = logging.getLogger("ToMA")
 
@@ -46,30 +50,12 @@ DEFAULT_TILE_COUNT = 256
 # image update 0.14 vs 0.09, the same as a merged single block's 0.13 (merged whole either
 # way). Whole model (default skips): 1.68x vs 1.54x. Hence "block".
 AUTO_DOUBLE_SCOPE = "block"
-GRID_WRAPPER_KEY = "toma_flux_grid"
 # Set in the transformer_options handed to a merged block: a ToMA patch further in (a second
 # ToMA node on the same model) sees it and leaves the already merged sequence alone.
 MERGED_FLAG = "toma_merged"
-# Flux 2's "index_timestep_zero" references modulate fixed token spans: merging would shift them.
+# Flux 2's reference method whose reference tokens get their own (timestep 0) modulation,
+# over token spans ComfyUI fixes before the blocks run (see describe_call).
 TIMESTEP_ZERO_METHOD = "index_timestep_zero"
-
-_UNSET = object()
-
-
-@dataclass
-class FluxCall:
-    """One model call: image token grid h x w, text length once a block has shown it, and the
-    sampling step (None: no merging in this call; unset until the first block asks)."""
-
-    h: int
-    w: int
-    mergeable: bool = True
-    txt_len: int | None = None
-    step: object = _UNSET
-
-    @property
-    def tokens(self) -> int:
-        return self.h * self.w
 
 
 @dataclass
@@ -85,6 +71,17 @@ def token_grid(latent_shape: torch.Size | tuple, patch_size: int) -> tuple[int, 
     if len(latent_shape) != 4:
         return None
     return math.ceil(latent_shape[-2] / patch_size), math.ceil(latent_shape[-1] / patch_size)
+
+
+def merged_options(options: dict, start: int, removed: int) -> dict:
+    """transformer_options for a block running on a merged sequence: flagged as merged, and
+    `img_slice` (the image part of the sequence, [start, end)) shortened by the `removed` tokens
+    when it holds the grid that starts at `start`."""
+    out = {**options, MERGED_FLAG: True}
+    span = options.get("img_slice")
+    if span is not None and len(span) == 2 and span[0] <= start < span[1]:
+        out["img_slice"] = [span[0], span[1] - removed]
+    return out
 
 
 def group_starts(depth: int, skipped: frozenset[int] | set[int]) -> dict[int, int]:
@@ -159,37 +156,37 @@ class FluxToMA:
         self.patch_size = patch_size
         self.double_scope = double_scope
         self.groups = groups
-        self.default_ref_method: str | None = None   # the model's, when a call names none
-        self.calls: list[FluxCall] = []              # innermost model call last
-        self.attention: dict[int, AttentionCall] = {}
-        self._warned: set[str] = set()
-
-    def warn_once(self, message: str) -> None:
-        if message not in self._warned:
-            self._warned.add(message)
-            log.warning("ToMA: %s", message)  # once per message and patch
+        self.timestep_zero = False    # whether the model modulates timestep-zero references
 
     # Model call ----------------------------------------------------------------------------------
-    def grid_wrapper(self, executor: Callable, *args, **kwargs):
-        """WrappersMP.DIFFUSION_MODEL: note the token grid of latent x (first positional)."""
-        x = args[0] if args else kwargs.get("x")
-        grid = token_grid(tuple(x.shape), self.patch_size) if torch.is_tensor(x) else None
-        call = FluxCall(*grid) if grid is not None else FluxCall(0, 0, mergeable=False)
-        refs = kwargs.get("ref_latents")
-        method = kwargs.get("ref_latents_method", self.default_ref_method)
-        if refs is not None and len(refs) > 0 and method == TIMESTEP_ZERO_METHOD:
-            call.mergeable = False
-            self.warn_once("references with 'index_timestep_zero' modulate fixed token spans; "
-                           "those model calls run unmerged")
-        self.calls.append(call)
-        try:
-            return executor(*args, **kwargs)
-        finally:
-            self.calls.pop()
+    def describe_call(self, call: ModelCall, base_model, arguments: dict) -> None:
+        """Fill in a model call from BaseModel.apply_model's arguments (by name, however
+        ComfyUI passed them): the token grid (h, w) of latent x, or no merging when x is not a
+        [B, C, H, W] latent.
 
-    @property
-    def current(self) -> FluxCall | None:
-        return self.calls[-1] if self.calls else None
+        Timestep-zero guard, on ComfyUI versions whose Flux has that modulation (its
+        forward_orig takes `timestep_zero_index`): when the call has reference latents
+        (`ref_latents`) and their method is "index_timestep_zero" (the call's
+        `ref_latents_method`, else the model's `params.default_ref_method` read now, so an
+        object patch of it counts), ComfyUI modulates the main image tokens and the reference
+        tokens differently over spans it fixes before the blocks run; a merged sequence would
+        shift those spans, so the whole call runs unmerged (said once, in the log and the
+        stats line).
+        """
+        x = arguments.get("x")
+        grid = token_grid(tuple(x.shape), self.patch_size) if torch.is_tensor(x) else None
+        call.grid = grid
+        call.mergeable = grid is not None
+        refs = arguments.get("ref_latents")
+        method = arguments.get("ref_latents_method")
+        if method is None:
+            params = getattr(getattr(base_model, "diffusion_model", None), "params", None)
+            method = getattr(params, "default_ref_method", None)
+        if (self.timestep_zero and refs is not None and len(refs) > 0
+                and method == TIMESTEP_ZERO_METHOD):
+            call.mergeable = False
+            self.state.notice("references with 'index_timestep_zero' modulate fixed token "
+                              "spans; those model calls run unmerged")
 
     # Decisions -----------------------------------------------------------------------------------
     def plan_for(self, kind: str, index: int, tokens: torch.Tensor, prefix: int, options: dict,
@@ -200,49 +197,44 @@ class FluxToMA:
         tokens [B, prefix + N + suffix, C]: the stream holding the image grid after `prefix`
         tokens; pe / mask / seq_len: the attention sequence (text + image stream).
         """
-        call = self.current
+        call = self.state.current()
         layer = f"{kind[0]}{index}"
-        level = f"{call.h}x{call.w}" if call is not None else "?"
-        tokens_n = call.tokens if call is not None else 0
+        h, w = call.grid if call is not None and call.mergeable else (0, 0)
+        level = f"{h}x{w}" if call is not None else "?"
+        tokens_n = h * w
         group = self.groups.get((kind, index))
-        if (group is None or call is None or not call.mergeable or options.get(MERGED_FLAG)
+        if (group is None or not tokens_n or options.get(MERGED_FLAG)
                 or tokens.dim() != 3 or tokens.shape[1] < prefix + tokens_n
                 or not self.sequence_fits(pe, mask, seq_len, layer)):
             self.state.record(layer, level, tokens_n, None, None)
             return None
-        if call.step is _UNSET:
-            call.step = self.state.active_step(options)
-        if call.step is None:
+        step = self.state.active_step(options)
+        if step is None:
             self.state.record(layer, level, tokens_n, None, None)
             return None
         o = self.state.options
-        key = ("flux", kind, group, call.h, call.w, tokens.shape[0],
-               tuple(options.get("cond_or_uncond") or ()))
+        key = ("flux", kind, group, h, w, tokens.shape[0])
         grid = tokens[:, prefix:prefix + tokens_n]
-        plan = self.state.plan(key, call.step, lambda: build_plan(
-            F.layer_norm(grid.float(), grid.shape[-1:]), call.h, call.w, o.ratio, mode=o.region,
+        plan = self.state.plan(key, step, lambda: build_plan(
+            F.layer_norm(grid.float(), grid.shape[-1:]), h, w, o.ratio, mode=o.region,
             tile_count=o.tile_count or DEFAULT_TILE_COUNT, tau=o.tau, unmerge=o.unmerge,
             batch=o.batch_policy))
-        self.state.record(layer, level, tokens_n, plan, call.step)
+        self.state.record(layer, level, tokens_n, plan, step)
         return plan
 
     def sequence_fits(self, pe: torch.Tensor | None, mask: torch.Tensor | None, seq_len: int,
                       layer: str) -> bool:
         """Whether pe and attn_mask line up with the sequence (else the block runs unmerged)."""
         if pe is not None and (pe.dim() < 3 or pe.shape[2] != seq_len):
-            self.warn_once(f"RoPE rows {tuple(pe.shape)} do not match the {seq_len}-token "
-                           f"sequence; block {layer} and others like it run unmerged")
+            self.state.notice(f"RoPE rows {tuple(pe.shape)} do not match the {seq_len}-token "
+                              f"sequence; block {layer} and others like it run unmerged")
             return False
         if not mask_fits(mask, seq_len):
-            self.warn_once(f"attention mask {tuple(mask.shape)} does not span the {seq_len}-token "
-                           f"sequence; block {layer} and others like it run unmerged")
+            self.state.notice(f"attention mask {tuple(mask.shape)} does not span the "
+                              f"{seq_len}-token sequence; block {layer} and others like it "
+                              f"run unmerged")
             return False
         return True
-
-    @staticmethod
-    def flagged(options: dict) -> dict:
-        """A copy of transformer_options marked as already merged."""
-        return {**options, MERGED_FLAG: True}
 
     # Replace patches -----------------------------------------------------------------------------
     def double_block(self, index: int, previous: Callable | None) -> Callable:
@@ -254,9 +246,9 @@ class FluxToMA:
 
             img, txt = args["img"], args["txt"]
             options = args.get("transformer_options") or {}
-            call = self.current
+            call = self.state.current()
             if call is not None:
-                call.txt_len = txt.shape[1]
+                call.data["txt_len"] = txt.shape[1]
             prefix = txt.shape[1]
             plan = self.plan_for("double", index, img, 0, options, args.get("pe"),
                                  args.get("attn_mask"), prefix + img.shape[1])
@@ -265,7 +257,8 @@ class FluxToMA:
             merged_args = {**args, "pe": merge_pe(plan, args.get("pe"), prefix),
                            "attn_mask": merge_mask(plan, args.get("attn_mask"), prefix,
                                                    prefix + img.shape[1]),
-                           "transformer_options": self.flagged(options)}
+                           "transformer_options": merged_options(
+                               options, prefix, plan.tokens - plan.merged_tokens)}
             if self.double_scope == "attention":
                 return self.run_attention_scope(index, plan, merged_args, run)
             merged, before = merge_input(plan, img, 0)
@@ -276,12 +269,14 @@ class FluxToMA:
 
     def run_attention_scope(self, index: int, plan: MergePlan, merged_args: dict,
                             run: Callable[[dict], dict]) -> dict:
-        """Run a double block with only its image attention merged (hooks on img_attn)."""
-        self.attention[index] = AttentionCall(plan)
+        """Run a double block with only its image attention merged (hooks on img_attn, which
+        find the plan in this thread's model call)."""
+        entries = self.state.current().data.setdefault("attention", {})
+        entries[index] = AttentionCall(plan)
         try:
             return run(merged_args)
         finally:
-            self.attention.pop(index)
+            entries.pop(index)
 
     def single_block(self, index: int, previous: Callable | None) -> Callable:
         """The "dit" replace patch of single block `index` (img = text, image, references)."""
@@ -303,7 +298,8 @@ class FluxToMA:
             merged, before = merge_input(plan, x, prefix)
             out = run({**args, "img": merged, "pe": merge_pe(plan, args.get("pe"), prefix),
                        "attn_mask": merge_mask(plan, args.get("attn_mask"), prefix, x.shape[1]),
-                       "transformer_options": self.flagged(options)})
+                       "transformer_options": merged_options(
+                           options, prefix, plan.tokens - plan.merged_tokens)})
             return {**out, "img": self.restore(plan, x, out["img"], merged, before, prefix)}
 
         return patch
@@ -313,8 +309,8 @@ class FluxToMA:
         """unmerge_output, unless the block returned something else than a merged sequence (a
         caching pack answering from its cache): that is passed on as it is."""
         if out.shape[:2] != merged.shape[:2]:
-            self.warn_once(f"a block returned {out.shape[1]} tokens for a merged input of "
-                           f"{merged.shape[1]}; its output is passed on unchanged")
+            self.state.notice(f"a block returned {out.shape[1]} tokens for a merged input of "
+                              f"{merged.shape[1]}; its output is passed on unchanged")
             return out
         return unmerge_output(plan, x, out, before, prefix)
 
@@ -324,15 +320,20 @@ class FluxToMA:
         img_slice = options.get("img_slice")
         if img_slice:
             return int(img_slice[0])
-        call = self.current
-        return call.txt_len if call is not None else None
+        call = self.state.current()
+        return call.data.get("txt_len") if call is not None else None
 
     # Scope "attention": hooks on a double block's image attention projections -------------------
+    def attention_entry(self, index: int) -> AttentionCall | None:
+        """Double block `index`'s attention-scope plan in this thread's model call, if any."""
+        call = self.state.current()
+        return None if call is None else call.data.get("attention", {}).get(index)
+
     def qkv_forward(self, index: int, original: Callable) -> Callable:
         """img_attn.qkv: project merged image tokens [B, N + refs, C] -> [B, N' + refs, 3C]."""
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            entry = self.attention.get(index)
+            entry = self.attention_entry(index)
             if entry is None or entry.merged or x.shape[1] < entry.plan.tokens:
                 return original(x, *args, **kwargs)
             entry.merged = True
@@ -345,7 +346,7 @@ class FluxToMA:
         Unmerge rows sum to 1, so unmerging after the projection equals unmerging before it."""
 
         def forward(y: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            entry = self.attention.get(index)
+            entry = self.attention_entry(index)
             out = original(y, *args, **kwargs)
             return out if entry is None or not entry.merged else entry.plan.unmerge(out)
 
@@ -356,23 +357,6 @@ class FluxToMA:
 def resolve_double_scope(merge_scope: str) -> str:
     """The double-block scope for the merge_scope option ("auto" -> AUTO_DOUBLE_SCOPE)."""
     return AUTO_DOUBLE_SCOPE if merge_scope == "auto" else merge_scope
-
-
-def check_model(diffusion_model: torch.nn.Module) -> None:
-    """Refuse models that share Flux's blocks but not its image token layout (HunyuanVideo,
-    Hunyuan3D): ToMA needs text first, then a row-major 2-D image grid."""
-    from comfy.ldm.flux.model import Flux
-
-    allowed: tuple[type, ...] = (Flux,)
-    try:
-        from comfy.ldm.chroma.model import Chroma
-
-        allowed += (Chroma,)
-    except ImportError:     # ComfyUI without Chroma
-        pass
-    if not isinstance(diffusion_model, allowed):
-        raise ValueError(f"ToMA cannot patch {type(diffusion_model).__name__}: among the models "
-                         f"with Flux blocks it supports Flux, Flux Kontext, Flux 2 and Chroma")
 
 
 def existing_replace(model, block_kind: str, index: int) -> Callable | None:
@@ -395,13 +379,9 @@ def install_attention_hooks(model, toma: FluxToMA, diffusion_model: torch.nn.Mod
 def patch_flux(model, state: ToMAState) -> FluxToMA:
     """Install ToMA on a cloned Flux-family ModelPatcher `model` (changes only its options).
 
-    Raises ValueError (shown by the node) for skip_blocks past the model's depth and for models
-    whose blocks are Flux's but whose tokens are not a Flux image grid.
+    Raises ValueError (shown by the node) for skip_blocks past the model's depth.
     """
-    from comfy.patcher_extension import WrappersMP
-
     diffusion_model = model.get_model_object("diffusion_model")
-    check_model(diffusion_model)
     doubles, singles = len(diffusion_model.double_blocks), len(diffusion_model.single_blocks)
     skip = state.options.skip_blocks
     skip.check_depth(doubles, singles)
@@ -409,10 +389,9 @@ def patch_flux(model, state: ToMAState) -> FluxToMA:
     groups.update({("single", i): g for i, g in group_starts(singles, skip.single).items()})
     scope = resolve_double_scope(state.options.merge_scope)
     toma = FluxToMA(state, int(getattr(diffusion_model, "patch_size", 2)), scope, groups)
-    params = getattr(diffusion_model, "params", None)
-    toma.default_ref_method = getattr(params, "default_ref_method", None)
-    model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, GRID_WRAPPER_KEY,
-                               plain_function(toma.grid_wrapper))
+    toma.timestep_zero = "timestep_zero_index" in inspect.signature(
+        type(diffusion_model).forward_orig).parameters
+    state.describe = toma.describe_call
     # Skipped blocks get a patch too: it records the text length and counts them in the stats.
     for kind, depth, make in (("double", doubles, toma.double_block),
                               ("single", singles, toma.single_block)):

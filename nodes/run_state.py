@@ -1,17 +1,30 @@
-"""State of one ToMA patch: its options, and what the current sampling run has done.
+"""State of one ToMA patch: its options, the current sampling run, and the model call in flight.
 
-ComfyUI shares patch objects between clones of a model, so nothing here is global and nothing
-outlives a run: an OUTER_SAMPLE wrapper opens a run (fresh plan cache, fresh counters) and closes
-it when sampling ends, reporting what was merged. A model called outside a sampler gets a run for
-that one call (DIFFUSION_MODEL wrapper), so plans never linger between calls there either.
+ComfyUI shares patch objects between clones of a model, and v0.33 can evaluate the cond batches
+of one step in a thread pool (one thread per GPU), so nothing mutable lives on the patch objects:
+
+- Per run (the pattern of ComfyUI's EasyCache): the OUTER_SAMPLE wrapper clones the guider's
+  model_options for that run, puts a fresh RunState (plan caches, counters) in its
+  transformer_options under this node's key, and puts the original options back in `finally`,
+  reporting what was merged. Every model call of the run, on any thread, finds it there.
+- Per call: the APPLY_MODEL wrapper runs on the thread that evaluates the model, so it opens a
+  ModelCall (the run, the device, the batch's identity, what the family reads from the inputs)
+  on a per-thread stack; the blocks of that call, on the same thread, read the top of it.
+  A model called outside a sampler gets a throwaway run for that one call.
+- Plans are kept per device and keyed on the batch's identity (cond uuids and cond/uncond
+  order), so calls of the same shape from different conds, areas or hook groups never share one.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import threading
 import time
 import types
-from collections.abc import Callable, Hashable
+import uuid
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +34,9 @@ from .options import ToMAOptions
 from .ui_stats import send_stats
 
 log = logging.getLogger("ToMA")
+
+# ModelCall.step before the first block asked for it
+UNSET = object()
 
 
 def plain_function(method: Callable) -> Callable:
@@ -48,31 +64,91 @@ def patch_forward(model, path: str, module: torch.nn.Module,
     model.add_object_patch(key, make(original))
 
 
-@dataclass
-class RunState:
-    """One sampling run: plans and counters."""
+def call_arguments(executor, args: tuple, kwargs: dict) -> dict:
+    """The arguments of a wrapped call by parameter name, however ComfyUI passed them
+    (positionally or by keyword); the function's **kwargs are merged in."""
+    try:
+        bound = inspect.signature(executor.original).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return dict(kwargs)
+    arguments = dict(bound.arguments)
+    for name, param in bound.signature.parameters.items():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(arguments.pop(name, {}))
+    return arguments
 
-    cache: PlanCache
-    steps_total: int = 0
-    started: float = field(default_factory=time.perf_counter)
-    layers_seen: set = field(default_factory=set)
-    layers_merged: set = field(default_factory=set)
-    steps_merged: set = field(default_factory=set)
-    levels: dict = field(default_factory=dict)
-    # (sigmas, schedule, step) of the latest call: every block of one model call shares the
-    # same sigmas tensor, so the step (a host read of sigma) is worked out once per call.
-    last_step: tuple | None = None
+
+class RunState:
+    """One sampling run: plan caches (one per device) and counters, safe to share by threads."""
+
+    def __init__(self, recompute_every: int) -> None:
+        self.recompute_every = recompute_every
+        self.caches: dict[torch.device | None, PlanCache] = {}
+        self.steps_total = 0
+        self.started = time.perf_counter()
+        self.layers_seen: set = set()
+        self.layers_merged: set = set()
+        self.steps_merged: set = set()
+        self.levels: dict = {}
+        self.lock = threading.Lock()
+
+    def cache(self, device: torch.device | None) -> PlanCache:
+        """The plan cache of `device`: only the thread driving that device uses it."""
+        with self.lock:
+            if device not in self.caches:
+                self.caches[device] = PlanCache(self.recompute_every)
+            return self.caches[device]
+
+    @property
+    def builds(self) -> int:
+        return sum(c.builds for c in self.caches.values())
+
+    @property
+    def build_seconds(self) -> float:
+        return sum(c.build_seconds for c in self.caches.values())
+
+    def clear_plans(self) -> None:
+        """Forget every plan (benchmarks time a plan build this way)."""
+        for cache in self.caches.values():
+            cache.clear()
+
+
+@dataclass
+class ModelCall:
+    """One model call on one thread: what every block of the call shares.
+
+    identity: cond uuids and cond/uncond order of the batch (part of every plan key);
+    grid: the family's token grid of this call ((h, w) or (t, h, w)), None where it has none;
+    mergeable: False when the family found an input merging would break (see its notes);
+    step: the sampling step, worked out once per call (None: no merging in this call);
+    data: what the family's patches share within the call (e.g. text length, hook state).
+    """
+
+    run: RunState
+    device: torch.device | None = None
+    identity: tuple = ()
+    grid: tuple[int, ...] | None = None
+    mergeable: bool = True
+    step: object = UNSET
+    data: dict = field(default_factory=dict)
+
+
+Describe = Callable[[ModelCall, object, dict], None]
 
 
 class ToMAState:
-    """Options and run bookkeeping shared by every patch function of one ToMA node."""
+    """Options, notices and the per-thread call stack of one ToMA node; runs live elsewhere."""
 
     def __init__(self, options: ToMAOptions, family: str, node_id: str | None = None) -> None:
         self.options = options
         self.family = family
         self.node_id = node_id
-        self.run: RunState | None = None
+        # transformer_options key of this node's RunState during a run
+        self.key = f"toma_run_{uuid.uuid4().hex[:12]}"
+        # family hook: describe(call, base_model, arguments) fills call.grid / data / mergeable
+        self.describe: Describe | None = None
         self.notices: list[str] = []   # said once per node, shown in every run's stats
+        self._local = threading.local()
 
     def notice(self, message: str) -> None:
         """Tell the user once (log warning, and a note in the stats line of every run) about
@@ -82,65 +158,109 @@ class ToMAState:
             log.warning("ToMA: %s", message)
 
     # Runs ------------------------------------------------------------------------------------
+    def new_run(self) -> RunState:
+        return RunState(self.options.recompute_every)
+
     def outer_sample_wrapper(self, executor: Callable, *args, **kwargs):
-        """WrappersMP.OUTER_SAMPLE: one run per sampling call, reported when it ends."""
-        self.run = RunState(PlanCache(self.options.recompute_every))
+        """WrappersMP.OUTER_SAMPLE: one RunState per sampling call in the guider's cloned
+        model_options, reported and dropped when sampling ends."""
+        import comfy.model_patcher
+
+        guider = executor.class_obj
+        original = guider.model_options
+        guider.model_options = comfy.model_patcher.create_model_options_clone(original)
+        run = self.new_run()
+        guider.model_options.setdefault("transformer_options", {})[self.key] = run
         try:
             return executor(*args, **kwargs)
         finally:
-            run, self.run = self.run, None
+            guider.model_options = original
             self._report(run)
 
-    def diffusion_model_wrapper(self, executor: Callable, *args, **kwargs):
-        """WrappersMP.DIFFUSION_MODEL: a throwaway run for a model call outside a sampler."""
-        if self.run is not None:
+    def apply_model_wrapper(self, executor: Callable, *args, **kwargs):
+        """WrappersMP.APPLY_MODEL: open this thread's ModelCall for the blocks of the call."""
+        arguments = call_arguments(executor, args, kwargs)
+        options = arguments.get("transformer_options") or {}
+        x = arguments.get("x", args[0] if args else None)
+        run = options.get(self.key)
+        call = ModelCall(run if isinstance(run, RunState) else self.new_run(),
+                         x.device if torch.is_tensor(x) else None,
+                         (tuple(options.get("uuids") or ()),
+                          tuple(options.get("cond_or_uncond") or ())))
+        if self.describe is not None:
+            self.describe(call, executor.class_obj, arguments)
+        with self.model_call(call):
             return executor(*args, **kwargs)
-        self.run = RunState(PlanCache(self.options.recompute_every))
+
+    @contextmanager
+    def model_call(self, call: ModelCall) -> Iterator[ModelCall]:
+        """Make `call` this thread's current model call inside the block."""
+        stack = self._stack()
+        stack.append(call)
         try:
-            return executor(*args, **kwargs)
+            yield call
         finally:
-            self.run = None
+            stack.pop()
+
+    def current(self) -> ModelCall | None:
+        """This thread's innermost model call, or None outside one."""
+        stack = self._stack()
+        return stack[-1] if stack else None
+
+    def _stack(self) -> list[ModelCall]:
+        stack = getattr(self._local, "calls", None)
+        if stack is None:
+            stack = self._local.calls = []
+        return stack
 
     # Per-call decisions ------------------------------------------------------------------------
     def active_step(self, transformer_options: dict) -> int | None:
-        """The sampling step of this call when merging is on for it, else None.
+        """The sampling step of this thread's model call when merging is on for it, else None.
 
         The step comes from the call's sigma within the sampler's schedule, so every model call
-        of one step (CFG halves, Heun's second evaluation) gets the same answer.
+        of one step (CFG halves, Heun's second evaluation) gets the same answer; it is worked
+        out once per call (one host read of sigma).
         """
-        if self.run is None or self.options.ratio == 0:
+        call = self.current()
+        if call is None or self.options.ratio == 0:
             return None
+        if call.step is UNSET:
+            call.step = self._step(call.run, transformer_options)
+        return call.step
+
+    def _step(self, run: RunState, transformer_options: dict) -> int | None:
         schedule = transformer_options.get("sample_sigmas")
         sigmas = transformer_options.get("sigmas")
         step = 0
-        last = self.run.last_step
-        if last is not None and last[0] is sigmas and last[1] is schedule:
-            step = last[2]
-        elif schedule is not None and sigmas is not None:
+        if schedule is not None and sigmas is not None:
             step = step_index(float(sigmas.flatten()[0]), schedule)
-            self.run.steps_total = max(len(schedule) - 1, 1)
-            self.run.last_step = (sigmas, schedule, step)
-        fraction = step / self.run.steps_total if self.run.steps_total else 0.0
+            run.steps_total = max(len(schedule) - 1, 1)
+        fraction = step / run.steps_total if run.steps_total else 0.0
         if not self.options.start_percent <= fraction < self.options.end_percent:
             return None
         return step
 
     def plan(self, key: Hashable, step: int,
              build: Callable[[], MergePlan | None]) -> MergePlan | None:
-        """The run's plan under `key`, rebuilt on the recompute schedule."""
-        return self.run.cache.get(key, step, build)
+        """The plan under `key` for this thread's call (its device's cache, keyed on its batch
+        identity too), rebuilt on the recompute schedule."""
+        call = self.current()
+        return call.run.cache(call.device).get((key, call.identity), step, build)
 
     def record(self, layer: Hashable, level: str, tokens: int, plan: MergePlan | None,
                step: int | None) -> None:
         """Count one layer call for the run's summary."""
-        if self.run is None:
+        call = self.current()
+        if call is None:
             return
-        self.run.layers_seen.add(layer)
-        if plan is None or step is None:
-            return
-        self.run.layers_merged.add(layer)
-        self.run.steps_merged.add(step)
-        self.run.levels[level] = (tokens, plan.merged_tokens)
+        run = call.run
+        with run.lock:
+            run.layers_seen.add(layer)
+            if plan is None or step is None:
+                return
+            run.layers_merged.add(layer)
+            run.steps_merged.add(step)
+            run.levels[level] = (tokens, plan.merged_tokens)
 
     # Reporting ---------------------------------------------------------------------------------
     def summary(self, run: RunState) -> dict:
@@ -152,7 +272,7 @@ class ToMAState:
             "layers_total": len(run.layers_seen),
             "steps_merged": len(run.steps_merged),
             "steps_total": run.steps_total,
-            "planning_s": run.cache.build_seconds,
+            "planning_s": run.build_seconds,
             "sampling_s": time.perf_counter() - run.started,
             "levels": [{"name": name, "tokens": n, "merged_tokens": m}
                        for name, (n, m) in sorted(run.levels.items())],
@@ -172,5 +292,5 @@ class ToMAState:
             log.info("ToMA run: %s; %d/%d layers and %d/%d steps merged; %d plans built in "
                      "%.3f s of %.2f s sampling", levels, stats["layers_merged"],
                      stats["layers_total"], stats["steps_merged"], stats["steps_total"],
-                     run.cache.builds, stats["planning_s"], stats["sampling_s"])
+                     run.builds, stats["planning_s"], stats["sampling_s"])
         send_stats(self.node_id, stats)

@@ -63,11 +63,17 @@ def sample(model, latent_hw, positive, negative, steps=2, cfg=2.0, noise=None):
 @contextlib.contextmanager
 def attention_recorder(batches: bool = False, masks: bool = False):
     """Record every Flux attention call: sequence length (with batch size or mask if asked).
-    Wraps comfy.ldm.flux.layers.attention, the function both block kinds call; restored after."""
-    import comfy.ldm.flux.layers as layers
+    Wraps comfy.ldm.flux.math.attention where the block modules bound it (Flux's layers, and
+    Chroma's own layers before ComfyUI 0.8); restored after."""
+    import sys
+
+    import comfy.ldm.flux.math as flux_math
 
     seen: list = []
-    original = layers.attention
+    original = flux_math.attention
+    holders = [m for name, m in list(sys.modules.items())
+               if name.startswith("comfy.ldm.") and name.endswith(".layers")
+               and getattr(m, "attention", None) is original]
 
     def attention(q, k, v, pe, mask=None, **kwargs):
         if batches:
@@ -78,11 +84,13 @@ def attention_recorder(batches: bool = False, masks: bool = False):
             seen.append(q.shape[2])
         return original(q, k, v, pe=pe, mask=mask, **kwargs)
 
-    layers.attention = attention
+    for module in holders:
+        module.attention = attention
     try:
         yield seen
     finally:
-        layers.attention = original
+        for module in holders:
+            module.attention = original
 
 
 # Recording patches -----------------------------------------------------------------------------
@@ -132,6 +140,7 @@ def plan_from(outer_args: dict, kind: str, h: int, w: int, ratio: float):
 LATENT = (16, 20)               # 8 x 10 image tokens
 REF_LATENT = (6, 8)             # a Kontext reference: 3 x 4 = 12 tokens appended
 RATIO = 0.5
+TIMESTEP_ZERO = "index_timestep_zero"
 
 
 @pytest.fixture(scope="module")
@@ -160,10 +169,12 @@ def test_ratio_zero_is_bit_identical(flux, attention):
     off = sample(apply_toma(flux, make_options(0.0)), LATENT, positive, negative)
     assert torch.equal(off, base)
     # and merging does something, more of it the higher the ratio (the tiny model's tokens are
-    # random, so even light merging moves the result by 10-20 %)
+    # random, so even light merging moves the result a lot). Bounds here and below: measured on
+    # v0.3.64, v0.8.0 and v0.33.0 (same to 3 digits unless noted), upper bounds x1.5, lower
+    # bounds (merging did something) / 2.
     errors = [rel_err(sample(apply_toma(flux, make_options(r, skip_blocks="none")), LATENT,
                              positive, negative), base) for r in (0.25, 0.75)]
-    assert 0.01 < errors[0] < errors[1] < 0.7
+    assert 0.12 < errors[0] < errors[1] < 0.76           # measured 0.242, 0.507
 
 
 def test_attention_sees_merged_image_tokens_only_in_merged_blocks(recorded):
@@ -218,7 +229,8 @@ def test_merged_tokens_and_rope_rows_follow_the_plan(recorded):
             firsts[(kind, i)] = plan_from(outer, kind, h, w, RATIO)
         plan = firsts[GROUP_FIRST[(kind, i)]]
         prefix = 0 if kind == "double" else TEXT_TOKENS
-        torch.testing.assert_close(inner["img"], plan.merge(outer["img"], prefix))
+        # measured bit-identical (the same ops in the same order)
+        assert torch.equal(inner["img"], plan.merge(outer["img"], prefix))
         assert torch.equal(inner["pe"], plan.merge_positions(outer["pe"], 2, TEXT_TOKENS))
         # each merged token's RoPE row is its destination's row in the full sequence
         dest = plan.dest_tokens[0]
@@ -263,7 +275,7 @@ def test_attention_scope_merges_only_double_block_attention(flux):
                    LATENT, positive, negative, steps=1, cfg=1.0)
     assert torch.isfinite(out).all()
     # the MLPs of the double blocks at full length: closer to the plain model than whole blocks
-    assert 0.01 < rel_err(out, base) < rel_err(whole, base) < 0.5
+    assert 0.09 < rel_err(out, base) < rel_err(whole, base) < 0.38   # measured 0.181, 0.252
 
 
 def test_batch_two_with_cfg_keeps_items_apart(flux):
@@ -280,10 +292,11 @@ def test_batch_two_with_cfg_keeps_items_apart(flux):
     alone = sample(toma, LATENT, positive, negative, steps=2, cfg=2.0, noise=noise[:1])
     assert {b for _, b in lengths} == {4}
     assert both.shape == (2, 16, *LATENT)
-    torch.testing.assert_close(both[0], swapped[0], rtol=1e-5, atol=1e-5)
-    assert rel_err(swapped[1], both[1]) > 0.1
-    # other batch sizes round differently; a near-tie may pick another destination
-    assert rel_err(both[:1], alone) < 1e-2
+    assert torch.equal(both[0], swapped[0])              # measured: bit-identical
+    assert rel_err(swapped[1], both[1]) > 0.6            # measured 1.205
+    # other batch sizes round differently (measured 1.5e-3 on v0.3.64, 1.1e-3 on v0.8.0,
+    # 5e-7 on v0.33.0)
+    assert rel_err(both[:1], alone) < 2.2e-3
 
 
 @pytest.mark.parametrize("latent", [(13, 17), (9, 4)])
@@ -324,7 +337,7 @@ def test_attention_mask_is_gathered_at_merged_positions(flux, attention):
     assert torch.equal(masks[0].reshape(expect.shape), expect)
     base = sample(flux, LATENT, positive, negative, steps=1, cfg=1.0)
     assert torch.isfinite(out).all()
-    assert 0.01 < rel_err(out, base) < 0.5
+    assert 0.12 < rel_err(out, base) < 0.37              # measured 0.246
 
 
 def test_skip_blocks_past_depth_is_a_clear_error(flux):
@@ -349,15 +362,12 @@ def test_skipping_every_block_merges_nothing(flux):
 def test_unfit_mask_leaves_blocks_unmerged_with_one_warning(flux, caplog):
     """A mask whose query dim is neither 1 nor the sequence cannot be gathered: the blocks run
     unmerged (attention then rejects the mask exactly as it would without ToMA)."""
-    from toma_pack.nodes.flux_patch import FluxCall, patch_flux
-    from toma_pack.nodes.run_state import RunState, ToMAState
-    from toma_pack.toma_core import PlanCache
+    from toma_pack.nodes.flux_patch import patch_flux
+    from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
 
     state = ToMAState(make_options(RATIO, skip_blocks="none"), "flux")
-    state.run = RunState(PlanCache(5))
     model = flux.clone()
-    toma = patch_flux(model, state)
-    toma.calls.append(FluxCall(8, 10))
+    patch_flux(model, state)
     patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
         ("double_block", 0)]
     seen = []
@@ -370,7 +380,8 @@ def test_unfit_mask_leaves_blocks_unmerged_with_one_warning(flux, caplog):
     args = {"img": torch.randn(1, 80, 64, generator=g), "txt": torch.randn(1, 8, 64, generator=g),
             "vec": torch.randn(1, 64), "pe": torch.randn(1, 1, 88, 8, 2, 2),
             "attn_mask": torch.zeros(1, 7, 88), "transformer_options": {}}
-    with caplog.at_level(logging.WARNING, logger="ToMA"):
+    with caplog.at_level(logging.WARNING, logger="ToMA"), \
+            state.model_call(ModelCall(RunState(5), grid=(8, 10))):
         patch(args, {"original_block": original})
         patch(args, {"original_block": original})
         args["attn_mask"] = torch.zeros(1, 1, 88)        # key-padding form: gathered, merged
@@ -381,18 +392,19 @@ def test_unfit_mask_leaves_blocks_unmerged_with_one_warning(flux, caplog):
 
 
 # Direct calls of the replace patches on the model's real blocks -----------------------------------
-def _direct(flux, scope: str = "block"):
-    """patch_flux on a clone, a run opened and a model call of an 8 x 10 grid pushed."""
-    from toma_pack.nodes.flux_patch import FluxCall, patch_flux
-    from toma_pack.nodes.run_state import RunState, ToMAState
-    from toma_pack.toma_core import PlanCache
+@contextlib.contextmanager
+def _direct(flux, scope: str = "block", grid: tuple[int, int] = (8, 10)):
+    """patch_flux on a clone, with a model call of an h x w grid open on this thread (what
+    run_state's APPLY_MODEL wrapper does around a real model call): yields (model, call)."""
+    from toma_pack.nodes.flux_patch import patch_flux
+    from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
 
     state = ToMAState(make_options(RATIO, skip_blocks="none", merge_scope=scope), "flux")
-    state.run = RunState(PlanCache(5))
     model = flux.clone()
-    toma = patch_flux(model, state)
-    toma.calls.append(FluxCall(8, 10, txt_len=TEXT_TOKENS))
-    return model, toma
+    patch_flux(model, state)
+    call = ModelCall(RunState(5), grid=grid, data={"txt_len": TEXT_TOKENS})
+    with state.model_call(call):
+        yield model, call
 
 
 def _inputs(flux, refs: int = 0):
@@ -411,18 +423,17 @@ def _inputs(flux, refs: int = 0):
 
 
 def test_single_block_unmerges_only_the_update(flux):
-    model, _ = _direct(flux)
     block = flux.model.diffusion_model.single_blocks[0]
     txt, img, vec, pe = _inputs(flux, refs=5)
     x = torch.cat((txt, img), 1)
-    patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
-        ("single_block", 0)]
 
     def original(a):
         return {"img": block(a["img"], vec=a["vec"], pe=a["pe"], attn_mask=a["attn_mask"],
                              transformer_options={})}
 
-    with torch.no_grad():
+    with torch.no_grad(), _direct(flux) as (model, _):
+        patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
+            ("single_block", 0)]
         out = patch({"img": x.clone(), "vec": vec, "pe": pe, "attn_mask": None,
                      "transformer_options": {}}, {"original_block": original})["img"]
         plan = plan_from({"img": x}, "single", 8, 10, RATIO)
@@ -432,22 +443,16 @@ def test_single_block_unmerges_only_the_update(flux):
     assert out.shape == x.shape
     assert torch.equal(out[:, :t], ran[:, :t])                   # text: the block's output
     assert torch.equal(out[:, t + 80:], ran[:, t + m:])           # references likewise
-    torch.testing.assert_close(out[:, t:t + 80], x[:, t:t + 80]
-                               + plan.unmerge(ran[:, t:t + m] - merged[:, t:t + m]))
+    # measured bit-identical
+    assert torch.equal(out[:, t:t + 80],
+                       x[:, t:t + 80] + plan.unmerge(ran[:, t:t + m] - merged[:, t:t + m]))
 
 
 @pytest.mark.parametrize("scope", ["block", "attention"])
 def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
-    model, toma = _direct(flux, scope)
     block = flux.model.diffusion_model.double_blocks[0]
     txt, img, vec, pe = _inputs(flux, refs=3)
-    patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
-        ("double_block", 0)]
     hooks = {}
-    if scope == "attention":      # what ComfyUI's object patches do while the model runs
-        for name in ("qkv", "proj"):
-            key = f"diffusion_model.double_blocks.0.img_attn.{name}.forward"
-            hooks[name] = model.object_patches[key]
 
     def original(a):
         for name, fn in hooks.items():
@@ -460,7 +465,13 @@ def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
                 delattr(getattr(block.img_attn, name), "forward")
         return {"img": i, "txt": t}
 
-    with torch.no_grad():
+    with torch.no_grad(), _direct(flux, scope) as (model, call):
+        if scope == "attention":      # what ComfyUI's object patches do while the model runs
+            for name in ("qkv", "proj"):
+                key = f"diffusion_model.double_blocks.0.img_attn.{name}.forward"
+                hooks[name] = model.object_patches[key]
+        patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
+            ("double_block", 0)]
         out = patch({"img": img.clone(), "txt": txt.clone(), "vec": vec, "pe": pe,
                      "attn_mask": None, "transformer_options": {}}, {"original_block": original})
         plain_img, plain_txt = block(img=img.clone(), txt=txt.clone(), vec=vec, pe=pe)
@@ -475,11 +486,12 @@ def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
         m = plan.merged_tokens
         assert torch.equal(out["txt"], ran_txt)
         assert torch.equal(out["img"][:, 80:], ran_img[:, m:])
-        torch.testing.assert_close(out["img"][:, :80],
-                                   img[:, :80] + plan.unmerge(ran_img[:, :m] - merged[:, :m]))
-    # both scopes stay near the plain block on these smooth tokens
-    assert float((out["img"] - plain_img).norm() / (plain_img - img).norm()) < 0.5
-    assert not toma.attention                          # no hook state left behind
+        assert torch.equal(out["img"][:, :80],            # measured bit-identical
+                           img[:, :80] + plan.unmerge(ran_img[:, :m] - merged[:, :m]))
+    # both scopes stay near the plain block on these smooth tokens: measured 0.176 (block),
+    # 0.166 (attention) relative to the block's update
+    assert float((out["img"] - plain_img).norm() / (plain_img - img).norm()) < 0.27
+    assert not call.data.get("attention")             # no hook state left behind
 
 
 @pytest.mark.parametrize("grid", [(64, 64), (52, 76), (85, 48)],
@@ -487,11 +499,7 @@ def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
 def test_real_resolutions_through_a_single_block(flux, grid):
     """Token grids of common Flux sizes (latent 128x128, 104x152, 170x96) with the default 256
     tiles: the merged length is about half and the block output keeps its shape."""
-    from toma_pack.nodes.flux_patch import FluxCall
-
     h, w = grid
-    model, toma = _direct(flux)
-    toma.calls[-1] = FluxCall(h, w, txt_len=TEXT_TOKENS)
     block = flux.model.diffusion_model.single_blocks[1]
     g = torch.Generator().manual_seed(6)
     x = torch.randn(1, TEXT_TOKENS + h * w, 64, generator=g)
@@ -502,16 +510,89 @@ def test_real_resolutions_through_a_single_block(flux, grid):
         seen.append(a["img"].shape[1])
         return {"img": block(a["img"], vec=a["vec"], pe=a["pe"])}
 
-    patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
-        ("single_block", 1)]
-    with torch.no_grad():
+    with torch.no_grad(), _direct(flux, grid=grid) as (model, _):
+        patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
+            ("single_block", 1)]
         out = patch({"img": x, "vec": torch.randn(1, 64, generator=g), "pe": pe,
                      "attn_mask": None, "transformer_options": {}},
                     {"original_block": original})["img"]
     merged = expected_merged(h, w, RATIO)
     assert seen == [TEXT_TOKENS + merged]
-    assert abs(merged - h * w / 2) <= 0.03 * h * w
+    assert abs(merged - h * w / 2) <= 0.009 * h * w      # measured 0, 0, 0.0059
     assert out.shape == x.shape and torch.isfinite(out).all()
+
+
+# Other packs' patches inside merged blocks ------------------------------------------------------
+class SpanPatches:
+    """Another pack's Flux attention patches (ComfyUI >= 0.17 convention): a recording attn1
+    patch, and an IP-Adapter / PuLID-style attn1 output patch that adds to the image rows it
+    finds through extra_options["img_slice"]; plus an inner "dit" patch recording the
+    transformer_options each block is handed."""
+
+    def __init__(self) -> None:
+        self.attn1: list[tuple[str, int, list]] = []        # (block type, length, img_slice)
+        self.output: list[tuple[int, int]] = []             # (rows found, rows expected)
+        self.blocks: list[tuple[str, int, object]] = []      # (kind, img length, img_slice)
+
+    def install(self, model) -> None:
+        model.set_model_attn1_patch(self.attn1_patch)
+        model.set_model_attn1_output_patch(self.attn1_output_patch)
+        for kind, depth in (("double", DOUBLES), ("single", SINGLES)):
+            for i in range(depth):
+                model.set_model_patch_replace(self.block(kind), "dit", f"{kind}_block", i)
+
+    def attn1_patch(self, q, k, v, pe=None, attn_mask=None, extra_options=None) -> dict:
+        self.attn1.append((extra_options.get("block_type"), q.shape[2],
+                           list(extra_options["img_slice"])))
+        return {}
+
+    def attn1_output_patch(self, attn, extra_options):
+        start, end = extra_options["img_slice"]
+        image = attn[:, start:end]
+        self.output.append((image.shape[1], end - start))
+        return torch.cat((attn[:, :start], image * 1.01, attn[:, end:]), 1)
+
+    def block(self, kind: str):
+        def patch(args: dict, extra: dict) -> dict:
+            options = args.get("transformer_options") or {}
+            self.blocks.append((kind, args["img"].shape[1], options.get("img_slice")))
+            return extra["original_block"](args)
+
+        return patch
+
+
+def test_other_packs_see_the_merged_image_span(flux):
+    """In merged blocks, transformer_options' img_slice is the image part of the merged
+    sequence (text before it, image and reference tokens after): an attn1 patch and an
+    IP-Adapter-style output patch slicing by it get exactly the image rows. Flux calls
+    attn1 patches since ComfyUI 0.17 and sets img_slice for single blocks; before that no
+    span exists, and ToMA invents none."""
+    h, w = grid_of(*LATENT)
+    merged, refs = expected_merged(h, w, RATIO), 12
+    others = SpanPatches()
+    model = flux.clone()
+    others.install(model)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks=SKIP))
+    ref = torch.randn(1, 16, *REF_LATENT, generator=torch.Generator().manual_seed(5))
+    positive, negative = flux_conds(reference=ref)
+    out = sample(toma, LATENT, positive, negative, steps=1, cfg=1.0)
+    assert torch.isfinite(out).all()
+    singles = [(n, span) for kind, n, span in others.blocks if kind == "single"]
+    assert len(singles) == SINGLES
+    if ch.comfy_version() < (0, 17):
+        assert others.attn1 == [] and others.output == []
+        assert all(span is None for _, span in singles)
+        return
+    # single blocks: s0 and s1 merged; the span ends where the sequence ends
+    assert singles == [(TEXT_TOKENS + merged + refs, [TEXT_TOKENS, TEXT_TOKENS + merged + refs])
+                       ] * SINGLES
+    assert len(others.attn1) == DOUBLES + SINGLES
+    for block_type, length, span in others.attn1:
+        assert span == [TEXT_TOKENS, length], block_type
+    lengths = [length for _, length, _ in others.attn1]
+    full, short = TEXT_TOKENS + h * w + refs, TEXT_TOKENS + merged + refs
+    assert lengths == [full, short, short, short]         # d0 skipped
+    assert all(found == expected for found, expected in others.output)
 
 
 def test_two_toma_nodes_merge_once(flux):
@@ -525,33 +606,90 @@ def test_two_toma_nodes_merge_once(flux):
         out_twice = sample(twice, LATENT, positive, negative, steps=1, cfg=1.0)
     out_once = sample(once, LATENT, positive, negative, steps=1, cfg=1.0)
     assert lengths == [TEXT_TOKENS + expected_merged(h, w, RATIO)] * (DOUBLES + SINGLES)
-    torch.testing.assert_close(out_twice, out_once)
+    assert torch.equal(out_twice, out_once)               # measured bit-identical
 
 
-def test_timestep_zero_references_run_unmerged(flux, caplog):
-    """Flux 2's 'index_timestep_zero' references modulate fixed token spans: such calls are not
-    merged (one warning), other calls still are."""
-    model, toma = _direct(flux)
-    toma.calls.clear()
-    patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
-        ("double_block", 1)]
-    txt, img, vec, pe = _inputs(flux)
-    seen = []
+def applies_timestep_zero() -> bool:
+    """Whether this ComfyUI's Flux modulates 'index_timestep_zero' references separately (its
+    forward_orig takes the reference spans); older ones treat the method like "offset"."""
+    import inspect
 
-    def original(a):
-        seen.append(a["img"].shape[1])
-        return {"img": a["img"], "txt": a["txt"]}
+    from comfy.ldm.flux.model import Flux
 
-    def executor(x, *args, **kwargs):
-        return patch({"img": img, "txt": txt, "vec": vec, "pe": pe, "attn_mask": None,
-                      "transformer_options": {}}, {"original_block": original})
+    return "timestep_zero_index" in inspect.signature(Flux.forward_orig).parameters
 
-    latent = torch.zeros(1, 16, 16, 20)
+
+def timestep_zero_model():
+    """(model, positive, negative, latent [1, C, H, W]): tiny Flux 2 where this ComfyUI has it
+    (ComfyUI's timestep-zero path needs its global modulation: plain Flux fails inside
+    ComfyUI there), else tiny Flux; the positive carries a reference latent."""
+    import tiny_models
+
+    if tiny_models.available("flux2"):
+        model = tiny_models.tiny_patcher("flux2")
+        x = tiny_models.inputs("flux2", model, height=LATENT[0], width=LATENT[1])
+        positive, negative, latent = x.positive, x.negative, x.latent
+    else:
+        model = flux_model = ch.tiny_flux_patcher()
+        positive, negative = flux_conds()
+        latent = ch.empty_latent(flux_model, 1, *LATENT)
+    channels = latent.shape[1]
+    ref = torch.randn(1, channels, *REF_LATENT, generator=torch.Generator().manual_seed(5))
+    positive[0][1]["reference_latents"] = [ref]
+    return model, positive, negative, latent
+
+
+@pytest.mark.parametrize("via", ["conditioning", "model_default"])
+def test_timestep_zero_references_run_unmerged(caplog, via):
+    """Flux 2's 'index_timestep_zero' references get their own modulation over token spans
+    ComfyUI fixes before the blocks: model calls with such references run unmerged (one
+    warning, output bit-identical to the plain model), calls without them still merge. The
+    method comes from the conditioning (ComfyUI's reference-method node) or from the model's
+    default (an object patch, as ComfyUI's own Flux 2 KV-cache node sets it). Where this
+    ComfyUI's Flux has no such modulation, merging those calls is safe and they merge."""
+    model, positive, negative, latent = timestep_zero_model()
+    if via == "conditioning":
+        positive[0][1]["reference_latents_method"] = TIMESTEP_ZERO
+    elif hasattr(model.model.diffusion_model.params, "default_ref_method"):
+        model.add_object_patch("diffusion_model.params.default_ref_method", TIMESTEP_ZERO)
+    else:       # ComfyUI before 0.8: no model default, references use the "offset" method
+        assert ch.comfy_version() < (0, 8)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+    # cfg 1: only the positive (with its reference) is evaluated
+    base = ch.sample(model, latent, positive, negative, steps=2, cfg=1.0)
     with caplog.at_level(logging.WARNING, logger="ToMA"):
-        for _ in range(2):
-            toma.grid_wrapper(executor, latent, ref_latents=[latent],
-                              ref_latents_method="index_timestep_zero")
-        toma.grid_wrapper(executor, latent, ref_latents=[latent], ref_latents_method="index")
-    assert seen == [80, 80, expected_merged(8, 10, RATIO)]
-    assert len([r for r in caplog.records if "timestep_zero" in r.getMessage()]) == 1
-    assert toma.calls == []
+        out = ch.sample(toma, latent, positive, negative, steps=2, cfg=1.0)
+    warnings = [r for r in caplog.records if TIMESTEP_ZERO in r.getMessage()]
+    without_refs = [[positive[0][0], {k: v for k, v in positive[0][1].items()
+                                      if not k.startswith("reference_latents")}]]
+    plain = ch.sample(model, latent, without_refs, negative, steps=2, cfg=1.0)
+    merged = ch.sample(toma, latent, without_refs, negative, steps=2, cfg=1.0)
+    assert rel_err(merged, plain) > 0.11     # calls merge: measured 0.249 (Flux), 0.221 (Flux 2)
+    if applies_timestep_zero():
+        assert torch.equal(out, base)
+        assert len(warnings) == 1
+    else:
+        assert rel_err(out, base) > 0.11                # measured 0.252 (v0.3.64 Flux)
+        assert warnings == []
+
+
+# Chroma: Flux's token layout and block loop; before ComfyUI 0.8 with its own block classes -------
+def test_chroma_merges_on_every_version():
+    """Chroma (tiny, ComfyUI's own class): ratio 0 is the plain model bit for bit; ratio 0.5
+    runs the merged blocks on half the image tokens."""
+    import tiny_models
+
+    chroma = tiny_models.tiny_patcher("chroma")
+    x = tiny_models.inputs("chroma", chroma, height=LATENT[0], width=LATENT[1])
+    base = ch.sample(chroma, x.latent, x.positive, x.negative, steps=2, cfg=2.0)
+    off = ch.sample(apply_toma(chroma, make_options(0.0)), x.latent, x.positive, x.negative,
+                    steps=2, cfg=2.0)
+    assert torch.equal(off, base)
+    toma = apply_toma(chroma, make_options(RATIO, skip_blocks=SKIP))
+    with attention_recorder() as lengths:
+        out = ch.sample(toma, x.latent, x.positive, x.negative, steps=2, cfg=2.0)
+    h, w = grid_of(*LATENT)
+    text = tiny_models.TEXT_TOKENS
+    full, short = text + h * w, text + expected_merged(h, w, RATIO)
+    assert lengths == [full, short, short, short] * 2      # d0 skipped; 2 steps, CFG batched
+    assert rel_err(out, base) > 0.08                       # measured 0.164

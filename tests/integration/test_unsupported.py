@@ -1,4 +1,5 @@
-"""Models ToMA cannot patch get an error naming what is supported, never a silent no-op."""
+"""Models ToMA cannot patch get an error naming the model and what is supported, at every
+ratio (0 included), never a silent no-op: one rule for every model."""
 
 from __future__ import annotations
 
@@ -9,23 +10,65 @@ import comfy_harness as ch
 from toma_pack.nodes import ToMA
 
 
-def tiny_sd3_patcher():
-    """A two-block SD3 (MMDiT), the kind of model ToMA does not support."""
+def _patcher(config):
     import comfy.model_patcher
-    import comfy.supported_models
 
-    config = comfy.supported_models.SD3({
-        "in_channels": 16, "out_channels": 16, "patch_size": 2, "depth": 2,
-        "adm_in_channels": 64, "pos_embed_max_size": 16, "num_patches": 256,
-        "pos_embed_scaling_factor": None,
-        "context_embedder_config": {"target": "torch.nn.Linear",
-                                    "params": {"in_features": 64, "out_features": 128}}})
     config.set_inference_dtype(torch.float32, None)
     return comfy.model_patcher.ModelPatcher(config.get_model({}, device=ch.CPU), ch.CPU, ch.CPU)
 
 
+def tiny_sd3():
+    """A two-block SD3 (MMDiT)."""
+    import comfy.supported_models
+
+    return _patcher(comfy.supported_models.SD3({
+        "in_channels": 16, "out_channels": 16, "patch_size": 2, "depth": 2,
+        "adm_in_channels": 64, "pos_embed_max_size": 16, "num_patches": 256,
+        "pos_embed_scaling_factor": None,
+        "context_embedder_config": {"target": "torch.nn.Linear",
+                                    "params": {"in_features": 64, "out_features": 128}}}))
+
+
+def tiny_hunyuan_video():
+    """HunyuanVideo: Flux's block classes on a video token layout."""
+    import tiny_models
+
+    return tiny_models.tiny_patcher("hunyuan_video")
+
+
+def tiny_hunyuan3d():
+    """Hunyuan3D 2: Flux's block classes on shape latents, not an image grid."""
+    import comfy.supported_models
+
+    return _patcher(comfy.supported_models.Hunyuan3Dv2({
+        "image_model": "hunyuan3d2", "in_channels": 8, "context_in_dim": 32, "hidden_size": 64,
+        "num_heads": 4, "depth": 1, "depth_single_blocks": 1}))
+
+
+def tiny_svd():
+    """Stable Video Diffusion: ComfyUI's UNet with temporal layers."""
+    import comfy.supported_models
+
+    unet = {**ch.SDXL_UNET_CONFIG, "in_channels": 8, "adm_in_channels": 768,
+            "use_temporal_attention": True, "use_temporal_resblock": True,
+            "extra_ff_mix_layer": True, "use_spatial_context": True,
+            "merge_strategy": "learned_with_images", "merge_factor": 0.0,
+            "video_kernel_size": [3, 1, 1], "disable_temporal_crossattention": False,
+            "max_ddpm_temb_period": 10000}
+    config = comfy.supported_models.SVD_img2vid(unet)
+    config.unet_config["num_head_channels"] = 16
+    config.unet_config["num_heads"] = -1
+    return _patcher(config)
+
+
+MODELS = {"sd3": (tiny_sd3, "MMDiT"), "hunyuan_video": (tiny_hunyuan_video, "HunyuanVideo"),
+          "hunyuan3d": (tiny_hunyuan3d, "Hunyuan3Dv2"), "svd": (tiny_svd, "video UNet")}
+
+
 @pytest.mark.parametrize("ratio", [0.5, 0.0])
-def test_sd3_is_refused_with_the_supported_list(comfyui_path, ratio):
+@pytest.mark.parametrize("name", list(MODELS))
+def test_unsupported_models_are_refused_at_every_ratio(comfyui_path, name, ratio):
+    build, named = MODELS[name]
     with pytest.raises(ValueError, match="supported: SDXL") as error:
-        ToMA().patch(tiny_sd3_patcher(), ratio, 0, "d0-4, s0-4", 5)
-    assert "MMDIT" in str(error.value).upper()
+        ToMA().patch(build(), ratio, 0, "d0-4, s0-4", 5)
+    assert named.upper() in str(error.value).upper()
