@@ -20,7 +20,12 @@ from toma_pack.toma_core import (
 from toma_pack.toma_core.facility_location import gram_similarity
 
 GREEDY_BOUND = 1.0 - 1.0 / math.e
-TOL = 1e-4
+# Tolerances: the largest difference measured (torch 2.13 CPU; test_greedy_guarantee's over
+# 3000 random cases of its strategy) times a margin of about 4. Comparisons measured
+# bit-identical are exact.
+GAIN_TOL = 2e-6      # float32 greedy pick vs the float64 best gain: measured 4.8e-7
+SUM_TOL = 8e-6       # sum of float64 gains vs float32 f(D): measured 1.9e-6
+F64_TOL = 1e-12      # float64 rounding of successive gains (measured 0: never increased)
 
 
 def _features(seed: int, s: int, c: int, duplicates: bool = False) -> torch.Tensor:
@@ -54,17 +59,19 @@ def test_normalized_unit_rows_float32() -> None:
     x = torch.randn(3, 5, 7).half()
     xn = normalized(x)
     assert xn.dtype == torch.float32
-    torch.testing.assert_close(xn.norm(dim=-1), torch.ones(3, 5), atol=1e-3, rtol=0)
+    torch.testing.assert_close(xn.norm(dim=-1), torch.ones(3, 5), atol=5e-7, rtol=0)  # 1.2e-7
     zero = normalized(torch.zeros(2, 4))
     assert torch.isfinite(zero).all() and not zero.any()
 
 
 def test_similarity_symmetric_with_unit_diagonal() -> None:
-    sim = _sim(torch.randn(2, 4, 9, 6))
+    sim = _sim(torch.randn(2, 4, 9, 6, generator=torch.Generator().manual_seed(0)))
     assert sim.shape == (2, 4, 9, 9)
-    torch.testing.assert_close(sim, sim.transpose(-1, -2))
-    torch.testing.assert_close(sim.diagonal(dim1=-2, dim2=-1), torch.ones(2, 4, 9))
-    assert bool((sim <= 1 + 1e-5).all() and (sim >= -1 - 1e-5).all())
+    # measured: 2.4e-7 from symmetry, 2.4e-7 off the unit diagonal, |sim| at most 1 + 2.4e-7
+    torch.testing.assert_close(sim, sim.transpose(-1, -2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(sim.diagonal(dim1=-2, dim2=-1), torch.ones(2, 4, 9), atol=1e-6,
+                               rtol=0)
+    assert bool((sim.abs() <= 1 + 1e-6).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -76,16 +83,18 @@ def test_gram_similarity_matches_normalised_dot(dtype: torch.dtype) -> None:
     for v in (None, valid):
         got = gram_similarity(x, v)
         assert got.dtype == torch.float32
-        torch.testing.assert_close(got, similarity(normalized(x), v), atol=2e-6, rtol=0)
+        torch.testing.assert_close(got, similarity(normalized(x), v), atol=1.5e-6,
+                                   rtol=0)                             # measured 3.6e-7
     assert not gram_similarity(x)[0, 1, 2].any()
 
 
 def test_similarity_masks_pad_slots() -> None:
     valid = torch.tensor([[True, True, False], [True, True, True]])
-    sim = similarity(normalized(torch.randn(1, 2, 3, 4)), valid)
+    xn = normalized(torch.randn(1, 2, 3, 4, generator=torch.Generator().manual_seed(0)))
+    sim, plain = similarity(xn, valid), similarity(xn)
     assert bool((sim[0, 0, 2, :] == -1).all() and (sim[0, 0, :, 2] == -1).all())
-    assert bool((sim[0, 1] > -1.5).all())
-    assert float(sim[0, 1, 2, 2]) == pytest.approx(1.0, abs=1e-5)
+    assert torch.equal(sim[0, 0, :2, :2], plain[0, 0, :2, :2])         # real slots untouched
+    assert torch.equal(sim[0, 1], plain[0, 1])                         # region with no pads
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -95,7 +104,7 @@ def test_k1_is_optimal(seed: int, s: int) -> None:
     sim = _sim(_features(seed, s, 4))
     picks = greedy_facility_location(sim, 1)
     assert picks.shape == (1,)
-    assert _objective(sim, picks.tolist()) == pytest.approx(_brute_force(sim, 1), abs=TOL)
+    assert _objective(sim, picks.tolist()) == _brute_force(sim, 1)     # measured identical
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -104,7 +113,7 @@ def test_k_equals_s_picks_everything(seed: int, s: int) -> None:
     sim = _sim(_features(seed, s, 3, duplicates=seed % 2 == 1))
     picks = greedy_facility_location(sim, s)
     assert sorted(picks.tolist()) == list(range(s))
-    assert _objective(sim, picks.tolist()) == pytest.approx(_brute_force(sim, s), abs=TOL)
+    assert _objective(sim, picks.tolist()) == _brute_force(sim, s)     # measured identical
 
 
 @settings(max_examples=120, deadline=None)
@@ -119,8 +128,8 @@ def test_greedy_guarantee(seed: int, s: int, k: int, c: int, duplicates: bool) -
     assert all(0 <= p < s for p in picks)
     value = _objective(sim, picks)
     best = _brute_force(sim, k)
-    assert value <= best + TOL
-    assert value >= GREEDY_BOUND * best - TOL
+    assert value <= best                  # measured: never above (equal when greedy is optimal)
+    assert value >= GREEDY_BOUND * best   # measured: at least 0.74 above the bound
     # The greedy property itself: every pick's marginal gain is the largest available then.
     # f(D + v) for every v at once: sum_j max(cover_j, sim[v, j] + 1), in float64.
     shifted = sim.double() + 1.0
@@ -130,20 +139,20 @@ def test_greedy_guarantee(seed: int, s: int, k: int, c: int, duplicates: bool) -
         with_v = torch.maximum(shifted, cover).sum(-1)
         with_v[picks[:i]] = -math.inf
         base = float(cover.sum())
-        assert float(with_v[p]) >= float(with_v.max()) - TOL
+        assert float(with_v[p]) >= float(with_v.max()) - GAIN_TOL
         gains.append(float(with_v[p]) - base)
         cover = torch.maximum(cover, shifted[p])
-    assert sum(gains) == pytest.approx(value, abs=TOL)
+    assert sum(gains) == pytest.approx(value, abs=SUM_TOL)
     # Submodularity: the greedy's gains never increase.
-    assert all(b <= a + TOL for a, b in zip(gains, gains[1:], strict=False))
+    assert all(b <= a + F64_TOL for a, b in zip(gains, gains[1:], strict=False))
 
 def test_coverage_matches_definition() -> None:
-    sim = _sim(torch.randn(7, 5))
+    sim = _sim(torch.randn(7, 5, generator=torch.Generator().manual_seed(0)))
     for picks in ([0], [3, 1], [6, 2, 4], list(range(7))):
         got = float(coverage(sim, torch.tensor(picks)))
-        assert got == pytest.approx(_objective(sim, picks), abs=1e-5)
-    # All tokens picked: each covers itself at similarity 1, shifted to 2.
-    assert float(coverage(sim, torch.arange(7))) == pytest.approx(14.0, abs=1e-4)
+        assert got == _objective(sim, picks)                           # measured identical
+    # All tokens picked: each covers itself at similarity 1, shifted to 2 (measured 14.0 exactly).
+    assert float(coverage(sim, torch.arange(7))) == 14.0
 
 
 @pytest.mark.parametrize("k", [1, 2, 5, 8])

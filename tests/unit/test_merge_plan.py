@@ -40,8 +40,11 @@ def _p(plan: MergePlan) -> torch.Tensor:
     return plan.unmerge_w.transpose(-1, -2)
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
-    torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> None:
+    """|a - b| <= tol everywhere. Each caller's tol is the largest difference measured over all
+    its cases (torch 2.13 CPU, stated beside it) times a margin of about 4; comparisons measured
+    bit-identical use torch.equal instead."""
+    torch.testing.assert_close(a, b, atol=tol, rtol=0)
 
 
 # ----------------------------------------------------------------------------- ratio 0 / None
@@ -74,8 +77,8 @@ def test_constant_tokens_survive(h: int, w: int, mode: str, tile_count: int, unm
                       unmerge=unmerge)
     merged = plan.merge(x)
     assert merged.shape == (2, plan.merged_tokens, 4)
-    _close(merged, value[:, None, :].expand_as(merged))
-    _close(plan.unmerge(merged), x)
+    _close(merged, value[:, None, :].expand_as(merged), 2.5e-5)       # measured 6.2e-6
+    _close(plan.unmerge(merged), x, 2.5e-5)
 
 
 # ------------------------------------------------------------------------------ the weights
@@ -92,10 +95,10 @@ def test_weights_normalised(h: int, w: int, mode: str, tile_count: int, tau: flo
     assert plan.merge_w.dtype == torch.float32 and plan.unmerge_w.dtype == torch.float32
     p = _p(plan)
     valid = _valid(plan).float()
-    _close(p.sum(-2), valid.expand(2, r, s))
+    _close(p.sum(-2), valid.expand(2, r, s), 2e-6)                    # measured 4.8e-7
     assert bool((p >= 0).all())
-    _close(plan.merge_w.sum(-1), torch.ones(2, r, k))
-    _close(plan.merge_w * p.sum(-1, keepdim=True), p)
+    _close(plan.merge_w.sum(-1), torch.ones(2, r, k), 2e-6)
+    _close(plan.merge_w * p.sum(-1, keepdim=True), p, 2e-6)
     # Pad slots carry no weight at all.
     pad = ~_valid(plan)
     assert not (plan.merge_w * pad[None, :, None, :]).any()
@@ -107,10 +110,10 @@ def test_destination_is_its_own_source() -> None:
     plan = build_plan(_x(2, 15 * 22, 8), 15, 22, 0.6, tile_count=16, tau=5.0)
     p = _p(plan)
     own = p.gather(-1, plan.dest_slots.unsqueeze(-1)).squeeze(-1)       # [B, R, k]
-    _close(own, torch.ones_like(own))
+    assert torch.equal(own, torch.ones_like(own))
     dest_cols = p.gather(-1, plan.dest_slots.unsqueeze(-2).expand_as(p[..., :plan.k]))
     eye = torch.eye(plan.k).expand_as(dest_cols)
-    _close(dest_cols, eye)
+    assert torch.equal(dest_cols, eye)
 
 
 def test_hard_assignment() -> None:
@@ -126,7 +129,7 @@ def test_hard_assignment() -> None:
     chosen = (scores * p).sum(-2)
     best = scores.max(-2).values
     valid = _valid(plan).expand_as(best)
-    _close(chosen[valid], best[valid])
+    assert torch.equal(chosen[valid], best[valid])
 
 
 @pytest.mark.parametrize(("h", "w", "mode", "tile_count"), LAYOUTS)
@@ -135,10 +138,10 @@ def test_hard_merge_unmerge_roundtrip(h: int, w: int, mode: str, tile_count: int
     plan = build_plan(_x(2, h * w, 8, seed=3), h, w, 0.5, mode=mode, tile_count=tile_count,
                       tau=float("inf"))
     y = _x(2, plan.merged_tokens, 5, seed=4)
-    _close(plan.merge(plan.unmerge(y)), y)
+    _close(plan.merge(plan.unmerge(y)), y, 1e-6)                      # measured 2.4e-7
     m = plan.merge_w
     counts = (m > 0).sum(-1, keepdim=True).float()
-    _close(m, (m > 0).float() / counts)
+    _close(m, (m > 0).float() / counts, 1e-6)
 
 
 @pytest.mark.parametrize(("h", "w", "mode", "tile_count"), LAYOUTS)
@@ -150,7 +153,7 @@ def test_pinv_merge_unmerge_roundtrip(h: int, w: int, mode: str, tile_count: int
                       tau=tau, unmerge="pinv")
     assert plan.unmerge_w.shape == (2, plan.regions.count, plan.regions.size, plan.k)
     y = _x(2, plan.merged_tokens, 5, seed=6)
-    _close(plan.merge(plan.unmerge(y)), y, tol=1e-4)
+    _close(plan.merge(plan.unmerge(y)), y, 2e-5)                      # measured 5.0e-6
 
 
 def test_pinv_equals_transpose_when_hard() -> None:
@@ -159,7 +162,7 @@ def test_pinv_equals_transpose_when_hard() -> None:
     x = _x(2, 15 * 22, 8)
     a = build_plan(x, 15, 22, 0.5, unmerge="transpose", **kw)
     b = build_plan(x, 15, 22, 0.5, unmerge="pinv", **kw)
-    _close(a.unmerge_w, b.unmerge_w, tol=1e-4)
+    _close(a.unmerge_w, b.unmerge_w, 1.5e-6)                          # measured 3.6e-7
 
 
 def test_unmerge_commutes_with_affine() -> None:
@@ -167,7 +170,7 @@ def test_unmerge_commutes_with_affine() -> None:
     plan = build_plan(_x(2, 15 * 22, 8), 15, 22, 0.5, tile_count=16, tau=10.0)
     y = _x(2, plan.merged_tokens, 6, seed=1)
     weight, bias = torch.randn(6, 3), torch.randn(3)
-    _close(plan.unmerge(y @ weight + bias), plan.unmerge(y) @ weight + bias)
+    _close(plan.unmerge(y @ weight + bias), plan.unmerge(y) @ weight + bias, 5e-6)  # meas. 1.2e-6
 
 
 def test_tau_limits() -> None:
@@ -182,12 +185,12 @@ def test_tau_limits() -> None:
     p_near, p_hard = _p(near), _p(hard)
     assert torch.equal(p_near.argmax(-2), p_hard.argmax(-2))
     top = p_near.max(-2).values
-    assert float((top > 0.99).float().mean()) > 0.9
-    assert float((p_near - p_hard).abs().mean()) < 1e-2
+    assert float((top > 0.99).float().mean()) > 0.95                   # measured 0.988
+    assert float((p_near - p_hard).abs().mean()) < 2e-3                # measured 7.0e-4
     assert torch.equal(huge.dest_slots, hard.dest_slots)
-    assert float((_p(huge) - p_hard).abs().mean()) < 1e-3
+    assert torch.equal(_p(huge), p_hard)                                # tau 1e6: all 0/1
     soft = build_plan(x, 16, 16, 0.5, tile_count=16, tau=1.0)
-    assert float((soft.merge_w - hard.merge_w).abs().max()) > 1e-2
+    assert float((soft.merge_w - hard.merge_w).abs().max()) > 0.25      # measured 0.51
 
 
 # ----------------------------------------------------------------------------- destinations
@@ -207,7 +210,7 @@ def test_dest_tokens_follow_merged_order(h: int, w: int, mode: str, tile_count: 
     merged = plan.merge(x)
     restored = plan.unmerge(merged)
     at_dest = restored.gather(1, plan.dest_tokens.unsqueeze(-1).expand(-1, -1, 8))
-    _close(at_dest, merged)
+    assert torch.equal(at_dest, merged)
 
 
 def test_destinations_per_region() -> None:
@@ -246,9 +249,9 @@ def test_low_precision_keeps_dtype(dtype: torch.dtype) -> None:
     merged = plan.merge(xl)
     restored = plan.unmerge(merged)
     assert merged.dtype == dtype and restored.dtype == dtype
-    tol = 2e-2 if dtype == torch.float16 else 8e-2
-    _close(merged.float(), plan.merge(xl.float()), tol=tol)
-    _close(restored.float(), plan.unmerge(plan.merge(xl.float())), tol=tol)
+    tol = 5e-3 if dtype == torch.float16 else 4e-2          # measured 1.4e-3 and 1.27e-2
+    _close(merged.float(), plan.merge(xl.float()), tol)
+    _close(restored.float(), plan.unmerge(plan.merge(xl.float())), tol)
     # Heads layout in low precision too.
     xh = xl.view(2, h * w, 2, 8).transpose(1, 2)
     assert plan.merge(xh).dtype == dtype and plan.unmerge(plan.merge(xh)).dtype == dtype
@@ -263,11 +266,11 @@ def test_heads_layout_matches_per_head(h: int, w: int, mode: str, tile_count: in
     merged = plan.merge(xh)
     assert merged.shape == (2, 3, plan.merged_tokens, 4)
     for head in range(3):
-        _close(merged[:, head], plan.merge(xh[:, head].contiguous()))
+        assert torch.equal(merged[:, head], plan.merge(xh[:, head].contiguous()))
     restored = plan.unmerge(merged)
     assert restored.shape == xh.shape
     for head in range(3):
-        _close(restored[:, head], plan.unmerge(merged[:, head].contiguous()))
+        assert torch.equal(restored[:, head], plan.unmerge(merged[:, head].contiguous()))
 
 
 @pytest.mark.parametrize(("h", "w", "mode", "tile_count"), LAYOUTS[:4])
@@ -282,12 +285,14 @@ def test_prefix_suffix_pass_through(h: int, w: int, mode: str, tile_count: int, 
     assert merged.shape == (2, prefix + m + suffix, 6)
     assert torch.equal(merged[:, :prefix], x[:, :prefix])
     assert torch.equal(merged[:, prefix + m:], x[:, prefix + n:])
-    _close(merged[:, prefix:prefix + m], plan.merge(x[:, prefix:prefix + n].contiguous()))
+    assert torch.equal(merged[:, prefix:prefix + m],
+                       plan.merge(x[:, prefix:prefix + n].contiguous()))
     restored = plan.unmerge(merged, prefix=prefix)
     assert restored.shape == x.shape
     assert torch.equal(restored[:, :prefix], x[:, :prefix])
     assert torch.equal(restored[:, prefix + n:], x[:, prefix + n:])
-    _close(restored[:, prefix:prefix + n], plan.unmerge(plan.merge(x[:, prefix:prefix + n])))
+    assert torch.equal(restored[:, prefix:prefix + n],
+                       plan.unmerge(plan.merge(x[:, prefix:prefix + n])))
     # Heads layout with a prefix.
     xh = x.view(2, prefix + n + suffix, 2, 3).transpose(1, 2)
     mh = plan.merge(xh, prefix=prefix)
@@ -330,13 +335,13 @@ def test_per_item_equals_single_item_plans() -> None:
         alone = build_plan(x[i:i + 1], h, w, 0.5, tile_count=16)
         assert torch.equal(plan.dest_slots[i], alone.dest_slots[0])
         assert torch.equal(plan.dest_tokens[i], alone.dest_tokens[0])
-        _close(plan.merge_w[i], alone.merge_w[0], tol=1e-6)
-        _close(plan.unmerge_w[i], alone.unmerge_w[0], tol=1e-6)
+        assert torch.equal(plan.merge_w[i], alone.merge_w[0])
+        assert torch.equal(plan.unmerge_w[i], alone.unmerge_w[0])
     # Items never mix: changing item 0 leaves items 1 and 2's merge untouched.
     x2 = x.clone()
     x2[0] = torch.randn(h * w, 8)
     other = build_plan(x2, h, w, 0.5, tile_count=16)
-    _close(other.merge(x2)[1:], plan.merge(x)[1:], tol=1e-6)
+    assert torch.equal(other.merge(x2)[1:], plan.merge(x)[1:])
     with pytest.raises(ValueError, match="batch"):
         plan.merge(x[:2])
 
@@ -349,14 +354,14 @@ def test_shared_policy() -> None:
     assert plan.dest_tokens.shape[0] == 1
     mean = build_plan(x.mean(0, keepdim=True), h, w, 0.5, tile_count=16)
     assert torch.equal(plan.dest_slots, mean.dest_slots)
-    _close(plan.merge_w, mean.merge_w, tol=1e-6)
+    assert torch.equal(plan.merge_w, mean.merge_w)
     for b in (1, 2, 5):
         y = _x(b, h * w, 4, seed=b)
         merged = plan.merge(y)
         assert merged.shape == (b, plan.merged_tokens, 4)
         # Each item merged with the same weights as a batch of one.
         for i in range(b):
-            _close(merged[i:i + 1], plan.merge(y[i:i + 1]))
+            assert torch.equal(merged[i:i + 1], plan.merge(y[i:i + 1]))
         assert plan.unmerge(merged).shape == y.shape
 
 
@@ -414,7 +419,7 @@ def test_plan_property(h: int, w: int, tile_count: int, mode: str, ratio: float,
     assert merged.shape == (2, plan.merged_tokens, 4) and restored.shape == x.shape
     assert bool((merged.abs().sum(-1) > 0).all()) and bool((restored.abs().sum(-1) > 0).all())
     const = torch.full((2, n, 4), 0.7)
-    _close(plan.unmerge(plan.merge(const)), const, tol=1e-4)
+    _close(plan.unmerge(plan.merge(const)), const, 1e-5)   # measured 2.5e-6 (40 examples)
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -141,11 +141,14 @@ def test_square_grid_square_tiles(h: int, w: int, tile_count: int) -> None:
 @pytest.mark.parametrize(("h", "w"), [(104, 152), (152, 104), (45, 80), (128, 72), (67, 101)])
 @pytest.mark.parametrize("tile_count", [16, 64, 256])
 def test_tiles_follow_aspect(h: int, w: int, tile_count: int) -> None:
-    """Non-square grids: tiles stay near-square and their number stays near tile_count."""
+    """Non-square grids: tiles stay near-square and their number stays near tile_count.
+
+    Measured over these cases: tile count 0.94-1.09 x tile_count, tile aspect 0.88-1.14.
+    """
     rows, cols = tile_grid(h, w, tile_count)
-    assert tile_count / 2 <= rows * cols <= tile_count * 2
+    assert 0.85 * tile_count <= rows * cols <= 1.2 * tile_count
     tile_h, tile_w = h / rows, w / cols
-    assert 0.5 <= tile_h / tile_w <= 2.0
+    assert 0.8 <= tile_h / tile_w <= 1.25
 
 
 @pytest.mark.parametrize(("h", "w"), [(2, 2), (4, 6), (1, 9), (9, 1), (3, 3), (5, 70)])
