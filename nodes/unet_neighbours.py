@@ -44,10 +44,10 @@ def is_toma(fn: object) -> bool:
 
 
 def is_comfy_tome(fn: object) -> bool:
-    """ComfyUI's own TomePatchModel attn1 patch (comfy_extras/nodes_tomesd.py, every version).
-    The module is "comfy_extras.nodes_tomesd" when imported as a package and "nodes_tomesd"
-    when ComfyUI loads its extras by file."""
-    return (getattr(fn, "__name__", "") == "tomesd_m"
+    """One of ComfyUI's own TomePatchModel attn1 patches (comfy_extras/nodes_tomesd.py, every
+    version). The module is "comfy_extras.nodes_tomesd" when imported as a package and
+    "nodes_tomesd" when ComfyUI loads its extras by file."""
+    return (getattr(fn, "__name__", "") in ("tomesd_m", "tomesd_u")
             and str(getattr(fn, "__module__", "")).endswith("nodes_tomesd"))
 
 
@@ -74,8 +74,10 @@ def neighbours(options: dict, foreign_forward: bool) -> Neighbours:
     foreign_forward: another pack's patch of this block's forward runs inside ToMA's.
     """
     patches = options.get("patches") or {}
+    # ComfyUI's ToMe is known: it acts only where the sequence is longer than half the latent's
+    # pixels, i.e. at full resolution, which ToMA leaves to it; elsewhere merged tokens are fine.
     kinds = [kind for kind in IN_BLOCK_PATCHES
-             if any(not is_toma(p) for p in patches.get(kind, ()))]
+             if any(not (is_toma(p) or is_comfy_tome(p)) for p in patches.get(kind, ()))]
     if _replacement(options, "attn2") is not None:
         kinds.append("attn2 replacement")
     if foreign_forward:

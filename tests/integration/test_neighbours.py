@@ -113,6 +113,8 @@ def test_tome_keeps_the_full_resolution_level(comfyui_path, order, scope, self_a
     # full level: ToMe's queries against all 1024 keys; 16x16 and 8x8: ToMA's 0.25
     assert set(self_attention) == {(tome_queries, 1024), (192, 192), (48, 48)}
     assert "TomePatchModel merges the full-resolution level" in note(stats)
+    # ToMe is a known neighbour, harmless where ToMA merges: no fallback from block scope
+    assert "merge_scope" not in note(stats)
 
 
 # SelfAttentionGuidance and PerturbedAttentionGuidance ------------------------------------------
