@@ -149,7 +149,8 @@ def test_batch_items_get_their_own_destinations(sdxl):
 
 def test_plans_follow_the_sigma_schedule_not_call_counts(sdxl, stats, caplog):
     """Heun calls the model twice per step and CFG twice per call; with recompute_every 2 over
-    4 steps, each plan (one per level and cond/uncond layout) is built at steps 0 and 2."""
+    4 steps, each plan (one per level and cond/uncond layout) is built at steps 0 and 2 (the
+    second one by step 1's corrector, which evaluates at step 2's sigma)."""
     patched = advanced(sdxl, recompute_every=2, verbose=True)
     with caplog.at_level(logging.INFO, logger="ToMA"):
         run(patched, sampler="heun", steps=4)
