@@ -104,7 +104,9 @@ class BlockCase:
 
 # Shared input helpers -----------------------------------------------------------------------------
 def _fill(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Small random weights: matrices N(0, 0.02), biases 0, other vectors (norm scales) 1."""
+    """Small random weights: matrices N(0, 0.02), biases 0, other vectors (norm scales) 1.
+    (flux_blocks._fill zeroes vectors named without "norm"/"scale", e.g. SD3's ln_q.weight,
+    which would flatten that block's attention.)"""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
