@@ -31,9 +31,16 @@ def lockstep(model, barrier: threading.Barrier):
 
 
 def job(model, latent_hw: tuple[int, int], seed: int) -> callable:
+    """A sampling call of `model`, its noise drawn here: ComfyUI's prepare_noise seeds torch's
+    global generator, which two threads drawing at once would share (the KSampler node draws
+    it before sampling, on the one thread that runs nodes)."""
+    import comfy.sample
+
     positive, negative = ch.flux_conds(1, TEXT_TOKENS, seed=seed)
     latent = ch.empty_latent(model, 1, *latent_hw)
-    return lambda: ch.sample(model, latent, positive, negative, steps=2, cfg=2.0, seed=seed)
+    noise = comfy.sample.prepare_noise(latent, seed)
+    return lambda: comfy.sample.sample(model, noise, 2, 2.0, "euler", "normal", positive,
+                                       negative, latent, disable_pbar=True, seed=seed)
 
 
 @pytest.mark.parametrize("nodes", ["one_node", "two_nodes"])
