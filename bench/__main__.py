@@ -3,25 +3,29 @@
     python -m bench                      # everything available, CPU fp32 (CUDA bf16 on a GPU)
     python -m bench --quick              # fewer cases and repetitions (~5-10 min on 2 cores)
     python -m bench --sections unet,fidelity --out results.json
-    COMFYUI_PATH=/path/to/ComfyUI python -m bench     # ComfyUI's own blocks, + flux and model
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench     # ComfyUI's own blocks, + the ComfyUI-only
+                                                      # sections
 
 Runs from a fresh clone with torch and requirements-dev.txt (tomesd for the ToMeSD baseline,
 scikit-image for the photographs). Without ComfyUI the UNet blocks are the plain-torch
-reference_blocks.SDXLBlock and the flux and model sections are skipped with a note; with
-COMFYUI_PATH they are ComfyUI's classes and every section runs (flux and model are left out of
---quick unless named in --sections). On a shared CPU machine `--threads 1 --clock cpu` gives
-steadier numbers (process CPU time, no thread barriers waiting on other jobs).
+reference_blocks.SDXLBlock and the ComfyUI-only sections are skipped with a note; with
+COMFYUI_PATH they are ComfyUI's classes and every section runs (the ones marked "not in
+--quick" run in quick mode only when named in --sections). On a shared CPU machine
+`--threads 1 --clock cpu` gives steadier numbers (process CPU time, no thread barriers waiting on
+other jobs); every section honours both.
 
-Sections:
-  kernels   bench/kernels.py: ToMA merge/unmerge/plan vs tomesd and one SDPA call
-  unet      bench/unet_blocks.py: SDXL's 64x64x640 and 32x32x1280 blocks (+ 512/768 px grids):
-            unpatched, ToMA (block / attention scope), lower bound, ToMeSD, ToDo
-  flux      bench/flux_blocks.py: Flux double/single blocks (ComfyUI only)
-  fidelity  bench/fidelity.py: output error on photographs' token grids, speed-vs-error frontier
-  model     bench/model.py: a whole SDXL UNet step at 1024x1024 (ComfyUI only; not in --quick)
+Every time is the median of interleaved repetitions (at least 3) with its minimum and spread
+((max - min) / median); every speedup has the range of the side-by-side repetitions' ratios. A
+variant measured faster than its own lower bound is flagged ("Flagged" in the report): that is
+noise or a broken bound, never a result. The CPU model is in every section's notes and in the
+result file.
 
-Writes bench/results/<date>-<device>[-quick].json (or --out) and the same report as .md beside
-it, and prints the tables and the targets they are checked against.
+Sections: see SECTIONS below (name, module, what it measures). Adding one: a function
+`run(cfg) -> {"rows", "columns", "notes"[, "targets"]}` and one Section entry.
+
+Writes .cache/bench/<date>-<device>[-quick].json (ignored by git) or --out, the same report as
+.md beside it, and prints the tables and the targets they are checked against. Committed results
+(bench/results/) are written only with --out.
 """
 
 from __future__ import annotations
@@ -33,63 +37,131 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .common import machine_info, markdown_table
+from .common import cpu_features, cpu_model, machine_info, markdown_table
 from .config import ROOT, BenchConfig, default_config, setup_comfy
 
 log = logging.getLogger("bench")
 
-SECTIONS = ("kernels", "unet", "flux", "fidelity", "model")
-COMFY_ONLY = ("flux", "model")
-NOT_QUICK = ("flux", "model")
-DEFAULT_SCOPE = "block"      # merge_scope "auto" (nodes/apply.py)
-RATIO = 0.5
+DEFAULT_SCOPE = "block"      # merge_scope "auto" on a model without other nodes' patches
+RATIO = 0.5                  # the node's default ratio
+OUT_DIR = ROOT / ".cache" / "bench"
 
 
 def _kernels(cfg: BenchConfig) -> dict[str, Any]:
     from . import kernels
 
-    rows = kernels.run(cfg.device, cfg.dtype, reps=20, quick=cfg.quick)
-    return {"rows": rows, "columns": list(kernels.COLUMNS), "notes": [kernels.LEGEND]}
+    return {"rows": kernels.run(cfg), "columns": list(kernels.COLUMNS),
+            "notes": [cfg.describe(kernels.reps(cfg)), kernels.LEGEND]}
 
 
-def _flux(cfg: BenchConfig, threads: int | None) -> dict[str, Any]:
+def _unet(cfg: BenchConfig) -> dict[str, Any]:
+    from . import unet_blocks
+
+    return {**unet_blocks.run(cfg), "columns": list(unet_blocks.COLUMNS)}
+
+
+def _flux(cfg: BenchConfig) -> dict[str, Any]:
     from . import flux_blocks
 
-    rows = flux_blocks.run(reps=1 if cfg.quick else 2, threads=threads)
-    return {"rows": rows, "columns": list(flux_blocks.COLUMNS)}
+    return {"rows": flux_blocks.run(cfg), "columns": list(flux_blocks.COLUMNS),
+            "notes": [cfg.describe(), "speedup_lo/hi: ratios of the side-by-side repetitions; "
+                      "vs_lb: ToMA / lower bound (the block on the merged token count); "
+                      "lb_speedup: the lower bound's speedup (what merging could give)"]}
 
 
-def run_sections(names: list[str], cfg: BenchConfig, threads: int | None) -> dict[str, Any]:
-    """Each section's {"rows", "columns", "notes"}, or a note saying why it did not run."""
-    from . import fidelity, model, unet_blocks
+def _fidelity(cfg: BenchConfig) -> dict[str, Any]:
+    from . import fidelity
 
-    runners = {
-        "kernels": lambda: _kernels(cfg),
-        "unet": lambda: {**unet_blocks.run(cfg), "columns": list(unet_blocks.COLUMNS)},
-        "flux": lambda: _flux(cfg, threads),
-        "fidelity": lambda: {**fidelity.run(cfg), "columns": list(fidelity.COLUMNS)},
-        "model": lambda: {**model.run(cfg), "columns": list(model.COLUMNS)},
-    }
+    return {**fidelity.run(cfg), "columns": list(fidelity.COLUMNS)}
+
+
+def _model(cfg: BenchConfig) -> dict[str, Any]:
+    from . import model
+
+    return {**model.run(cfg), "columns": list(model.COLUMNS)}
+
+
+def _quality(cfg: BenchConfig) -> dict[str, Any]:
+    from . import quality
+
+    return {**quality.run(cfg), "columns": list(quality.COLUMNS)}
+
+
+def _dit(cfg: BenchConfig) -> dict[str, Any]:
+    from . import dit_families
+
+    rows = dit_families.run(quick=cfg.quick, reps=3, clock=cfg.clock, threads=cfg.threads)
+    return {"rows": rows, "columns": list(dit_families.COLUMNS)}
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the suite: run(cfg) -> {"rows", "columns", "notes"[, "targets"]}."""
+
+    run: Callable[[BenchConfig], dict[str, Any]]
+    about: str
+    comfy_only: bool = False
+    quick: bool = True          # in --quick's default set
+
+
+SECTIONS: dict[str, Section] = {
+    "kernels": Section(_kernels, "bench/kernels.py: ToMA merge/unmerge/plan vs tomesd and one "
+                                 "SDPA call"),
+    "unet": Section(_unet, "bench/unet_blocks.py: SDXL's 64x64x640 and 32x32x1280 blocks (+ 512/"
+                           "768 px grids): unpatched, ToMA (block / attention scope), lower "
+                           "bound, ToMeSD, ToDo"),
+    "flux": Section(_flux, "bench/flux_blocks.py: Flux double/single blocks", comfy_only=True,
+                    quick=False),
+    "fidelity": Section(_fidelity, "bench/fidelity.py: output error on photographs' token "
+                                   "grids, speed-vs-error frontier"),
+    "model": Section(_model, "bench/model.py: a whole SDXL UNet step at 1024x1024",
+                     comfy_only=True, quick=False),
+    "quality": Section(_quality, "bench/quality.py: trained fixtures (models/) through "
+                                 "ComfyUI's sampler: ToMA vs ToMeSD, ToDo, EasyCache; speed, "
+                                 "PSNR/SSIM, KID, held-out loss", comfy_only=True, quick=False),
+    "dit": Section(_dit, "bench/dit_families.py: one full-width block per DiT family (Wan, "
+                         "Qwen-Image, SD3.5, Z-Image) vs its lower bound, + ToMA once hooked in",
+                   comfy_only=True, quick=False),
+}
+
+
+def measured_on(cfg: BenchConfig) -> str:
+    """The line every section carries: CPU model and matrix features, threads, clock."""
+    return (f"{cpu_model()} ({cpu_features()}), {torch.get_num_threads()} thread(s), "
+            f"{cfg.clock} clock, {str(cfg.dtype).replace('torch.', '')}"
+            + (f", {torch.cuda.get_device_name(cfg.device)}" if cfg.device.type == "cuda"
+               else ""))
+
+
+def run_sections(names: list[str], cfg: BenchConfig) -> dict[str, Any]:
+    """Each section's {"rows", "columns", "notes", "measured_on"}, or a note saying why it did
+    not run."""
     out: dict[str, Any] = {}
     for name in names:
-        if name in COMFY_ONLY and not cfg.comfy:
+        section = SECTIONS[name]
+        if section.comfy_only and not cfg.comfy:
             out[name] = {"rows": [], "notes": ["skipped: needs ComfyUI (set COMFYUI_PATH)"]}
             continue
         log.warning("section %s ...", name)
         start = time.perf_counter()
         try:
-            out[name] = runners[name]()
+            out[name] = section.run(cfg)
         except Exception as exc:  # one broken section must not lose the others' results
             log.error("section %s failed:\n%s", name, traceback.format_exc())
             out[name] = {"rows": [], "notes": [f"failed: {type(exc).__name__}: {exc}"]}
+        out[name]["measured_on"] = measured_on(cfg)
         out[name]["seconds"] = time.perf_counter() - start
         log.warning("section %s done in %.0f s", name, out[name]["seconds"])
     if "unet" in out and "fidelity" in out and out["fidelity"]["rows"]:
+        from . import fidelity
+
         out["pareto"] = {"rows": fidelity.pareto(out["unet"]["rows"], out["fidelity"]["rows"]),
                          "columns": list(fidelity.PARETO_COLUMNS),
                          "notes": ["speedup from the unet section (plan share included), error "
@@ -97,57 +169,104 @@ def run_sections(names: list[str], cfg: BenchConfig, threads: int | None) -> dic
     return out
 
 
+def flags(sections: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every row a section flagged (e.g. faster than its own lower bound): not results."""
+    keys = ("level", "block", "variant", "method", "scope", "ratio", "tiles")
+    return [{"section": name,
+             "row": " ".join(f"{row[k]}" for k in keys if row.get(k) is not None),
+             "flag": row["flag"]}
+            for name, sec in sections.items() for row in sec.get("rows", []) if row.get("flag")]
+
+
 def _find(rows: list[dict], **match: Any) -> dict | None:
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
 
 
+def _goal(target: str, row: dict | None, key: str, goal: float,
+          higher: bool = True) -> dict[str, Any] | None:
+    """A numeric target on row[key]: met or not, and by how much it was missed. A flagged row
+    (see `flags`) is no result: its target says so instead of passing or failing."""
+    if row is None or row.get(key) is None:
+        return None
+    value = row[key]
+    out = {"target": target, "value": value}
+    if row.get("flag"):
+        return {**out, "met": None, "why": f"not judged: {row['flag']}"}
+    met = value >= goal if higher else value <= goal
+    out["met"] = met
+    if not met:
+        out["why"] = (f"missed: {value:.3g} against {'>=' if higher else '<='} {goal:g} "
+                      f"({abs(value - goal) / goal:.1%} {'short' if higher else 'over'})")
+    return out
+
+
 def targets(sections: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, checked against whatever sections ran."""
-    out = []
+    """The issue's targets, checked against whatever sections ran; each one not met says what
+    was missed and by how much."""
+    out: list[dict[str, Any] | None] = []
     unet = sections.get("unet", {}).get("rows", [])
     for level, goal in (("64x64x640", 2.0), ("32x32x1280", 1.7)):
         r = _find(unet, level=level, method="toma", scope=DEFAULT_SCOPE, ratio=RATIO, tiles=64)
-        if r:
-            out.append({"target": f"{level} ToMA {DEFAULT_SCOPE} 0.5 speedup >= {goal}",
-                        "value": r["speedup"], "met": r["speedup"] >= goal})
-            out.append({"target": f"{level} within 10% of lower bound", "value": r.get("vs_lb"),
-                        "met": r.get("vs_lb") is not None and r["vs_lb"] <= 1.10})
-    rows = sections.get("model", {}).get("rows", [])
-    r = _find(rows, variant="toma")
-    if r:
-        out.append({"target": "whole UNet step speedup >= 1.45", "value": r["speedup"],
-                    "met": r["speedup"] >= 1.45})
-        out.append({"target": "whole UNet within 10% of lower bound", "value": r.get("vs_lb"),
-                    "met": r.get("vs_lb") is not None and r["vs_lb"] <= 1.10})
+        out.append(_goal(f"{level} ToMA {DEFAULT_SCOPE} {RATIO} speedup >= {goal}", r,
+                         "speedup", goal))
+        out.append(_goal(f"{level} within 10% of its lower bound (vs_lb <= 1.10)", r, "vs_lb",
+                         1.10, higher=False))
+    r = _find(sections.get("model", {}).get("rows", []), variant="toma")
+    out.append(_goal("whole UNet step speedup >= 1.45", r, "speedup", 1.45))
+    out.append(_goal("whole UNet within 10% of its lower bound (vs_lb <= 1.10)", r, "vs_lb",
+                     1.10, higher=False))
     fid = sections.get("fidelity", {}).get("rows", [])
     for level in ("64x64x640", "32x32x1280"):
         for scope in ("block", "attention"):
-            toma = _find(fid, level=level, method="toma", scope=scope, ratio=RATIO, tiles=64)
-            tome = _find(fid, level=level, method="tomesd", scope=scope, ratio=RATIO)
-            if not (toma and tome):
-                continue
-            ts = _find(unet, level=level, method="toma", scope=scope, ratio=RATIO, tiles=64)
-            ms = _find(unet, level=level, method="tomesd", scope=scope, ratio=RATIO)
-            faster = ts is not None and ms is not None and ts["speedup"] > ms["speedup"]
-            out.append({"target": f"{level} {scope} 0.5: ToMA err <= ToMeSD err, and faster",
-                        "value": f"err {toma['err']:.3g} vs {tome['err']:.3g}"
-                                 + (f"; speedup {ts['speedup']:.3g} vs {ms['speedup']:.3g}"
-                                    if ts and ms else ""),
-                        "met": toma["err"] <= tome["err"] and faster})
+            out.append(_versus_tomesd(level, scope, fid, unet))
+    for name, sec in sections.items():
+        out += sec.get("targets", []) if name != "pareto" else []
     par = sections.get("pareto", {}).get("rows", [])
     for level in ("64x64x640", "32x32x1280"):
-        todo = _find(par, level=level, method="todo")
-        toma = [p for p in par if p["level"] == level and p["method"] == "toma"]
-        default = _find(toma, scope=DEFAULT_SCOPE, ratio=RATIO, tiles=64)
-        if todo and default:
-            beaten = [p for p in toma
-                      if todo["speedup"] >= p["speedup"] and todo["err"] <= p["err"]]
-            on = [p for p in toma if p["pareto"]]
-            out.append({"target": f"{level}: ToMA on the speed-error frontier against ToDo",
-                        "value": f"{len(on)} of {len(toma)} ToMA points on the frontier, "
-                                 f"{len(beaten)} beaten by ToDo; ToDo speedup "
-                                 f"{todo['speedup']:.3g} err {todo['err']:.3g}",
-                        "met": bool(on) and default not in beaten})
+        out.append(_frontier(level, par))
+    return [t for t in out if t is not None]
+
+
+def _versus_tomesd(level: str, scope: str, fid: list[dict], unet: list[dict]) -> dict | None:
+    """ToMA no worse than ToMeSD in error and faster, at ratio 0.5 in one scope."""
+    toma = _find(fid, level=level, method="toma", scope=scope, ratio=RATIO, tiles=64)
+    tome = _find(fid, level=level, method="tomesd", scope=scope, ratio=RATIO)
+    ts = _find(unet, level=level, method="toma", scope=scope, ratio=RATIO, tiles=64)
+    ms = _find(unet, level=level, method="tomesd", scope=scope, ratio=RATIO)
+    if not (toma and tome and ts and ms):
+        return None
+    missed = []
+    if toma["err"] > tome["err"]:
+        missed.append(f"error {toma['err']:.3g} > ToMeSD's {tome['err']:.3g} "
+                      f"({toma['err'] / tome['err'] - 1:.1%} worse)")
+    if ts["speedup"] <= ms["speedup"]:
+        missed.append(f"speedup {ts['speedup']:.3g} <= ToMeSD's {ms['speedup']:.3g}")
+    out = {"target": f"{level} {scope} {RATIO}: ToMA err <= ToMeSD err, and faster",
+           "value": f"err {toma['err']:.3g} vs {tome['err']:.3g}; speedup "
+                    f"{ts['speedup']:.3g} vs {ms['speedup']:.3g}",
+           "met": not missed}
+    if missed:
+        out["why"] = "missed: " + "; ".join(missed)
+    return out
+
+
+def _frontier(level: str, par: list[dict]) -> dict | None:
+    """The default ToMA point on the speed-error frontier and not beaten by ToDo."""
+    todo = _find(par, level=level, method="todo")
+    toma = [p for p in par if p["level"] == level and p["method"] == "toma"]
+    default = _find(toma, scope=DEFAULT_SCOPE, ratio=RATIO, tiles=64)
+    if not (todo and default):
+        return None
+    beaten = [p for p in toma if todo["speedup"] >= p["speedup"] and todo["err"] <= p["err"]]
+    on = [p for p in toma if p["pareto"]]
+    out = {"target": f"{level}: ToMA on the speed-error frontier against ToDo",
+           "value": f"{len(on)} of {len(toma)} ToMA points on the frontier, {len(beaten)} "
+                    f"beaten by ToDo; ToDo speedup {todo['speedup']:.3g} err {todo['err']:.3g}",
+           "met": bool(on) and default not in beaten}
+    if not out["met"]:
+        out["why"] = ("missed: no ToMA point on the frontier" if not on else
+                      f"missed: ToDo ({todo['speedup']:.3g}x, err {todo['err']:.3g}) beats the "
+                      f"default ({default['speedup']:.3g}x, err {default['err']:.3g})")
     return out
 
 
@@ -188,9 +307,12 @@ def report(result: dict[str, Any]) -> str:
     """The Markdown report of a result dict."""
     lines = [f"# ToMA benchmarks ({result['config']['device']}, {result['config']['dtype']}"
              f"{', quick' if result['config']['quick'] else ''})", "",
-             ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), ""]
+             ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
+             f"commit: {result['config'].get('commit')}", ""]
     for name, sec in result["sections"].items():
         lines += [f"## {name}", ""]
+        if sec.get("measured_on"):
+            lines.append(f"- measured on: {sec['measured_on']}")
         lines += [note if note.startswith("- ") else f"- {note}" for note in sec.get("notes", [])]
         if sec.get("rows"):
             lines += ["", markdown_table(sec["rows"], sec.get("columns") or list(sec["rows"][0]))]
@@ -207,18 +329,39 @@ def report(result: dict[str, Any]) -> str:
                   markdown_table(rec["tiles"], ["level", "scope", "tiles", "speedup", "plan_ms",
                                                 "err", "cos"]), ""]
     if result["targets"]:
-        lines += ["## Targets", "", markdown_table(result["targets"], ["target", "value", "met"]),
-                  ""]
-    return "\n".join(lines)
+        lines += ["## Targets", "",
+                  markdown_table(result["targets"], ["target", "value", "met", "why"]), ""]
+    lines += ["## Flagged (not results)", ""]
+    lines += ([markdown_table(result["flags"], ["section", "row", "flag"])] if result["flags"]
+              else ["- none: no variant measured faster than its own lower bound"])
+    return "\n".join(lines) + "\n"
+
+
+def _commit() -> str | None:
+    """The checkout's commit (with "+changes" when the tree differs from it), or None."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                "bench", "toma_core", "nodes"], cwd=ROOT, check=True,
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench",
                                      description="ToMA benchmark suite (see bench/__main__.py)")
     parser.add_argument("--quick", action="store_true", help="fewer cases and repetitions")
-    parser.add_argument("--sections", default=",".join(SECTIONS),
-                        help=f"comma-separated, from {','.join(SECTIONS)}")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path")
+    parser.add_argument("--sections", default=None,
+                        help=f"comma-separated, from {','.join(SECTIONS)} (default: all; with "
+                             f"--quick, those not marked not-in-quick)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON path (default: .cache/bench/<date>-<device>[-quick].json, "
+                             "ignored by git; committed results need --out)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -227,41 +370,41 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
-    names = [s.strip() for s in args.sections.split(",") if s.strip()]
+    names = [s.strip() for s in (args.sections or ",".join(SECTIONS)).split(",") if s.strip()]
     unknown = sorted(set(names) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {','.join(SECTIONS)}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     comfy = setup_comfy(device)
-    cfg = default_config(args.quick, comfy, str(device), args.clock)
+    cfg = default_config(args.quick, comfy, str(device), args.clock, args.threads)
+    cfg.apply_threads()
     skipped = []
-    if args.quick and args.sections == parser.get_default("sections"):
-        skipped = [n for n in names if n in NOT_QUICK]
-        names = [n for n in names if n not in NOT_QUICK]
-    sections = run_sections(names, cfg, args.threads)
+    if args.quick and args.sections is None:
+        skipped = [n for n in names if not SECTIONS[n].quick]
+        names = [n for n in names if SECTIONS[n].quick]
+    sections = run_sections(names, cfg)
     for name in skipped:
         sections[name] = {"rows": [], "notes": ["left out of --quick (name it in --sections)"]}
     result = {
         "machine": machine_info(device),
         "config": {"device": device.type, "dtype": str(cfg.dtype).replace("torch.", ""),
                    "quick": cfg.quick, "comfyui": os.environ.get("COMFYUI_PATH") if comfy
-                   else None, "batch": cfg.batch,
+                   else None, "batch": cfg.batch, "commit": _commit(),
                    "warmup": cfg.warmup, "reps": cfg.reps, "clock": cfg.clock,
                    "threads": torch.get_num_threads(), "sections": names},
         "sections": sections,
     }
     result["targets"] = targets(sections)
+    result["flags"] = flags(sections)
     result["recommendations"] = recommendations(sections)
-    out = args.out or (ROOT / "bench" / "results" / (
-        f"{datetime.date.today().isoformat()}-{device.type}{'-quick' if cfg.quick else ''}.json"))
+    out = args.out or (OUT_DIR / (f"{datetime.date.today().isoformat()}-{device.type}"
+                                  f"{'-quick' if cfg.quick else ''}.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=str))
     text = report(result)
-    out.with_suffix(".md").write_text(text + "\n")
+    out.with_suffix(".md").write_text(text)
     print(text)
-    print(f"\nJSON: {out} (Markdown beside it)")
+    print(f"JSON: {out} (Markdown beside it)")
 
 
 if __name__ == "__main__":

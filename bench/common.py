@@ -9,6 +9,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,19 +33,57 @@ def now(clock: Clock) -> float:
     return time.process_time() if clock == "cpu" else time.perf_counter()
 
 
-def median_times(calls: dict[str, Callable[[], Any]], warmup: int = 3, reps: int = 20,
-                 device: torch.device | str = "cpu", clock: Clock = "wall") -> dict[str, float]:
-    """Median seconds per call of each function in `calls`, timed interleaved.
+MIN_REPS = 3   # fewest timed repetitions that give a figure a spread
 
-    Every repetition runs each function once (order reversed on odd repetitions), so load from
-    other processes hits all of them alike and their ratios stay fair. On CUDA every call is
-    bracketed by `torch.cuda.synchronize`, so the time covers the kernels, not their launch.
-    Runs under `torch.no_grad()`.
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call of one function over interleaved repetitions (see `interleaved`)."""
+
+    times: tuple[float, ...]
+
+    @property
+    def min(self) -> float:
+        return min(self.times)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median over the repetitions: how far apart the runs were."""
+        return (max(self.times) - self.min) / self.median
+
+    def fields(self) -> dict[str, float | int]:
+        """Row fields: ms (median), ms_min, spread, reps."""
+        return {"ms": 1e3 * self.median, "ms_min": 1e3 * self.min, "spread": self.spread,
+                "reps": len(self.times)}
+
+
+def speedup(base: Timing, other: Timing) -> dict[str, float]:
+    """base / other: the ratio of medians, and the lowest and highest ratio of the repetitions
+    that ran side by side (repetition i of both), as speedup / speedup_lo / speedup_hi."""
+    pairs = [b / o for b, o in zip(base.times, other.times, strict=True)]
+    return {"speedup": base.median / other.median, "speedup_lo": min(pairs),
+            "speedup_hi": max(pairs)}
+
+
+def interleaved(calls: dict[str, Callable[[], Any]], warmup: int = 3, reps: int = 20,
+                device: torch.device | str = "cpu", clock: Clock = "wall",
+                min_reps: int = MIN_REPS) -> dict[str, Timing]:
+    """Time each function in `calls`, interleaved: every repetition runs each function once
+    (order reversed on odd repetitions), so load from other processes hits all of them alike
+    and their ratios stay fair. At least MIN_REPS repetitions, so that every figure has a
+    spread. On CUDA every call is bracketed by `torch.cuda.synchronize`, so the time covers the
+    kernels, not their launch. Runs under `torch.no_grad()`.
     """
-    if reps < 1:
-        raise ValueError(f"reps must be >= 1, got {reps}")
+    if reps < min_reps:
+        raise ValueError(f"reps must be >= {min_reps} (a figure needs a spread), got {reps}")
     if clock not in ("wall", "cpu"):
         raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    if clock == "cpu" and torch.device(device).type == "cuda":
+        raise ValueError("the cpu clock cannot time CUDA kernels: use the wall clock")
     names = list(calls)
     times: dict[str, list[float]] = {name: [] for name in names}
     with torch.no_grad():
@@ -58,14 +97,32 @@ def median_times(calls: dict[str, Callable[[], Any]], warmup: int = 3, reps: int
                 calls[name]()
                 sync(device)
                 times[name].append(now(clock) - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: Timing(tuple(t)) for name, t in times.items()}
+
+
+def median_times(calls: dict[str, Callable[[], Any]], warmup: int = 3, reps: int = 20,
+                 device: torch.device | str = "cpu", clock: Clock = "wall") -> dict[str, float]:
+    """Median seconds per call of each function in `calls`, timed by `interleaved` (any reps
+    >= 1: a single repetition has no spread, so figures for publishing use `interleaved`)."""
+    return {name: t.median for name, t in interleaved(calls, warmup, reps, device, clock,
+                                                       min_reps=1).items()}
 
 
 def median_time(fn: Callable[[], Any], warmup: int = 3, reps: int = 20,
                 device: torch.device | str = "cpu", clock: Clock = "wall") -> float:
-    """Median seconds of `fn()` over `reps` calls after `warmup` untimed ones (see
-    `median_times`)."""
+    """Median seconds of `fn()` over `reps` calls after `warmup` untimed ones."""
     return median_times({"fn": fn}, warmup, reps, device, clock)["fn"]
+
+
+def below_lower_bound(row: dict[str, Any], bound_ms: float, ms: float) -> None:
+    """Record a variant's time against its own lower bound (the same work on the merged token
+    count, nothing paid for merging) as vs_lb = ms / bound_ms; a variant faster than its bound
+    measured noise or a broken bound, so it is flagged, never published as a result."""
+    row["lb_ms"] = bound_ms
+    row["vs_lb"] = ms / bound_ms
+    if row["vs_lb"] < 1.0:
+        row["flag"] = (f"faster than its own lower bound ({ms:.4g} vs {bound_ms:.4g} ms): "
+                       "noise or a broken bound, not a result")
 
 
 def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> int | None:
@@ -102,7 +159,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
     return "\n".join(lines)
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     """CPU model name from /proc/cpuinfo (Linux), else platform.processor()."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -113,12 +170,29 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# CPU features that change which formulation of a kernel is fastest (matrix units, vector width).
+MATMUL_FEATURES = ("amx_tile", "amx_bf16", "avx512f", "avx512_bf16", "avx2")
+
+
+def cpu_features() -> str:
+    """Which of MATMUL_FEATURES /proc/cpuinfo lists ("-" for none or no /proc/cpuinfo)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "-"
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), [])
+    return " ".join(f for f in MATMUL_FEATURES if f in flags) or "-"
+
+
 def machine_info(device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Where a benchmark ran: CPU model, cores, torch version and threads, device name, date."""
+    """Where a benchmark ran: CPU model and features, cores, torch version and threads, device
+    name, date."""
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
+        "cpu_features": cpu_features(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

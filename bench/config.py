@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .common import median_times, now, sync
+from .common import Timing, cpu_model, interleaved, now, sync
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger(__name__)
@@ -24,7 +24,8 @@ class BenchConfig:
     batch: images per block call (1: one latent, no CFG batching); warmup/reps: untimed and
     timed calls per variant, interleaved across variants; comfy: ComfyUI's classes are in use;
     clock: "wall" (perf_counter) or "cpu" (this process's CPU time: steadier on a shared CPU
-    machine when torch runs one thread; meaningless on CUDA).
+    machine when torch runs one thread; meaningless on CUDA); threads: torch CPU threads
+    (None: torch's default), set by `apply_threads`.
     """
 
     device: torch.device
@@ -36,6 +37,7 @@ class BenchConfig:
     reps: int = 7
     seed: int = 0
     clock: str = "wall"
+    threads: int | None = None
 
     def now(self) -> float:
         """Seconds on the configured clock."""
@@ -45,9 +47,23 @@ class BenchConfig:
         """Wait for queued kernels (CUDA); nothing on CPU."""
         sync(self.device)
 
+    def apply_threads(self) -> None:
+        """Set torch's CPU threads to cfg.threads (sections call it; a no-op when None)."""
+        if self.threads:
+            torch.set_num_threads(self.threads)
+
+    def describe(self, reps: int | None = None, warmup: int | None = None) -> str:
+        """How figures were taken, for every section's notes: CPU model, threads, clock,
+        dtype, repetitions (cfg's unless the section used others)."""
+        where = "CUDA" if self.device.type == "cuda" else f"CPU {cpu_model()}"
+        return (f"{where}, {torch.get_num_threads()} thread(s), {self.clock} clock, "
+                f"{str(self.dtype).replace('torch.', '')}; median, min and spread of "
+                f"{reps or self.reps} interleaved repetitions after "
+                f"{self.warmup if warmup is None else warmup} warm-up")
+
 
 def default_config(quick: bool, comfy: bool, device: str | None = None,
-                   clock: str = "wall") -> BenchConfig:
+                   clock: str = "wall", threads: int | None = None) -> BenchConfig:
     """CUDA in bf16 when a GPU is present, else CPU in fp32; quick: 1 warm-up, 3 reps."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -56,7 +72,8 @@ def default_config(quick: bool, comfy: bool, device: str | None = None,
         warmup, reps = warmup + 3, reps * 3
     if clock == "cpu" and dev.type == "cuda":
         raise ValueError("the cpu clock cannot time CUDA kernels: use the wall clock")
-    return BenchConfig(dev, dtype, quick, comfy, warmup=warmup, reps=reps, clock=clock)
+    return BenchConfig(dev, dtype, quick, comfy, warmup=warmup, reps=reps, clock=clock,
+                       threads=threads)
 
 
 def setup_comfy(device: torch.device) -> bool:
@@ -91,9 +108,9 @@ def load_pack():
     return toma_dev.load_pack()
 
 
-def interleaved_medians(calls: dict[str, Callable[[], object]], cfg: BenchConfig,
-                        warmup: int | None = None, reps: int | None = None) -> dict[str, float]:
-    """Median seconds per call, interleaved (see common.median_times), with cfg's device, clock
-    and repetitions unless given."""
-    return median_times(calls, cfg.warmup if warmup is None else warmup,
-                        cfg.reps if reps is None else reps, cfg.device, cfg.clock)
+def timings(calls: dict[str, Callable[[], object]], cfg: BenchConfig,
+            warmup: int | None = None, reps: int | None = None) -> dict[str, Timing]:
+    """Each call timed interleaved (see common.interleaved) on cfg's device and clock, with
+    cfg's repetitions unless given."""
+    return interleaved(calls, cfg.warmup if warmup is None else warmup,
+                       cfg.reps if reps is None else reps, cfg.device, cfg.clock)

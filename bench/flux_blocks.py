@@ -1,6 +1,7 @@
 """Full-width Flux blocks: ToMA's replace patches against the plain blocks.
 
     COMFYUI_PATH=/path/to/ComfyUI python -m bench.flux_blocks [--reps 3] [--threads N]
+        [--clock cpu]
 
 On a machine shared with other jobs use --threads 1: torch's thread pool thrashes when the cores
 are busy (small elementwise ops got 8x slower on a loaded 2-core machine), which would drown the
@@ -14,34 +15,40 @@ Builds ComfyUI's own DoubleStreamBlock and SingleStreamBlock at Flux.1 size (hid
 - ToMA at ratios 0.5 and 0.75 through flux_patch's own replace patches (the real block as
   `original_block`), for double blocks in both scopes ("block", "attention"); the plan is built
   once beforehand and reused, as it is across a group of blocks (its cost is reported apart);
-- the lower bound: the plain block on 2048 / 1024 image tokens, no merge cost.
+- the lower bound: the plain block on the merged image token count (2048 / 1024), no merge
+  cost; a ToMA block faster than it is flagged (noise or a broken bound), not a result.
 
-Timing: bench.config.interleaved_medians, one warm-up call per variant, then `reps` rounds that
-call every variant once in turn; the median per variant.
+Timing: bench.config.timings on the run's clock: warm-up calls, then `reps` rounds that call
+every variant once in turn; median, minimum and spread per variant; the plan build likewise.
 
 Fidelity: relative L2 error of the block output and of its update (output - input) against the
 plain block. Random weights see no real image, so the image tokens are a smooth random field
 (low-resolution noise upsampled, plus a little white noise), the way latent tokens correlate with
 their neighbours; errors here compare variants, they do not predict image quality.
 
-The projection: a 19 double + 38 single block model with skip_blocks "d0-4, s0-4", blocks only
-(embedders and the final layer are a rounding error), plan builds amortised over recompute_every 5.
+The projection: a 19 double + 38 single block model with the node's default skip_blocks
+("d0-4, s0-4") and recompute_every (5), blocks only (embedders and the final layer are a rounding
+error), one plan build per group amortised over recompute_every steps; per repetition, so the
+projected speedup has a range too, and against the same projection of the lower bounds.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from .common import Timing, below_lower_bound, machine_info, markdown_table, speedup
+from .config import BenchConfig, default_config, timings
+from .weights import fill_weights
+
 HIDDEN, HEADS, MLP_RATIO = 3072, 24, 4.0
 GRID, TEXT = 64, 512                       # 64 x 64 = 4096 image tokens
-DOUBLE_DEPTH, SINGLE_DEPTH, SKIPPED = 19, 38, 5
-RECOMPUTE_EVERY = 5
+DOUBLE_DEPTH, SINGLE_DEPTH = 19, 38      # Flux.1 dev / schnell
 RATIOS = (0.5, 0.75)
 
 
@@ -51,20 +58,6 @@ def _comfy() -> None:
 
     if not setup_comfy(torch.device("cpu")):
         raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")
-
-
-def _fill(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Small random weights: matrices N(0, 0.02), biases 0, norm scales 1."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.dim() == 1 and ("norm" in name or name.endswith("scale")):
-                p.fill_(1.0)
-            elif p.dim() == 1:
-                p.zero_()
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
-    return module.eval()
 
 
 def make_blocks() -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -77,7 +70,7 @@ def make_blocks() -> tuple[torch.nn.Module, torch.nn.Module]:
                                dtype=torch.float32, operations=ops)
     single = SingleStreamBlock(HIDDEN, HEADS, mlp_ratio=MLP_RATIO, dtype=torch.float32,
                                operations=ops)
-    return _fill(double, 1), _fill(single, 2)
+    return fill_weights(double, 1).eval(), fill_weights(single, 2).eval()
 
 
 def make_inputs(tokens_side: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -136,27 +129,27 @@ class _Toma:
     """flux_patch's replace patch for one block, with its state, run and model call set up."""
 
     def __init__(self, kind: str, block: torch.nn.Module, ratio: float, scope: str) -> None:
-        from toma_pack.nodes.flux_patch import FluxCall, FluxToMA
+        from toma_pack.nodes.flux_patch import FluxToMA
         from toma_pack.nodes.options import make_options
-        from toma_pack.nodes.run_state import RunState, ToMAState
-        from toma_pack.toma_core import PlanCache
+        from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
 
         state = ToMAState(make_options(ratio, skip_blocks="none", merge_scope=scope,
                                        recompute_every=1000), "flux")
-        state.run = RunState(PlanCache(1000))
         self.state = state
+        # the model call the blocks run in (sampling opens it in the APPLY_MODEL wrapper)
+        self.call = ModelCall(RunState(1000), grid=(GRID, GRID), data={"txt_len": TEXT})
         self.kind, self.block = kind, block
         self.toma = FluxToMA(state, 2, scope, {(kind, 0): 0})
-        self.toma.calls.append(FluxCall(GRID, GRID, txt_len=TEXT))
         make = self.toma.double_block if kind == "double" else self.toma.single_block
         self.patch = make(0, None)
         wrap = _double_wrap if kind == "double" else _single_wrap
         self.extra = {"original_block": wrap(block)}
 
     def __call__(self, args: dict) -> dict:
-        if self.kind == "double" and self.toma.double_scope == "attention":
-            return self._with_hooks(args)
-        return self.patch(args, self.extra)
+        with self.state.model_call(self.call):
+            if self.kind == "double" and self.toma.double_scope == "attention":
+                return self._with_hooks(args)
+            return self.patch(args, self.extra)
 
     def _with_hooks(self, args: dict) -> dict:
         """The object patches patch_flux installs, set on the block for this call."""
@@ -170,13 +163,11 @@ class _Toma:
             for name in ("qkv", "proj"):
                 del getattr(attn, name).forward          # back to the class's forward
 
-    def build(self, inputs: dict) -> tuple[Any, float]:
-        """Build this block's plan (kept for the timed calls): (plan, seconds)."""
-        self.state.run.cache.clear()
-        with torch.inference_mode():
-            start = time.perf_counter()
-            plan = self.toma.plan_for(self.kind, 0, *self._plan_args(inputs))
-            return plan, time.perf_counter() - start
+    def build(self, inputs: dict) -> Any:
+        """Build this block's plan afresh (it is kept for the timed calls)."""
+        self.call.run.clear_plans()
+        with torch.inference_mode(), self.state.model_call(self.call):
+            return self.toma.plan_for(self.kind, 0, *self._plan_args(inputs))
 
     def _plan_args(self, inputs: dict) -> tuple:
         if self.kind == "double":
@@ -194,25 +185,33 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def _variants(kind: str, block: torch.nn.Module, inputs: dict) -> list[tuple[dict, Callable]]:
-    """(row, run once) for the plain block, each ToMA variant and each lower bound."""
+def _variants(kind: str, block: torch.nn.Module, inputs: dict
+              ) -> tuple[list[tuple[dict, Callable]], dict[str, Callable]]:
+    """(row, run once) for the plain block, each ToMA variant and each lower bound, and the
+    plan builds of the ToMA variants by row key."""
     wrap = (_double_wrap if kind == "double" else _single_wrap)(block)
     out = [({"block": kind, "variant": "plain", "image_tokens": GRID * GRID},
             lambda: wrap(_args(inputs, kind)))]
+    builds = {}
     scopes = ("block", "attention") if kind == "double" else ("block",)
     for ratio in RATIOS:
+        tokens = None
         for scope in scopes:
             toma = _Toma(kind, block, ratio, scope)
-            plan, plan_s = toma.build(inputs)
-            out.append(({"block": kind, "variant": f"toma {scope}", "ratio": ratio,
-                         "image_tokens": plan.merged_tokens, "plan_ms": plan_s * 1e3},
-                        lambda t=toma: t(_args(inputs, kind))))
-        tokens = round(GRID * GRID * (1 - ratio))
+            tokens = toma.build(inputs).merged_tokens
+            row = {"block": kind, "variant": f"toma {scope}", "ratio": ratio,
+                   "image_tokens": tokens}
+            builds[_key(row)] = lambda t=toma: t.build(inputs)
+            out.append((row, lambda t=toma: t(_args(inputs, kind))))
         small = {**inputs, "img": inputs["img"][:, :tokens],
                  "pe": inputs["pe"][:, :, :TEXT + tokens]}
         out.append(({"block": kind, "variant": "lower bound", "ratio": ratio,
                      "image_tokens": tokens}, lambda s=small: wrap(_args(s, kind))))
-    return out
+    return out, builds
+
+
+def _key(row: dict) -> str:
+    return f"{row['block']} {row['variant']} {row.get('ratio')}"
 
 
 def _errors(kind: str, variants: list[tuple[dict, Callable]], inputs: dict) -> None:
@@ -227,69 +226,103 @@ def _errors(kind: str, variants: list[tuple[dict, Callable]], inputs: dict) -> N
                 row["err_update"] = _rel(img - img_in, base - img_in)
 
 
-def _bench_block(kind: str, block: torch.nn.Module, inputs: dict, reps: int) -> list[dict]:
-    """Rows for one block kind: plain, ToMA variants, lower bounds."""
-    from .config import default_config, interleaved_medians
-
-    variants = _variants(kind, block, inputs)
+def _bench_block(kind: str, block: torch.nn.Module, inputs: dict,
+                 cfg: BenchConfig) -> tuple[list[dict], dict[str, Timing]]:
+    """Rows for one block kind (plain, ToMA variants, lower bounds) and their timings."""
+    variants, builds = _variants(kind, block, inputs)
     _errors(kind, variants, inputs)
-    cfg = default_config(quick=False, comfy=True, device="cpu")
-    seconds = interleaved_medians({str(i): fn for i, (_, fn) in enumerate(variants)}, cfg,
-                                  warmup=1, reps=reps)
-    base = seconds["0"]
-    for i, (row, _) in enumerate(variants):
-        row["ms"] = seconds[str(i)] * 1e3
-        row["speedup"] = base / seconds[str(i)]
-    return [row for row, _ in variants]
+    found = timings({_key(row): fn for row, fn in variants}, cfg)
+    plans = timings(builds, cfg, warmup=0)
+    base = found[_key(variants[0][0])]
+    for row, _ in variants:
+        row.update(found[_key(row)].fields())
+        row.update(speedup(base, found[_key(row)]))
+        if _key(row) in plans:
+            row["plan_ms"] = 1e3 * plans[_key(row)].median
+    for row, _ in variants:
+        if row["variant"] == "toma block":
+            bound = next(r for r, _ in variants if r["variant"] == "lower bound"
+                         and r["ratio"] == row["ratio"])
+            below_lower_bound(row, bound["ms"], row["ms"])
+    return [row for row, _ in variants], found
 
 
-def project(rows: list[dict], ratio: float, double_variant: str) -> dict:
-    """Whole-model blocks-only speedup for 19 + 38 blocks, the first 5 of each kind unmerged."""
-    def ms(kind: str, variant: str, r: float | None = None) -> dict:
+def project(rows: list[dict], found: dict[str, Timing], ratio: float,
+            double_variant: str) -> dict:
+    """Whole-model blocks-only speedup for 19 + 38 blocks, the node's default skip_blocks and
+    recompute_every, per repetition; against the same projection of the lower bounds."""
+    defaults = _defaults()
+    skip_d = sum(1 for i in range(DOUBLE_DEPTH) if i in defaults.skip_blocks.double)
+    skip_s = sum(1 for i in range(SINGLE_DEPTH) if i in defaults.skip_blocks.single)
+
+    def times(kind: str, variant: str, r: float | None = None) -> tuple[float, ...]:
+        return found[f"{kind} {variant} {r}"].times
+
+    def row_of(kind: str, variant: str) -> dict:
         return next(x for x in rows if x["block"] == kind and x["variant"] == variant
-                    and (r is None or x.get("ratio") == r))
+                    and x.get("ratio") == ratio)
 
-    d0, s0 = ms("double", "plain")["ms"], ms("single", "plain")["ms"]
-    d, s = ms("double", double_variant, ratio), ms("single", "toma block", ratio)
-    plain = DOUBLE_DEPTH * d0 + SINGLE_DEPTH * s0
-    plans = (d["plan_ms"] + s["plan_ms"]) / RECOMPUTE_EVERY       # one plan per group
-    toma = (SKIPPED * (d0 + s0) + (DOUBLE_DEPTH - SKIPPED) * d["ms"]
-            + (SINGLE_DEPTH - SKIPPED) * s["ms"] + plans)
-    return {"block": "model 19+38", "variant": f"projected, doubles {double_variant}",
-            "ratio": ratio, "ms": toma, "speedup": plain / toma}
+    plans = (row_of("double", double_variant)["plan_ms"]
+             + row_of("single", "toma block")["plan_ms"]) / 1e3 / defaults.recompute_every
+
+    def model(d: tuple[float, ...], s: tuple[float, ...], extra: float = 0.0) -> Timing:
+        return Timing(tuple(skip_d * d0 + skip_s * s0 + (DOUBLE_DEPTH - skip_d) * di
+                            + (SINGLE_DEPTH - skip_s) * si + extra
+                            for d0, s0, di, si in zip(times("double", "plain"),
+                                                      times("single", "plain"), d, s,
+                                                      strict=True)))
+
+    plain = model(times("double", "plain"), times("single", "plain"))
+    toma = model(times("double", double_variant, ratio), times("single", "toma block", ratio),
+                 plans)
+    bound = model(times("double", "lower bound", ratio), times("single", "lower bound", ratio))
+    row = {"block": "model 19+38", "variant": f"projected, doubles {double_variant}",
+           "ratio": ratio, **toma.fields(), **speedup(plain, toma)}
+    below_lower_bound(row, 1e3 * bound.median, row["ms"])
+    row["lb_speedup"] = plain.median / bound.median
+    return row
 
 
-def run(reps: int = 1, threads: int | None = None) -> list[dict]:
-    """All rows: per block kind and variant, then the whole-model projections."""
+def _defaults() -> Any:
+    """The ToMA node's default options (skip_blocks, recompute_every), from the pack."""
+    from toma_pack.nodes.options import make_options
+
+    return make_options()
+
+
+def run(cfg: BenchConfig) -> list[dict]:
+    """All rows: per block kind and variant, then the whole-model projections; timed on cfg's
+    clock, threads and repetitions."""
     _comfy()
-    if threads:
-        torch.set_num_threads(threads)
+    cfg.apply_threads()
     torch.manual_seed(0)
     double, single = make_blocks()
     inputs = make_inputs()
-    rows = _bench_block("double", double, inputs, reps) + _bench_block("single", single, inputs,
-                                                                        reps)
+    rows, found = _bench_block("double", double, inputs, cfg)
+    single_rows, single_found = _bench_block("single", single, inputs, cfg)
+    rows += single_rows
+    found.update(single_found)
     for ratio in RATIOS:
         for variant in ("toma block", "toma attention"):
-            rows.append(project(rows, ratio, variant))
+            rows.append(project(rows, found, ratio, variant))
     return rows
 
 
-COLUMNS = ("block", "variant", "ratio", "image_tokens", "ms", "speedup", "plan_ms", "err_out",
-           "err_update")
+COLUMNS = ("block", "variant", "ratio", "image_tokens", "ms", "spread", "speedup", "speedup_lo",
+           "speedup_hi", "vs_lb", "lb_speedup", "plan_ms", "err_out", "err_update", "flag")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=1, help="timed calls per variant (median)")
+    parser.add_argument("--reps", type=int, default=3, help="timed calls per variant (>= 3)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     a = parser.parse_args()
-    rows = run(a.reps, a.threads)
-    from .common import machine_info, markdown_table
-
-    print(markdown_table(rows, COLUMNS))
-    print()
+    cfg = replace(default_config(False, True, "cpu", a.clock, a.threads), warmup=1, reps=a.reps)
+    rows = run(cfg)
     print(", ".join(f"{k}: {v}" for k, v in machine_info().items()))
+    print(f"\n{cfg.describe()}\n")
+    print(markdown_table(rows, COLUMNS))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,14 @@ tomesd is a dev dependency only; without it its columns say so. Run:
     python bench/kernels.py [--device cuda] [--dtype float16] [--reps 30] [--quick]
     python -m bench.kernels --threads 1 --clock cpu     # steadier on a shared CPU machine
 
+Every time is the median of interleaved repetitions, with its minimum and spread; every speedup
+is the ratio of medians with the range of the side-by-side repetitions' ratios (lo-hi).
+
+Which formulation wins depends on the CPU: ToMA's merge/unmerge are batched [k, S-k] x [S-k, C]
+matrix products per tile (S = N / 64 tokens, k kept), tomesd's are gathers and a scatter-mean.
+Matrix units (Intel AMX) and core counts shift the balance, so the CPU model and its matrix
+features are printed with the figures.
+
 On CPU with glibc malloc, buffers of several MB go back to the OS when freed, so every call
 page-faults its outputs in again (a few ms per call here, for both libraries); setting
 MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ to 4294967296 shows the times without that.
@@ -26,6 +34,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +44,9 @@ import torch.nn.functional as F
 if __package__ in (None, ""):          # run as `python bench/kernels.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import toma_dev
-from bench.common import Clock, machine_info, markdown_table, median_times
+from bench.baselines import tomesd_matching
+from bench.common import Timing, machine_info, markdown_table, speedup
+from bench.config import BenchConfig, default_config, load_pack, timings
 
 log = logging.getLogger(__name__)
 
@@ -46,35 +56,40 @@ HEAD_DIM = 64
 RATIOS = (0.25, 0.5)
 # (grid side, channels): SDXL's 1024-token and 4096-token attention levels at 1024x1024.
 GRIDS = ((32, 1280), (64, 640))
+REPS, QUICK_REPS = 20, 5
 
 COLUMNS = [
-    "N", "C", "ratio", "toma_mu_ms", "tome_mu_ms", "mu_speedup", "toma_full_ms", "tome_full_ms",
-    "full_speedup", "build_ms", "sdpa_ms", "build_vs_sdpa", "note",
+    "N", "C", "ratio", "toma_mu_ms", "tome_mu_ms", "mu_speedup", "mu_range", "toma_full_ms",
+    "tome_full_ms", "full_speedup", "full_range", "build_ms", "sdpa_ms", "build_vs_sdpa",
+    "max_spread", "note",
 ]
 LEGEND = """\
 - toma_mu_ms / tome_mu_ms: merge + unmerge, plan or matching prebuilt (target: speedup >= 4)
 - toma_full_ms / tome_full_ms: build_plan / matching + merge + unmerge (target: speedup > 1)
+- *_range: lowest-highest ratio of the repetitions that ran side by side
 - build_ms: ToMA selection + weights (build_plan, tile_count 64); sdpa_ms: one self-attention
   SDPA over the same tokens, q = k = v [B, C/64, N, 64]; build_vs_sdpa (build_plan / SDPA, the
-  two timed interleaved, reps / 4): target <= 0.10"""
+  two timed interleaved, reps / 4): target <= 0.10
+- max_spread: the largest (max - min) / median of the row's timings"""
 
 
-def _tomesd_matching() -> Callable[..., Any] | None:
-    """tomesd's `bipartite_soft_matching_random2d`, or None when tomesd is not installed."""
-    try:
-        from tomesd.merge import bipartite_soft_matching_random2d
-    except ImportError:
-        log.info("tomesd not installed: its columns stay empty")
-        return None
-    return bipartite_soft_matching_random2d
+def _ms(t: Timing) -> float:
+    return 1e3 * t.median
 
 
-def _case(side: int, channels: int, ratio: float, device: torch.device, dtype: torch.dtype,
-          warmup: int, reps: int, clock: Clock,
+def _ratio(row: dict[str, Any], name: str, base: Timing, other: Timing) -> None:
+    """row[name + "_speedup"] and row[name + "_range"] for base / other."""
+    s = speedup(base, other)
+    row[f"{name}_speedup"] = s["speedup"]
+    row[f"{name}_range"] = f"{s['speedup_lo']:.2f}-{s['speedup_hi']:.2f}"
+
+
+def _case(side: int, channels: int, ratio: float, cfg: BenchConfig, reps: int,
           matching: Callable[..., Any] | None) -> dict[str, Any]:
     """ToMA and tomesd figures for one grid and ratio (milliseconds; ToMA and tomesd variants
     are timed interleaved so that machine noise hits both alike)."""
-    build_plan = toma_dev.load_pack().toma_core.build_plan
+    build_plan = load_pack().toma_core.build_plan
+    device, dtype = cfg.device, cfg.dtype
     n = side * side
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(BATCH, n, channels, device=device, dtype=dtype, generator=gen)
@@ -112,41 +127,47 @@ def _case(side: int, channels: int, ratio: float, device: torch.device, dtype: t
             m, u = match_once()
             return u(m(x))
 
+        prebuilt["tome_merge"] = lambda: tome_merge(x)
         prebuilt["tome_mu"] = lambda: tome_unmerge(tome_merge(x))
         whole["tome_full"] = tome_full
+    found: dict[str, Timing] = {}
     for calls in (prebuilt, whole):
-        times = median_times(calls, warmup, reps, device, clock)
-        row.update({f"{name}_ms": 1e3 * t for name, t in times.items()})
+        found.update(timings(calls, cfg, reps=reps))
     # The attention reference is long: fewer repetitions, interleaved with build_plan again so
     # that their ratio is taken under the same machine load.
     q = torch.randn(BATCH, channels // HEAD_DIM, n, HEAD_DIM, device=device, dtype=dtype,
                     generator=gen)
-    times = median_times({"build": plan_once,
-                          "sdpa": lambda: F.scaled_dot_product_attention(q, q, q)},
-                         min(warmup, 1), max(2, reps // 4), device, clock)
-    row["sdpa_ms"] = 1e3 * times["sdpa"]
-    row["build_vs_sdpa"] = times["build"] / times["sdpa"]
+    versus = timings({"build": plan_once, "sdpa": lambda: F.scaled_dot_product_attention(q, q, q)},
+                     cfg, warmup=min(cfg.warmup, 1), reps=max(3, reps // 4))
+    row.update({f"{name}_ms": _ms(t) for name, t in found.items()})
+    row["sdpa_ms"] = _ms(versus["sdpa"])
+    row["build_vs_sdpa"] = versus["build"].median / versus["sdpa"].median
     if matching is not None:
-        row["mu_speedup"] = row["tome_mu_ms"] / row["toma_mu_ms"]
-        row["full_speedup"] = row["tome_full_ms"] / row["toma_full_ms"]
+        _ratio(row, "mu", found["tome_mu"], found["toma_mu"])
+        _ratio(row, "full", found["tome_full"], found["toma_full"])
+        _ratio(row, "merge", found["tome_merge"], found["toma_merge"])
+    row["max_spread"] = max(t.spread for t in [*found.values(), *versus.values()])
     return row
 
 
-def run(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-        reps: int = 20, quick: bool = False, clock: Clock = "wall") -> list[dict[str, Any]]:
-    """One row per (grid, ratio) with the figures described in the module docstring.
+def reps(cfg: BenchConfig, asked: int | None = None) -> int:
+    """Timed repetitions: `asked`, else 20 (quick 5); kernels are short, so more than cfg's."""
+    return asked or (QUICK_REPS if cfg.quick else REPS)
 
-    quick: a smoke run (1 warmup, 2 reps). clock: "wall" or "cpu" (see `bench.common`).
-    """
-    device = torch.device(device)
-    warmup, reps = (1, 2) if quick else (3, reps)
-    matching = _tomesd_matching()
+
+def run(cfg: BenchConfig, asked_reps: int | None = None) -> list[dict[str, Any]]:
+    """One row per (grid, ratio) with the figures described in the module docstring, timed on
+    cfg's device, dtype, clock and threads."""
+    cfg.apply_threads()
+    count = reps(cfg, asked_reps)
+    matching = tomesd_matching()
+    if matching is None:
+        log.info("tomesd not installed: its columns stay empty")
     rows = []
     for side, channels in GRIDS:
         for ratio in RATIOS:
             log.info("case N=%d C=%d ratio=%s", side * side, channels, ratio)
-            rows.append(_case(side, channels, ratio, device, dtype, warmup, reps, clock,
-                              matching))
+            rows.append(_case(side, channels, ratio, cfg, count, matching))
     return rows
 
 
@@ -155,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=None, help=f"default {REPS} (quick "
+                                                                f"{QUICK_REPS})")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                         help="cpu: process CPU time, steadier on a shared machine with --threads 1")
@@ -163,17 +185,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    rows = run(args.device, dtype, args.reps, args.quick, args.clock)
-    info = machine_info(args.device)
-    print(f"## Kernels ({args.dtype}, batch {BATCH}, tile_count {TILE_COUNT}, "
-          f"{args.clock} clock)\n")
-    print(", ".join(f"{key}: {value}" for key, value in info.items()) + "\n")
+    cfg = replace(default_config(args.quick, False, args.device, args.clock, args.threads),
+                  dtype=getattr(torch, args.dtype))
+    rows = run(cfg, args.reps)
+    print(f"## Kernels ({args.dtype}, batch {BATCH}, tile_count {TILE_COUNT})\n")
+    print(", ".join(f"{key}: {value}" for key, value in machine_info(cfg.device).items()))
+    print(f"\n{cfg.describe(reps(cfg, args.reps))}\n")
     print(markdown_table(rows, COLUMNS))
     print()
-    print(markdown_table(rows, ["N", "ratio", "k", "merged", "toma_merge_ms", "toma_unmerge_ms"]))
+    print(markdown_table(rows, ["N", "ratio", "k", "merged", "toma_merge_ms", "tome_merge_ms",
+                                "merge_speedup", "merge_range", "toma_unmerge_ms"]))
     print()
     print(LEGEND)
 

@@ -1,25 +1,28 @@
 """Whole SDXL UNet (ComfyUI only): one denoising step at 1024x1024, with and without ToMA.
 
 Builds ComfyUI's own SDXL model (comfy.supported_models.SDXL with the real SDXL unet_config:
-2.6 B parameters, 70 transformer blocks) with seeded random weights, wraps it in a ModelPatcher
-and samples one Euler step (comfy.sample.sample, cfg 1.0: one UNet forward on latent
-[1, 4, 128, 128], context [1, 77, 2048]) for:
+2.6 B parameters, 70 transformer blocks) with seeded random weights (bench.weights), wraps it in
+a ModelPatcher and samples one Euler step (comfy.sample.sample, cfg 1.0: one UNet forward on
+latent [1, 4, 128, 128], context [1, 77, 2048]) for:
 
 - unpatched: the model as loaded;
 - toma: the pack's ToMA node with its defaults (toma_pack.nodes.ToMA().patch(...)): what a
   workflow gets; its one-step run builds a plan per level, which a real run would reuse for
-  recompute_every (5) steps, so planning is over-counted here (planning_s says how much);
-- lower bound: every transformer block the node would merge runs on the merged token count
-  with no merging cost (its output is thrown away), the rest of the UNet unchanged.
+  recompute_every steps, so planning is over-counted here (planning_s says how much);
+- lower bound: every transformer block the node merged runs on the merged token count the node
+  reported for its level (its RunState), with no merging cost (its output is thrown away), the
+  rest of the UNet unchanged.
 
-Interleaved over reps, after a warm-up at 256x256. fp32 weights need ~11 GB of memory: the
-section is skipped, with a note, when less is available.
+The node's RunState (levels merged, plan build time) is read through a ComfyUI APPLY_MODEL
+wrapper of our own, which sees the transformer_options the node's wrappers put it in.
+Interleaved over repetitions (3 by default), after a warm-up at 256x256 and one 1024x1024 ToMA
+step that records the levels. fp32 weights need ~11 GB of memory: the section is skipped, with a
+note, when less is available.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -27,8 +30,9 @@ from typing import Any
 
 import torch
 
+from .common import MIN_REPS, Timing, below_lower_bound, speedup
 from .config import BenchConfig, load_pack
-from .reference_blocks import fill_random
+from .weights import fill_weights
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +46,8 @@ SDXL_UNET = {
     "use_temporal_attention": False, "use_temporal_resblock": False,
 }
 NEEDED_GB = 13.0
-COLUMNS = ("variant", "image", "s", "runs_s", "speedup", "vs_lb", "planning_s", "peak_gb")
+COLUMNS = ("variant", "image", "s", "s_min", "spread", "runs_s", "speedup", "speedup_lo",
+           "speedup_hi", "vs_lb", "planning_s", "peak_gb", "flag")
 
 
 def available_gb() -> float | None:
@@ -64,50 +69,74 @@ def build_patcher(cfg: BenchConfig):
     sdxl = comfy.supported_models.SDXL(dict(SDXL_UNET))
     sdxl.set_inference_dtype(cfg.dtype, None)
     model = sdxl.get_model({}, device=cfg.device)
-    fill_random(model.diffusion_model, cfg.seed)
+    fill_weights(model.diffusion_model, cfg.seed).eval()
     model.diffusion_model.to(cfg.device, cfg.dtype)
     return comfy.model_patcher.ModelPatcher(model, load_device=cfg.device,
                                             offload_device=torch.device("cpu"))
 
 
-def lower_bound(patcher):
-    """A clone whose merged blocks run on the merged token count, free of merging cost."""
-    pack = load_pack()
-    from toma_pack.nodes.unet_patch import AUTO_MIN_TOKENS, transformer_blocks
+def lower_bound(patcher, levels: dict[str, tuple[int, int]]):
+    """A clone whose transformer blocks at the merged levels run on the merged token count,
+    free of merging cost. levels: {"HxW": (tokens, merged tokens)} as the node's RunState has
+    them."""
+    load_pack()
+    from toma_pack.nodes.unet_patch import transformer_blocks
 
-    core = pack.toma_core
     clone = patcher.clone()
     for name, block in transformer_blocks(clone.get_model_object("diffusion_model")):
         original = types.MethodType(type(block).forward, block)
 
-        def forward(x, context=None, transformer_options=None, _original=original):
-            options = transformer_options or {}
+        def forward(x, *args, _original=original, **kwargs):
+            options = kwargs.get("transformer_options") or {}
             h, w = options["activations_shape"][-2:]
-            if h * w < AUTO_MIN_TOKENS:
-                return _original(x, context=context, transformer_options=options)
-            regions = core.make_regions(h, w, "tile", 64)
-            n = regions.count * core.destinations_per_region(0.5, regions)
-            _original(x[:, :n], context=context, transformer_options=options)
+            merged = levels.get(f"{h}x{w}")
+            if merged is None:
+                return _original(x, *args, **kwargs)
+            _original(x[:, :merged[1]], *args, **kwargs)
             return x
 
         clone.add_object_patch(f"diffusion_model.{name}.forward", forward)
     return clone
 
 
-def toma_node(patcher, planning: list[dict]):
-    """The ToMA node's output with its defaults; run summaries are appended to `planning`."""
+class RunRecorder:
+    """The ToMA node's RunStates of the runs a patcher samples, read from the transformer_options
+    of each model call by an APPLY_MODEL wrapper (ComfyUI's wrapper API; the node puts its
+    RunState there for its own blocks)."""
+
+    KEY = "bench_run_recorder"
+
+    def __init__(self) -> None:
+        self.runs: list[Any] = []
+
+    def install(self, patcher) -> None:
+        """Add the wrapper to `patcher` (a plain function: ComfyUI may deep-copy wrappers when
+        it clones model options, which would copy a bound method's recorder)."""
+        from comfy.patcher_extension import WrappersMP
+
+        from toma_pack.nodes.run_state import RunState, call_arguments
+
+        runs = self.runs
+
+        def wrapper(executor: Callable, *args, **kwargs):
+            options = call_arguments(executor, args, kwargs).get("transformer_options") or {}
+            for value in options.values():
+                if isinstance(value, RunState) and all(value is not r for r in runs):
+                    runs.append(value)
+            return executor(*args, **kwargs)
+
+        patcher.add_wrapper_with_key(WrappersMP.APPLY_MODEL, self.KEY, wrapper)
+
+
+def toma_node(patcher):
+    """The ToMA node's output with its defaults, and a recorder of its runs."""
     pack = load_pack()
     basic = pack.nodes.toma_node.BASIC_INPUTS
     defaults = {k: spec[1]["default"] for k, spec in basic.items() if k != "model"}
     (patched,) = pack.nodes.ToMA().patch(patcher, **defaults)
-    from comfy.patcher_extension import WrappersMP
-
-    for fn in patched.wrappers.get(WrappersMP.OUTER_SAMPLE, {}).get("toma", []):
-        for cell in fn.__closure__ or ():
-            state = getattr(cell.cell_contents, "__self__", None)
-            if hasattr(state, "summary"):
-                state._report = lambda run, s=state: planning.append(s.summary(run))
-    return patched
+    recorder = RunRecorder()
+    recorder.install(patched)
+    return patched, recorder
 
 
 def sampler(patcher, size: int, cfg: BenchConfig) -> Callable[[], torch.Tensor]:
@@ -132,22 +161,25 @@ def sampler(patcher, size: int, cfg: BenchConfig) -> Callable[[], torch.Tensor]:
 
 
 def run(cfg: BenchConfig, reps: int | None = None, size: int = 1024) -> dict[str, Any]:
-    """Rows per variant: median seconds of one size x size step (1024: SDXL's native size),
-    speedup, ratio to the lower bound."""
+    """Rows per variant: median, minimum and spread of one size x size step (1024: SDXL's
+    native size), speedup with its range, ratio to the lower bound (flagged when below 1)."""
     free = available_gb()
     if free is not None and free < NEEDED_GB:
         return {"rows": [], "notes": [f"skipped: {free:.1f} GiB memory available, about "
                                       f"{NEEDED_GB:.0f} needed for fp32 SDXL"]}
-    reps = reps or (1 if cfg.device.type == "cpu" else 5)
+    cfg.apply_threads()
+    reps = reps or (MIN_REPS if cfg.device.type == "cpu" else 5)
     base = build_patcher(cfg)
-    planning: list[dict] = []
-    patchers = {"unpatched": base, "toma": toma_node(base, planning),
-                "lower bound": lower_bound(base)}
+    toma, recorder = toma_node(base)
     with torch.inference_mode():
-        for name, p in patchers.items():
+        for name, p in (("unpatched", base), ("toma", toma)):
             log.info("model warm-up %s", name)
             sampler(p, 256, cfg)()
-    planning.clear()
+        recorder.runs.clear()
+        sampler(toma, size, cfg)()                 # the levels the node merges at this size
+    levels = dict(recorder.runs[-1].levels)
+    patchers = {"unpatched": base, "toma": toma, "lower bound": lower_bound(base, levels)}
+    recorder.runs.clear()
     calls = {name: sampler(p, size, cfg) for name, p in patchers.items()}
     times: dict[str, list[float]] = {name: [] for name in calls}
     peaks: dict[str, float] = {}
@@ -165,19 +197,20 @@ def run(cfg: BenchConfig, reps: int | None = None, size: int = 1024) -> dict[str
                 times[name].append(cfg.now() - start)
                 if cuda:
                     peaks[name] = torch.cuda.max_memory_allocated(cfg.device) / 2**30
-    med = {name: statistics.median(t) for name, t in times.items()}
+    found = {name: Timing(tuple(t)) for name, t in times.items()}
     rows = []
-    for name, t in times.items():
-        row = {"variant": name, "image": f"{size}x{size}", "s": med[name],
-               "runs_s": ", ".join(f"{s:.1f}" for s in t),
-               "speedup": med["unpatched"] / med[name], "peak_gb": peaks.get(name)}
+    for name, t in found.items():
+        row = {"variant": name, "image": f"{size}x{size}", "s": t.median, "s_min": t.min,
+               "spread": t.spread, "runs_s": ", ".join(f"{s:.1f}" for s in t.times),
+               **speedup(found["unpatched"], t), "peak_gb": peaks.get(name)}
         if name == "toma":
-            row["vs_lb"] = med[name] / med["lower bound"]
-            if planning:
-                row["planning_s"] = sum(p.get("planning_s", 0.0) for p in planning) / len(
-                    planning)
-                row["levels"] = planning[-1].get("levels")
+            below_lower_bound(row, 1e3 * found["lower bound"].median, 1e3 * t.median)
+            row["planning_s"] = sum(r.build_seconds for r in recorder.runs) / len(recorder.runs)
+            row["levels"] = {k: list(v) for k, v in levels.items()}
         rows.append(row)
-    notes = [f"one Euler step, cfg 1.0, batch 1, {str(cfg.dtype).replace('torch.', '')}; "
-             f"{reps} rep(s) per variant, interleaved, after a 256x256 warm-up; SDPA attention"]
+    notes = [cfg.describe(reps, 1),
+             "one Euler step, cfg 1.0, batch 1; SDPA attention; levels merged by the node: "
+             + ", ".join(f"{k} {n}->{m} tokens" for k, (n, m) in sorted(levels.items())),
+             "planning_s: the node's plan builds per step (a real run builds them once every "
+             "recompute_every steps)"]
     return {"rows": rows, "notes": notes}

@@ -16,12 +16,13 @@ protocol, so the pack's own UNet patch functions (and the baselines' patches) ru
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .weights import fill_weights
 
 HEAD_DIM = 64
 CONTEXT_DIM = 2048
@@ -141,21 +142,6 @@ class SDXLBlock(nn.Module):
         return self.ff(self.norm3(x)) + x
 
 
-def fill_random(module: nn.Module, seed: int) -> nn.Module:
-    """Seeded random weights in place: 1-D `*.weight` (norm scales) 1, biases 0, matrices and
-    convolutions N(0, 1 / fan_in). Returns the module in eval mode."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.dim() == 1:
-                p.fill_(1.0 if name.endswith("weight") else 0.0)
-            else:
-                fan_in = math.prod(p.shape[1:])
-                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32)
-                        .div_(math.sqrt(fan_in)).to(p.dtype))
-    return module.eval()
-
-
 def make_block(level: Level, comfy: bool, device: torch.device, dtype: torch.dtype,
                seed: int = 0) -> nn.Module:
     """A random-weight block for `level`: ComfyUI's BasicTransformerBlock when `comfy`,
@@ -169,7 +155,7 @@ def make_block(level: Level, comfy: bool, device: torch.device, dtype: torch.dty
                                       operations=comfy.ops.disable_weight_init)
     else:
         block = SDXLBlock(level.channels)
-    return fill_random(block, seed).requires_grad_(False).to(device, dtype)
+    return fill_weights(block, seed).eval().requires_grad_(False).to(device, dtype)
 
 
 def make_context(batch: int, device: torch.device, dtype: torch.dtype,

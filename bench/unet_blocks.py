@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from .baselines import ToMeSD, todo_attn1_patch, todo_tokens, tomesd_matching
-from .common import peak_memory
-from .config import BenchConfig, interleaved_medians, load_pack
+from .common import MIN_REPS, Timing, below_lower_bound, peak_memory, speedup
+from .config import BenchConfig, load_pack, timings
 from .photos import photo_tokens
 from .reference_blocks import (
     SDXL_LEVELS,
@@ -52,8 +52,9 @@ SCOPES = ("block", "attention")
 TILE_COUNTS = (16, 64, 256)
 DEFAULT_TILES = 64
 RECOMPUTE_EVERY = 5
-COLUMNS = ("level", "method", "scope", "ratio", "tiles", "tokens", "ms", "plan_ms",
-           "plan_share_ms", "ms_total", "speedup", "vs_lb", "err", "cos", "peak_mb")
+COLUMNS = ("level", "method", "scope", "ratio", "tiles", "tokens", "ms", "spread", "plan_ms",
+           "plan_share_ms", "ms_total", "speedup", "speedup_lo", "speedup_hi", "vs_lb", "err",
+           "cos", "peak_mb", "flag")
 
 
 @dataclass(frozen=True)
@@ -156,36 +157,42 @@ class LevelBench:
         """ToMA through the pack's UNetToMA, with a live run and plan cache as in sampling."""
         load_pack()
         from toma_pack.nodes.options import make_options
-        from toma_pack.nodes.run_state import RunState, ToMAState
+        from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
         from toma_pack.nodes.unet_patch import UNetToMA
-        from toma_pack.toma_core import PlanCache
 
         options = make_options(v.ratio, v.tiles or 0, recompute_every=RECOMPUTE_EVERY,
                                unet_levels="all", merge_scope=v.scope)
         state = ToMAState(options, "unet")
-        state.run = RunState(PlanCache(RECOMPUTE_EVERY))
+        # the model call the block runs in (sampling opens it in the APPLY_MODEL wrapper)
+        model_call = ModelCall(RunState(RECOMPUTE_EVERY))
         toma = UNetToMA(state, v.scope, largest_level_ds=2)
         plain = dict(self.options)
         with torch.inference_mode():
             normed = self.block.norm1(x)
-        if v.scope == "block":
-            call = self._replaced(toma.block_forward(self.block, self.block.forward), x)
-        else:
-            call = self._run(x, self._patched(toma.attn1_patch, toma.attn1_output_patch))
+        # The node's block replacement: the whole block merged (block scope) or, in attention
+        # scope, the block run with the node's attn1 merge/unmerge patch pair.
+        call = self._replaced(toma.block_forward(self.block, self.block.forward,
+                                                 foreign_forward=False), x)
 
         def features() -> torch.Tensor:
-            # block_forward normalises x itself; the attn1 patch is handed n = norm1(x)
+            # block scope plans from norm1(x); the attn1 patch is handed n = norm1(x)
             return self.block.norm1(x) if v.scope == "block" else normed
 
         def plan() -> Any:
-            state.run.cache.clear()
-            return toma.plan_for(x, plain, features)
+            model_call.run.clear_plans()
+            with state.model_call(model_call):
+                return toma.plan_for(x, plain, features)
 
         with torch.inference_mode():
             built = plan()
             merged = built.merge(normed)
         extra = {"merge": lambda: built.merge(normed), "unmerge": lambda: built.unmerge(merged)}
-        return Prepared(call, built.merged_tokens, plan, extra)
+
+        def in_model_call() -> torch.Tensor:
+            with state.model_call(model_call):
+                return call()
+
+        return Prepared(in_model_call, built.merged_tokens, plan, extra)
 
     def _lower_bound(self, v: Variant, x: torch.Tensor) -> Prepared:
         """The block on N' tokens, nothing paid for merging."""
@@ -220,36 +227,35 @@ def output_errors(y: torch.Tensor, ref: torch.Tensor, x: torch.Tensor) -> dict[s
 def bench_level(level: Level, cfg: BenchConfig, vs: list[Variant],
                 photo: str = "astronaut") -> list[dict[str, Any]]:
     """Rows for one level: every variant timed (interleaved), planned, checked against the
-    unpatched output."""
+    unpatched output; a variant faster than its lower bound is flagged."""
     bench = LevelBench(level, cfg)
     x = bench.tokens_of(photo)
     prepared = {v: bench.prepare(v, x) for v in vs}
     log.info("level %s: %d variants", level.name, len(vs))
     with torch.inference_mode():
         outputs = {v: p.call() for v, p in prepared.items()}
-    times = interleaved_medians({v.key: p.call for v, p in prepared.items()}, cfg)
+    times = timings({v.key: p.call for v, p in prepared.items()}, cfg)
     planned = {v: p for v, p in prepared.items() if p.plan is not None}
-    plan_times = interleaved_medians({v.key: p.plan for v, p in planned.items()}, cfg,
-                                     warmup=1, reps=max(3, cfg.reps // 2))
+    plan_times = timings({v.key: p.plan for v, p in planned.items()}, cfg, warmup=1,
+                         reps=max(MIN_REPS, cfg.reps // 2))
     ref, base = outputs[UNPATCHED], times[UNPATCHED.key]
-    lower = {(v.scope, v.ratio): times[v.key] for v in vs if v.method == "lower bound"}
+    lower = {(v.scope, v.ratio): (prepared[v].tokens, times[v.key])
+             for v in vs if v.method == "lower bound"}
     rows = []
     for v, p in prepared.items():
-        ms = times[v.key] * 1e3
         row: dict[str, Any] = {"level": level.name, "N": level.tokens, "C": level.channels,
                                "method": v.method, "scope": v.scope, "ratio": v.ratio,
-                               "tiles": v.tiles, "tokens": p.tokens, "ms": ms}
-        total = ms
+                               "tiles": v.tiles, "tokens": p.tokens, **times[v.key].fields()}
+        share = 0.0
         if v in planned:
-            row["plan_ms"] = plan_times[v.key] * 1e3
-            row["plan_share_ms"] = row["plan_ms"] / (level.blocks * RECOMPUTE_EVERY)
-            total = ms + row["plan_share_ms"]
-        row["ms_total"] = total
-        row["speedup"] = base * 1e3 / total
-        lb = lower.get((v.scope, v.ratio))
-        if lb is not None and v.method in ("toma", "tomesd") and v.tiles in (None, DEFAULT_TILES):
-            row["lb_ms"] = lb * 1e3
-            row["vs_lb"] = total / row["lb_ms"]
+            row["plan_ms"] = 1e3 * plan_times[v.key].median
+            row["plan_share_ms"] = share = row["plan_ms"] / (level.blocks * RECOMPUTE_EVERY)
+        total = Timing(tuple(t + share / 1e3 for t in times[v.key].times))
+        row["ms_total"] = 1e3 * total.median
+        row.update(speedup(base, total))
+        bound = lower.get((v.scope, v.ratio))
+        if bound is not None and v.method in ("toma", "tomesd") and bound[0] == p.tokens:
+            below_lower_bound(row, 1e3 * bound[1].median, row["ms_total"])
         if v.method != "lower bound":
             row.update(output_errors(outputs[v], ref, x))
         if cfg.device.type == "cuda":
@@ -269,17 +275,17 @@ def _breakdown(level: Level, cfg: BenchConfig, prepared: dict[Variant, Prepared]
                 calls[(name, v.ratio)] = fn
     if not calls:
         return []
-    times = interleaved_medians({f"{n} {r}": fn for (n, r), fn in calls.items()}, cfg,
-                                warmup=1, reps=max(3, cfg.reps))
+    times = timings({f"{n} {r}": fn for (n, r), fn in calls.items()}, cfg, warmup=1)
     return [{"level": level.name, "N": level.tokens, "C": level.channels,
              "method": f"toma {name} only", "ratio": ratio, "tiles": DEFAULT_TILES,
-             "ms": times[f"{name} {ratio}"] * 1e3} for (name, ratio) in calls]
+             **times[f"{name} {ratio}"].fields()} for (name, ratio) in calls]
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
     """The section: rows for SDXL's two levels (all variants) and the smaller grids of 512 and
     768 images (unpatched, ToMA at 0.5 in both scopes, lower bound), plus notes. Quick: ratio
     0.5 and tile_count 64 only, no 768 px grids."""
+    cfg.apply_threads()
     ratios = (0.5,) if cfg.quick else RATIOS
     tiles = (DEFAULT_TILES,) if cfg.quick else TILE_COUNTS
     rows: list[dict[str, Any]] = []
@@ -291,11 +297,14 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     for level in SMALL_LEVELS:
         if not (cfg.quick and level.side in (48, 24)):       # quick: the 512 px grids only
             rows += bench_level(level, cfg, small)
-    notes = [f"block: {'ComfyUI BasicTransformerBlock' if cfg.comfy else 'reference SDXLBlock'}"
-             f", {str(cfg.dtype).replace('torch.', '')}, batch {cfg.batch}, SDPA; medians of "
-             f"{cfg.reps} interleaved reps after {cfg.warmup} warm-up",
+    notes = [cfg.describe(),
+             f"block: {'ComfyUI BasicTransformerBlock' if cfg.comfy else 'reference SDXLBlock'}"
+             f", batch {cfg.batch}, SDPA; ms: median, spread: (max - min) / median",
              f"ms_total = ms + plan_share_ms (plan built once per level every {RECOMPUTE_EVERY} "
-             "steps: plan_ms / (blocks at the level x 5)); speedup = unpatched ms / ms_total"]
+             "steps: plan_ms / (blocks at the level x 5)); speedup = unpatched ms / ms_total "
+             "(lo-hi: ratios of the side-by-side repetitions)",
+             "vs_lb = ms_total / the lower bound's ms at the same token count; flag: faster "
+             "than its own lower bound (not a result)"]
     if tomesd_matching() is None:
         notes.append("tomesd not installed: no ToMeSD rows")
     return {"rows": rows, "notes": notes}

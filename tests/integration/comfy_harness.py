@@ -320,18 +320,19 @@ def record_attention_calls(patcher: ModelPatcher) -> list[str]:
 
 
 # Tiny models -----------------------------------------------------------------------------------
-def fill_weights(model: torch.nn.Module, seed: int = 0, gain: float = 1.0) -> None:
-    """Deterministic weights: biases 0, other vectors (norm scales) 1, matrices and convolution
-    kernels normal with std gain/sqrt(fan_in), which keeps activations O(1) through the blocks."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.ndim <= 1:
-                param.fill_(0.0 if name.endswith("bias") else 1.0)
-            else:
-                fan_in = param[0].numel()
-                values = torch.randn(param.shape, generator=generator) * (gain / fan_in**0.5)
-                param.copy_(values.to(param.dtype))
+def _bench_weights() -> Any:
+    """bench/weights.py, the random-weight fill shared with the benchmarks, loaded by path (no
+    sys.path change, so it works inside a ComfyUI server too)."""
+    name = "toma_bench_weights"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "bench" / "weights.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+# fill_weights(model, seed=0, gain=1.0): biases 0, norm scales 1, matrices N(0, gain^2/fan_in).
+fill_weights = _bench_weights().fill_weights
 
 
 def _patcher(model_config: Any, seed: int) -> ModelPatcher:

@@ -1,15 +1,30 @@
-"""The benchmark suite's own pieces on tiny shapes: reference block, variants, Pareto marking."""
+"""The benchmark suite's own pieces on tiny shapes, each checked against an independent
+computation: variants against the block called by hand, errors against their formulas, timing
+against a fake clock, reports and targets against hand-made results."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import math
+import re
+from pathlib import Path
+
 import pytest
 import torch
+import torch.nn.functional as F
 
-from bench.config import default_config
+import bench.__main__ as suite
+from bench import common, kernels, unet_blocks
+from bench.baselines import ToMeSD, tomesd_matching
+from bench.common import Timing, below_lower_bound, interleaved, speedup
+from bench.config import ROOT, default_config
 from bench.fidelity import pareto
 from bench.photos import photo_tokens
 from bench.reference_blocks import Level
 from bench.unet_blocks import UNPATCHED, LevelBench, Variant, merged_count, output_errors
+from bench.weights import fill_weights
+from toma_pack.toma_core import build_plan
 
 TINY = Level(8, 64, 2)          # 8 x 8 tokens, 64 channels, 1 head
 
@@ -25,42 +40,131 @@ def _run(bench: LevelBench, v: Variant, x: torch.Tensor) -> tuple[torch.Tensor, 
         return prepared.call(), prepared.tokens
 
 
+def _block(bench: LevelBench, x: torch.Tensor, options: dict | None = None) -> torch.Tensor:
+    """The tiny block called by hand, the way a UNet calls it."""
+    with torch.inference_mode():
+        return bench.block(x, context=bench.context,
+                           transformer_options=options if options is not None else bench.options)
+
+
+# ---------------------------------------------------------------------------------- inputs
+
+
 def test_photo_tokens_are_layer_normed_grids() -> None:
     x = photo_tokens("astronaut", 8, 64)
     assert x.shape == (1, 64, 64)
-    assert torch.allclose(x.mean(-1), torch.zeros(64), atol=1e-4)
+    # layer-normed over channels: per token, measured |mean| <= 5.6e-8 and |variance - 1| <=
+    # 3.0e-5 (layer_norm's eps)
+    torch.testing.assert_close(x.mean(-1), torch.zeros(1, 64), atol=2.5e-7, rtol=0)
+    torch.testing.assert_close(x.var(-1, unbiased=False), torch.ones(1, 64), atol=1.2e-4, rtol=0)
+    # a photograph, not noise: neighbouring tokens are more alike than distant ones (measured
+    # mean cosine 0.235 between horizontal neighbours, -0.258 between tokens 4 rows apart)
+    grid = F.normalize(x[0], dim=-1).view(8, 8, 64)
+    near = float((grid[:, :-1] * grid[:, 1:]).sum(-1).mean())
+    far = float((grid[:-4] * grid[4:]).sum(-1).mean())
+    assert near - far > 0.4
 
 
-@pytest.mark.parametrize("v", [
-    Variant("toma", "block", 0.5, 4), Variant("toma", "attention", 0.5, 4),
-    Variant("lower bound", "block", 0.5), Variant("lower bound", "attention", 0.5),
-    Variant("todo", "attention", 0.75),
-])
-def test_variants_keep_the_output_shape(bench: LevelBench, v: Variant) -> None:
+# -------------------------------------------------------------------- variants, by hand
+
+
+def test_unpatched_is_the_block(bench: LevelBench) -> None:
     x = bench.tokens_of("coffee")
-    y, tokens = _run(bench, v, x)
-    # the block-scope lower bound runs (and returns) the merged count only
-    length = tokens if v == Variant("lower bound", "block", 0.5) else TINY.tokens
-    assert y.shape == (1, length, 64) and torch.isfinite(y).all()
-    assert tokens < TINY.tokens
+    y, tokens = _run(bench, UNPATCHED, x)
+    assert tokens == TINY.tokens and torch.equal(y, _block(bench, x))
 
 
-def test_toma_is_close_to_unpatched_and_exact_at_no_merging(bench: LevelBench) -> None:
+def test_lower_bound_runs_the_block_on_the_merged_count(bench: LevelBench) -> None:
+    """Block scope: the block on the first N' tokens (N' = ToMA's merged count); attention
+    scope: self-attention on N' tokens, its output thrown away."""
+    x = bench.tokens_of("coffee")
+    n = merged_count(TINY, 0.5)
+    assert n == build_plan(x, 8, 8, 0.5, tile_count=unet_blocks.DEFAULT_TILES).merged_tokens
+    y, tokens = _run(bench, Variant("lower bound", "block", 0.5), x)
+    assert tokens == n and torch.equal(y, _block(bench, x[:, :n].contiguous()))
+    y, tokens = _run(bench, Variant("lower bound", "attention", 0.5), x)
+    assert tokens == n and y.shape == x.shape
+
+
+@pytest.mark.parametrize("tiles", [4, 16])
+def test_toma_block_variant_is_plan_around_the_block(bench: LevelBench, tiles: int) -> None:
+    """What the bench times is the node's block scope: plan from norm1(x), the block run on
+    merged tokens, only its update unmerged; bit-identical to doing it by hand."""
     x = bench.tokens_of("chelsea")
-    ref, _ = _run(bench, UNPATCHED, x)
-    y, tokens = _run(bench, Variant("toma", "block", 0.5, 4), x)
-    assert tokens == merged_count(TINY, 0.5, 4) == 32
-    errs = output_errors(y, ref, x)
-    assert 0 < errs["err"] < 1 and errs["cos"] > 0.5
-    assert output_errors(ref, ref, x)["err"] == 0
+    y, tokens = _run(bench, Variant("toma", "block", 0.5, tiles), x)
+    with torch.inference_mode():
+        plan = build_plan(bench.block.norm1(x), 8, 8, 0.5, tile_count=tiles)
+        ref = plan.around(lambda t: _block(bench, t), x)
+    assert tokens == plan.merged_tokens == 32
+    assert torch.equal(y, ref)
 
 
-def test_tomesd_variant_runs_when_installed(bench: LevelBench) -> None:
+def test_toma_attention_variant_merges_self_attention_only(bench: LevelBench) -> None:
+    """Attention scope: self-attention on merged queries/keys/values, unmerged before the
+    residual; the rest of the block at full length. Checked against a hand-written forward."""
+    x = bench.tokens_of("chelsea")
+    y, _ = _run(bench, Variant("toma", "attention", 0.5, 4), x)
+    b = bench.block
+    with torch.inference_mode():
+        n = b.norm1(x)
+        plan = build_plan(n, 8, 8, 0.5, tile_count=4)
+        m = plan.merge(n)
+        h = plan.unmerge(b.attn1(m, m, m)) + x
+        h = b.attn2(b.norm2(h), bench.context) + h
+        ref = b.ff(b.norm3(h)) + h
+    # measured: bit-identical on torch 2.13 CPU
+    assert torch.equal(y, ref)
+
+
+def test_tomesd_variant_is_tomesds_own_merge(bench: LevelBench) -> None:
     pytest.importorskip("tomesd")
     x = bench.tokens_of("rocket")
-    for scope in ("block", "attention"):
-        y, tokens = _run(bench, Variant("tomesd", scope, 0.5), x)
-        assert y.shape == x.shape and tokens == 32
+    y, tokens = _run(bench, Variant("tomesd", "block", 0.5), x)
+    generator = torch.Generator().manual_seed(bench.cfg.seed)
+    merge, unmerge = tomesd_matching()(x, 8, 8, 2, 2, 32, no_rand=False, generator=generator)
+    with torch.inference_mode():
+        merged = merge(x)
+        ref = x + unmerge(_block(bench, merged) - merged)
+    assert tokens == ToMeSD(8, 8, 0.5, torch.Generator()).merged_tokens() == 32
+    assert torch.equal(y, ref)
+    y, _ = _run(bench, Variant("tomesd", "attention", 0.5), x)
+    assert y.shape == x.shape
+
+
+def test_todo_variant_pools_keys_and_values(bench: LevelBench) -> None:
+    x = bench.tokens_of("coffee")
+    y, tokens = _run(bench, Variant("todo", "attention", 0.75), x)
+    b = bench.block
+    with torch.inference_mode():
+        n = b.norm1(x)
+        pooled = F.avg_pool2d(n.transpose(1, 2).reshape(1, 64, 8, 8), 2).flatten(2).transpose(1, 2)
+        h = b.attn1(n, pooled, pooled) + x
+        h = b.attn2(b.norm2(h), bench.context) + h
+        ref = b.ff(b.norm3(h)) + h
+    assert tokens == 16 and torch.equal(y, ref)
+
+
+def test_toma_error_on_the_tiny_block(bench: LevelBench) -> None:
+    """A regression in destination selection or weights moves this: ToMA block scope at 0.5,
+    4 tiles of 16 tokens, on a photograph (measured err 0.4105, cos 0.9151), within 10%."""
+    x = bench.tokens_of("chelsea")
+    ref, _ = _run(bench, UNPATCHED, x)
+    y, _ = _run(bench, Variant("toma", "block", 0.5, 4), x)
+    errs = output_errors(y, ref, x)
+    assert 0.4105 / 1.1 < errs["err"] < 0.4105 * 1.1
+    assert errs["cos"] > 1 - (1 - 0.9151) * 1.1
+
+
+def test_output_errors_follow_their_formulas() -> None:
+    g = torch.Generator().manual_seed(0)
+    x, ref, delta = (torch.randn(2, 16, 8, generator=g) for _ in range(3))
+    y = ref + 0.1 * delta
+    errs = output_errors(y, ref, x)
+    assert errs["err"] == pytest.approx(float((0.1 * delta).norm() / ref.norm()), rel=1e-6)
+    assert errs["err_update"] == pytest.approx(float((0.1 * delta).norm() / (ref - x).norm()),
+                                               rel=1e-6)
+    cos = F.cosine_similarity(y.double(), ref.double(), dim=-1).mean()
+    assert errs["cos"] == pytest.approx(float(cos), rel=1e-6)
 
 
 def test_pareto_marks_only_unbeaten_points() -> None:
@@ -70,3 +174,185 @@ def test_pareto_marks_only_unbeaten_points() -> None:
             "err": e, "cos": 0.9} for m, e in (("toma", 0.2), ("tomesd", 0.3), ("todo", 0.1))]
     marks = {p["method"]: p["pareto"] for p in pareto(unet, fid)}
     assert marks == {"toma": True, "tomesd": False, "todo": True, "unpatched": True}
+
+
+# ---------------------------------------------------------------------------------- timing
+
+
+class FakeClock:
+    """Stands in for common.now: records the clock asked for, advances 1 s per reading."""
+
+    def __init__(self) -> None:
+        self.clocks: list[str] = []
+        self.t = 0.0
+
+    def __call__(self, clock: str) -> float:
+        self.clocks.append(clock)
+        self.t += 1.0
+        return self.t
+
+
+def test_timing_statistics() -> None:
+    t = Timing((0.3, 0.1, 0.2, 0.5))
+    assert (t.min, t.median) == (0.1, 0.25)
+    assert t.spread == pytest.approx((0.5 - 0.1) / 0.25)
+    assert t.fields() == {"ms": 250.0, "ms_min": 100.0, "spread": pytest.approx(1.6), "reps": 4}
+    s = speedup(Timing((2.0, 4.0, 3.0)), Timing((1.0, 1.0, 2.0)))
+    assert s == {"speedup": 3.0 / 1.0, "speedup_lo": 1.5, "speedup_hi": 4.0}
+
+
+def test_interleaved_needs_a_spread_and_reverses_order() -> None:
+    order: list[str] = []
+    calls = {name: (lambda n=name: order.append(n)) for name in "abc"}
+    with pytest.raises(ValueError, match="spread"):
+        interleaved(calls, warmup=0, reps=2)
+    found = interleaved(calls, warmup=1, reps=3)
+    assert order == list("abc") + list("abc") + list("cba") + list("abc")
+    assert all(len(t.times) == 3 for t in found.values())
+
+
+def test_interleaved_cpu_clock_ignores_sleeping() -> None:
+    """The cpu clock is process CPU time: a call that sleeps costs (almost) nothing on it."""
+    import time
+
+    found = interleaved({"sleep": lambda: time.sleep(0.02)}, warmup=0, reps=3, clock="cpu")
+    assert found["sleep"].median < 0.005                  # measured ~1e-5 s
+    found = interleaved({"sleep": lambda: time.sleep(0.02)}, warmup=0, reps=3, clock="wall")
+    assert found["sleep"].median >= 0.02
+
+
+def test_kernels_section_honours_clock_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--clock and --threads reach the kernel timings (60907d1: the kernels section was timed
+    on the wall clock whatever --clock said)."""
+    clock = FakeClock()
+    monkeypatch.setattr(common, "now", clock)
+    monkeypatch.setattr(kernels, "GRIDS", ((8, 64),))
+    monkeypatch.setattr(kernels, "RATIOS", (0.5,))
+    threads = torch.get_num_threads()
+    try:
+        cfg = default_config(quick=True, comfy=False, device="cpu", clock="cpu", threads=1)
+        sections = suite.run_sections(["kernels"], cfg)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert clock.clocks and set(clock.clocks) == {"cpu"}
+    row = sections["kernels"]["rows"][0]
+    assert row["N"] == 64 and row["toma_mu_ms"] == pytest.approx(1e3)   # one fake second
+    assert "AMD" in sections["kernels"]["measured_on"] or common.cpu_model() in \
+        sections["kernels"]["measured_on"]
+
+
+def test_unet_rows_carry_spread_range_and_flags(monkeypatch: pytest.MonkeyPatch,
+                                               bench: LevelBench) -> None:
+    """Every unet row has its spread and speedup range, on the configured clock; a ToMA row
+    faster than its own lower bound is flagged."""
+    clock = FakeClock()
+    monkeypatch.setattr(common, "now", clock)
+    cfg = default_config(quick=True, comfy=False, device="cpu", clock="cpu")
+    rows = unet_blocks.bench_level(TINY, cfg, [UNPATCHED, Variant("toma", "block", 0.5, 64),
+                                                Variant("lower bound", "block", 0.5)])
+    assert set(clock.clocks) == {"cpu"}
+    toma = next(r for r in rows if r["method"] == "toma" and "speedup" in r)
+    assert toma["reps"] == cfg.reps and toma["spread"] == 0.0        # fake clock: 1 s each
+    assert toma["speedup_lo"] <= toma["speedup"] <= toma["speedup_hi"]
+    # the fake clock gives every variant 1 s, plus the plan share: ToMA above its bound
+    assert toma["vs_lb"] > 1 and "flag" not in toma
+
+
+def test_below_lower_bound_flags() -> None:
+    row: dict = {}
+    below_lower_bound(row, bound_ms=10.0, ms=9.0)
+    assert row["vs_lb"] == pytest.approx(0.9) and "lower bound" in row["flag"]
+    row = {}
+    below_lower_bound(row, bound_ms=10.0, ms=10.5)
+    assert "flag" not in row
+
+
+# -------------------------------------------------------------------- report and targets
+
+
+def _result(sections: dict) -> dict:
+    return {"machine": {"cpu": "Test CPU 9000"}, "sections": sections,
+            "config": {"device": "cpu", "dtype": "float32", "quick": False, "commit": "abc"},
+            "targets": suite.targets(sections), "flags": suite.flags(sections),
+            "recommendations": suite.recommendations(sections)}
+
+
+def _unet_row(level: str, **fields) -> dict:
+    return {"level": level, "method": "toma", "scope": "block", "ratio": 0.5, "tiles": 64,
+            **fields}
+
+
+def test_missed_targets_say_by_how_much() -> None:
+    """60907d1 printed a bare False."""
+    sections = {"unet": {"rows": [_unet_row("64x64x640", speedup=1.9, vs_lb=1.05),
+                                  _unet_row("32x32x1280", speedup=1.8, vs_lb=1.2)]}}
+    found = {t["target"]: t for t in suite.targets(sections)}
+    speed = found["64x64x640 ToMA block 0.5 speedup >= 2.0"]
+    assert speed["met"] is False and speed["why"] == "missed: 1.9 against >= 2 (5.0% short)"
+    bound = found["32x32x1280 within 10% of its lower bound (vs_lb <= 1.10)"]
+    assert bound["met"] is False and bound["why"] == "missed: 1.2 against <= 1.1 (9.1% over)"
+    assert found["32x32x1280 ToMA block 0.5 speedup >= 1.7"]["met"] is True
+    assert "why" not in found["32x32x1280 ToMA block 0.5 speedup >= 1.7"]
+
+
+def test_flagged_rows_are_not_judged_and_are_reported() -> None:
+    row = _unet_row("64x64x640", speedup=2.5)
+    below_lower_bound(row, bound_ms=10.0, ms=9.5)
+    sections = {"unet": {"rows": [row], "measured_on": "Test CPU 9000 (-), 1 thread(s)"}}
+    result = _result(sections)
+    target = next(t for t in result["targets"] if "lower bound" in t["target"])
+    assert target["met"] is None and target["why"].startswith("not judged")
+    assert result["flags"] == [{"section": "unet", "row": "64x64x640 toma block 0.5 64",
+                                "flag": row["flag"]}]
+    text = suite.report(result)
+    flagged = text.split("## Flagged (not results)")[1]
+    assert "64x64x640 toma block 0.5 64" in flagged
+    assert "measured on: Test CPU 9000" in text and "cpu: Test CPU 9000" in text
+
+
+def test_report_without_flags_says_none() -> None:
+    text = suite.report(_result({"unet": {"rows": [_unet_row("64x64x640", speedup=2.5)]}}))
+    assert "- none: no variant measured faster than its own lower bound" in text
+
+
+def test_results_default_to_an_ignored_folder(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    """A run without --out writes under .cache/bench (ignored by git), never into the tracked
+    bench/results (60907d1 wrote there), and the result names the CPU and the commit."""
+    assert suite.OUT_DIR == ROOT / ".cache" / "bench"
+    ignored = (ROOT / ".gitignore").read_text().split()
+    assert ".cache/" in ignored
+    monkeypatch.setattr(suite, "OUT_DIR", tmp_path / "out")
+    monkeypatch.setitem(suite.SECTIONS, "tiny", suite.Section(
+        lambda cfg: {"rows": [{"a": 1}], "columns": ["a"], "notes": []}, "a test section"))
+    suite.main(["--sections", "tiny", "--device", "cpu"])
+    written = list((tmp_path / "out").glob("*.json"))
+    assert len(written) == 1 and written[0].with_suffix(".md").exists()
+    result = json.loads(written[0].read_text())
+    assert result["machine"]["cpu"] == common.cpu_model()
+    assert result["sections"]["tiny"]["measured_on"].startswith(common.cpu_model())
+    assert re.fullmatch(r"[0-9a-f]{7,}(\+changes)?", result["config"]["commit"])
+
+
+# ---------------------------------------------------------------- one helper for each job
+
+
+def test_one_random_weight_fill_for_bench_and_tests() -> None:
+    """tests/integration/comfy_harness.py uses bench/weights.py's fill, not a copy."""
+    path = ROOT / "tests" / "integration" / "comfy_harness.py"
+    spec = importlib.util.spec_from_file_location("harness_for_test", path)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    assert harness.fill_weights.__code__.co_filename == str(ROOT / "bench" / "weights.py")
+    a, b = torch.nn.Linear(16, 8), torch.nn.LayerNorm(8)
+    fill_weights(a, seed=3)
+    fill_weights(b, seed=3)
+    expected = torch.randn(8, 16, generator=torch.Generator().manual_seed(3)) / math.sqrt(16)
+    torch.testing.assert_close(a.weight.detach(), expected, atol=0, rtol=1e-7)
+    assert not a.bias.any() and bool((b.weight == 1).all()) and not b.bias.any()
+
+
+def test_bench_never_reaches_into_closures() -> None:
+    for path in (ROOT / "bench").glob("*.py"):
+        assert "__closure__" not in path.read_text(), path.name
