@@ -2,7 +2,7 @@
 # The test command (README, Development; .ci/run runs exactly this). Sets up what is missing
 # (scripts/setup.sh: venvs rebuilt only when their inputs change), then runs
 #   ruff, the unit tests, the integration/server/frontend tests once per ComfyUI source tree
-#   in ../shared/comfyui (each in its own venv), and the JavaScript tests.
+#   in ../shared/comfyui (each in its own venv).
 # Output stays quiet unless something fails; skipped tests are listed with their reasons.
 #
 # Where ../shared/comfyui exists, nothing may skip for want of ComfyUI: TOMA_REQUIRE_COMFYUI=1
@@ -46,10 +46,4 @@ else
   .venv/bin/python -m pytest "${PYTEST[@]}" tests/integration
 fi
 
-if [ -z "$only" ]; then
-  echo "== JavaScript tests"
-  node --test tests/js/ >/tmp/toma-js-tests.log 2>&1 || { cat /tmp/toma-js-tests.log; exit 1; }
-  grep -E "^# (tests|pass|fail)" /tmp/toma-js-tests.log | tr '\n' ' '
-  echo
-fi
 echo "== all tests passed in $((SECONDS - started)) s"

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -41,6 +42,8 @@ STOP_TIMEOUT_S = 15.0
 PROMPT_TIMEOUT_S = 90.0
 LOG_TAIL_CHARS = 4000
 
+FRONTEND_SETTINGS = {"Comfy.TutorialCompleted": True}
+
 # "   0.1 seconds (IMPORT FAILED): /tmp/.../custom_nodes/ComfyUI-ToMA" in all versions; 0.33
 # puts a coloured "[INFO]" before it.
 _IMPORT_LINE = re.compile(r"\s[\d.]+ seconds(?P<failed> \(IMPORT FAILED\))?: (?P<path>\S.*)$")
@@ -52,12 +55,17 @@ class ServerError(RuntimeError):
 
 
 def make_base_directory(root: Path) -> Path:
-    """A ComfyUI base directory under `root` with this pack and the test nodes installed."""
+    """A ComfyUI base directory under `root` with this pack and the test nodes installed, and
+    a user who has seen the frontend before (a first visit opens the template browser over
+    the canvas in frontends 1.35 and 1.49)."""
     base = root / "comfy_base"
     custom_nodes = base / "custom_nodes"
     custom_nodes.mkdir(parents=True)
     (custom_nodes / PACK_FOLDER).symlink_to(REPO_ROOT, target_is_directory=True)
     (custom_nodes / TEST_PACK_FOLDER).symlink_to(TEST_NODES, target_is_directory=True)
+    settings = base / "user" / "default" / "comfy.settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps(FRONTEND_SETTINGS))
     return base
 
 
@@ -138,15 +146,16 @@ class ComfyServer:
             raise AssertionError(f"GET {path}: HTTP {status}: {body[:500]!r}")
         return json.loads(body)
 
-    def post_json(self, path: str, payload: Any, timeout: float = 30.0) -> Any:
+    def post(self, path: str, payload: Any, timeout: float = 30.0) -> tuple[int, Any]:
+        """(HTTP status, decoded JSON body) of POST `path`; error statuses are returned."""
         request = urllib.request.Request(
             self.url + path, data=json.dumps(payload).encode(), method="POST",
             headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                return json.loads(response.read())
+                return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            raise AssertionError(f"POST {path}: HTTP {exc.code}: {exc.read()[:2000]!r}") from exc
+            return exc.code, json.loads(exc.read() or b"null")
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:
@@ -205,6 +214,7 @@ def running_server(comfyui: Path, root: Path,
 # Running a graph ------------------------------------------------------------------------------
 SOURCE_ID, SAMPLER_ID, SINK_ID = "100", "101", "102"
 LATENT_SIZE = 64  # the outer attention level of the tiny SDXL has 1024 tokens: ToMA merges
+PROGRESS_TEXT_EVENT = 3
 _DONE_EVENTS = ("execution_success", "execution_error", "execution_interrupted")
 
 
@@ -215,10 +225,12 @@ def node_defaults(node_class: type) -> dict[str, Any]:
             if len(spec) > 1 and isinstance(spec[1], dict) and "default" in spec[1]}
 
 
-def tiny_sdxl_graph(toma_id: str, toma_inputs: dict[str, Any]) -> dict[str, dict]:
+def tiny_sdxl_graph(toma_id: str, toma_inputs: dict[str, Any],
+                    seed: int = 0) -> dict[str, dict]:
     """API-format graph: test tiny SDXL -> ToMA (node `toma_id`) -> KSampler (2 steps) -> sink.
 
-    `toma_inputs` are ToMA's widget values; the model link is added here.
+    `toma_inputs` are ToMA's widget values; the model link is added here. `seed` is the
+    sampler's (ComfyUI answers a prompt identical to an earlier one from its cache).
     """
     def link(node: str, output: int) -> list:
         return [node, output]
@@ -228,7 +240,7 @@ def tiny_sdxl_graph(toma_id: str, toma_inputs: dict[str, Any]) -> dict[str, dict
                     "inputs": {"latent_size": LATENT_SIZE, "seed": 0}},
         toma_id: {"class_type": "ToMA", "inputs": {**toma_inputs, "model": link(SOURCE_ID, 0)}},
         SAMPLER_ID: {"class_type": "KSampler", "inputs": {
-            "model": link(toma_id, 0), "seed": 0, "steps": 2, "cfg": 2.0,
+            "model": link(toma_id, 0), "seed": seed, "steps": 2, "cfg": 2.0,
             "sampler_name": "euler", "scheduler": "normal", "positive": link(SOURCE_ID, 1),
             "negative": link(SOURCE_ID, 2), "latent_image": link(SOURCE_ID, 3), "denoise": 1.0}},
         SINK_ID: {"class_type": "ToMATestLatentSink",
@@ -238,7 +250,9 @@ def tiny_sdxl_graph(toma_id: str, toma_inputs: dict[str, Any]) -> dict[str, dict
 
 @dataclass
 class PromptRun:
-    """A finished prompt: its id, its /history entry and every websocket message seen."""
+    """A finished prompt: its id, its /history entry and every websocket message seen (binary
+    progress-text frames as {"type": "progress_text", "data": {"node", "text"}}; previews,
+    the other binary frames, are left out)."""
 
     prompt_id: str
     history: dict[str, Any]
@@ -280,11 +294,28 @@ async def _listen(ws: Any, prompt_id: str, messages: list[dict[str, Any]]) -> No
     import aiohttp
 
     async for frame in ws:
-        if frame.type == aiohttp.WSMsgType.TEXT:  # binary frames are previews
+        if frame.type == aiohttp.WSMsgType.BINARY:
+            text = progress_text(frame.data)
+            if text is not None:
+                messages.append({"type": "progress_text", "data": text})
+        elif frame.type == aiohttp.WSMsgType.TEXT:
             messages.append(json.loads(frame.data))
             if _is_done(messages[-1], prompt_id):
                 return
     raise AssertionError(f"websocket closed before prompt {prompt_id} ended")
+
+
+def progress_text(frame: bytes) -> dict[str, str] | None:
+    """{"node", "text"} of a binary progress-text frame, None for other binary frames.
+
+    The layout PromptServer.send_progress_text gives it in 0.3.64 to 0.33.0: event type 3
+    (protocol.BinaryEventTypes.TEXT) as a big-endian uint32, the node id's length as another,
+    the node id, then the text, both UTF-8.
+    """
+    if len(frame) < 8 or struct.unpack(">I", frame[:4])[0] != PROGRESS_TEXT_EVENT:
+        return None
+    (length,) = struct.unpack(">I", frame[4:8])
+    return {"node": frame[8:8 + length].decode(), "text": frame[8 + length:].decode()}
 
 
 def _wait_for_history(server: ComfyServer, prompt_id: str, timeout: float) -> dict[str, Any]:

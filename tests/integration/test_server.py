@@ -1,4 +1,5 @@
-"""The pack inside a real ComfyUI process: startup import, HTTP API, a queued graph, stats push.
+"""The pack inside a real ComfyUI process: startup import, HTTP API, template browser files, a
+queued graph and its stats, input validation before a graph runs.
 
 ComfyUI runs from its own main.py (in this Python) with the pack linked into a temporary base
 directory (see comfy_server.py); the checkout itself is left untouched.
@@ -7,6 +8,8 @@ directory (see comfy_server.py); the checkout itself is left untouched.
 from __future__ import annotations
 
 import json
+import re
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +19,12 @@ import pytest
 import comfy_server
 import toma_pack
 from comfy_server import PACK_FOLDER, TEST_PACK_FOLDER, ComfyServer
+from toma_pack.nodes.options import parse_skip_blocks
 
 PACK_NODES = ("ToMA", "ToMAAdvanced", "ToMAPreview")
-WEB_SCRIPTS = ("toma_stats.js", "toma_stats_format.js")
 EXAMPLES = comfy_server.REPO_ROOT / "example_workflows"
+CATEGORY_TITLE = "ToMA Token Merge"
+JPEG_MAGIC = b"\xff\xd8\xff"
 QUICK_TEST_TIMEOUT_S = 120.0
 TOMA_ID = "7"
 
@@ -72,30 +77,53 @@ def test_object_info_matches_the_node_classes(server: ComfyServer, name: str) ->
     assert info["python_module"].endswith(PACK_FOLDER)
 
 
-def test_extensions_serve_the_web_scripts(server: ComfyServer) -> None:
-    scripts = server.get_json("/extensions")
-    for script in WEB_SCRIPTS:
-        url = f"/extensions/{PACK_FOLDER}/{script}"
-        assert url in scripts
-        status, body = server.get(url)
-        assert status == 200
-        assert body == (comfy_server.REPO_ROOT / "web" / script).read_bytes()
-
-
-def test_workflow_templates_list_the_examples(server: ComfyServer) -> None:
-    status, body = server.get("/api/workflow_templates")
-    if status == 404:
-        pytest.skip("this ComfyUI has no /api/workflow_templates endpoint")
-    assert status == 200, body[:500]
-    # Keyed by the custom_nodes folder name, file names without .json (0.3.64 to 0.33.0).
-    templates = json.loads(body)
+def test_template_browser_files(server: ComfyServer) -> None:
+    # The list: keyed by the custom_nodes folder name, file names without .json (0.3.64 to
+    # 0.33.0); the browser shows each under that name as its title.
+    templates = server.get_json("/api/workflow_templates")
     expected = sorted(path.stem for path in EXAMPLES.glob("*.json"))
     assert expected, "the pack has no example workflows"
     assert sorted(templates.get(PACK_FOLDER, [])) == expected
-    # The frontend's template browser then fetches each file from here.
     for stem in expected:
-        served = server.get_json(f"/api/workflow_templates/{PACK_FOLDER}/{stem}.json")
+        path = f"/api/workflow_templates/{PACK_FOLDER}/{urllib.parse.quote(stem)}"
+        served = server.get_json(f"{path}.json")
         assert served == json.loads((EXAMPLES / f"{stem}.json").read_text())
+        # The thumbnail the browser asks for (frontends 1.27 to 1.49: <name>.jpg beside it).
+        status, body = server.get(f"{path}.jpg")
+        assert status == 200 and body.startswith(JPEG_MAGIC), (stem, status, body[:40])
+    # The category's title comes from the pack's locales/ (keyed by the folder name).
+    categories = server.get_json("/i18n")["en"]["templateWorkflows"]["category"]
+    assert categories[PACK_FOLDER] == CATEGORY_TITLE
+
+
+FRONTEND_ONLY_NODES = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+
+
+def widget_count(info: dict[str, Any]) -> int:
+    """How many values a saved workflow holds for a node, from its /object_info entry: one per
+    widget input (combo or scalar, not forceInput), plus the frontend's "control after
+    generate" value for inputs that ask for it (seeds)."""
+    count = 0
+    for section in ("required", "optional"):
+        for spec in (info["input"].get(section) or {}).values():
+            kind, options = spec[0], (spec[1] if len(spec) > 1 else {})
+            if options.get("forceInput") or not (isinstance(kind, list) or kind in WIDGET_TYPES):
+                continue
+            count += 2 if options.get("control_after_generate") else 1
+    return count
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.json")), ids=lambda path: path.stem)
+def test_examples_fit_this_comfyuis_nodes(server: ComfyServer, example: Path) -> None:
+    # Every node an example uses exists here and gets a value for each of its widgets.
+    node_info = server.get_json("/object_info")
+    for node in json.loads(example.read_text())["nodes"]:
+        if node["type"] in FRONTEND_ONLY_NODES:
+            continue
+        assert node["type"] in node_info, f"node {node['id']}: no {node['type']} here"
+        values = node.get("widgets_values", [])
+        assert len(values) == widget_count(node_info[node["type"]]), (node["id"], values)
 
 
 def test_prompt_runs_and_pushes_stats(server: ComfyServer) -> None:
@@ -113,12 +141,23 @@ def test_prompt_runs_and_pushes_stats(server: ComfyServer) -> None:
     assert sink["latent_shape"] == [[1, 4, size, size]]
     assert sink["finite"] == [True]
 
-    # The backend -> frontend path: one "toma.stats" broadcast for the one sampling run.
-    stats_messages = run.messages_of("toma.stats")
-    assert len(stats_messages) == 1, stats_messages
-    message = stats_messages[0]
-    assert message["node"] == TOMA_ID
-    stats = message["stats"]
-    assert stats["layers_merged"] > 0, stats
-    assert stats["ratio"] == 0.5 and stats["family"] == "unet"
-    assert stats["steps_total"] == 2 and stats["steps_merged"] == 2
+    # The stats reach the browser as ComfyUI's progress text of the ToMA node: once, for the
+    # one sampling run. Ratio 0.5, some of the tiny SDXL's layers merged, both steps.
+    texts = run.messages_of("progress_text")
+    assert [message["node"] for message in texts] == [TOMA_ID], texts
+    assert re.match(r"50% merged · [1-9]\d*/\d+ layers · 2/2 steps", texts[0]["text"]), texts
+
+
+def test_unreadable_skip_blocks_is_refused_before_the_graph_runs(server: ComfyServer) -> None:
+    # A UNet model does not use skip_blocks; the value is still checked, when queued.
+    toma_inputs = {**comfy_server.node_defaults(toma_pack.NODE_CLASS_MAPPINGS["ToMA"]),
+                   "skip_blocks": "d0-4, x9"}
+    graph = comfy_server.tiny_sdxl_graph(TOMA_ID, toma_inputs)
+    status, body = server.post("/prompt", {"prompt": graph, "client_id": "validation-test"})
+    assert status == 400, body
+    with pytest.raises(ValueError) as parser_error:
+        parse_skip_blocks("d0-4, x9")
+    errors = body["node_errors"][TOMA_ID]["errors"]
+    assert [error["type"] for error in errors] == ["custom_validation_failed"], errors
+    assert str(parser_error.value) in errors[0]["details"], errors
+    assert body["node_errors"][TOMA_ID]["class_type"] == "ToMA"

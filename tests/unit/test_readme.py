@@ -1,0 +1,90 @@
+"""README claims that the code and the files decide: widgets and their defaults, the examples
+and where they show up, and no invented addresses for a pack that has none yet."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from toma_pack.nodes import NODE_CLASS_MAPPINGS
+from toma_pack.nodes.unet_patch import AUTO_MIN_TOKENS, TOKENS_PER_TILE
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+# | `name` | default | meaning |   (a row may name two widgets: `start_percent`, `end_percent`)
+ROW = re.compile(r"^\| (`\w+`(?:, `\w+`)*) \| ([^|]+) \|", re.MULTILINE)
+
+
+def section(title: str) -> str:
+    start = README.index(f"\n{title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start:end if end > 0 else None]
+
+
+def readme_defaults(node_title: str) -> dict[str, str]:
+    text = section(node_title)
+    text = text[:text.find("\n### ", 1)] if "\n### " in text[1:] else text
+    defaults: dict[str, str] = {}
+    for names, values in ROW.findall(text):
+        names = re.findall(r"`(\w+)`", names)
+        values = values.strip().split(", ") if len(names) > 1 else [values.strip()]
+        defaults.update(zip(names, values, strict=True))
+    return defaults
+
+
+def shown(value: object) -> str:
+    """How the README writes a default."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) and value >= 100 else str(value)
+
+
+@pytest.mark.parametrize(("node", "title"), [("ToMA", "### ToMA Token Merge (`ToMA`)"),
+                                             ("ToMAAdvanced", "### ToMA Token Merge (Advanced) "
+                                                              "(`ToMAAdvanced`)")])
+def test_widget_tables_match_the_nodes(node: str, title: str):
+    required = NODE_CLASS_MAPPINGS[node].INPUT_TYPES()["required"]
+    widgets = {name: spec[1]["default"] for name, spec in required.items() if name != "model"}
+    documented = readme_defaults(title)
+    if node == "ToMAAdvanced":  # "The four widgets above, then:"
+        documented = {**readme_defaults("### ToMA Token Merge (`ToMA`)"), **documented}
+    assert list(documented) == list(widgets)
+    for name, default in widgets.items():
+        readme = documented[name].strip("`").removesuffix(" (auto)")
+        assert readme == shown(default), (name, readme, default)
+
+
+def test_widget_table_quotes_the_unet_constants():
+    table = section("## Nodes and widgets")
+    assert f"tiles of about {TOKENS_PER_TILE} tokens" in table
+    assert f"at least {AUTO_MIN_TOKENS} tokens" in table
+
+
+def test_the_examples_named_in_the_readme_are_the_example_files():
+    where = section("## Where the node goes")
+    listed = " ".join(where.split("It holds", 1)[1].split(";")[0].split())
+    named = set(re.findall(r"\*([^*]+)\*", listed))
+    assert named == {path.stem for path in (ROOT / "example_workflows").glob("*.json")}
+
+
+def test_the_template_category_named_in_the_readme_is_the_pack_s():
+    categories = json.loads((ROOT / "locales/en/main.json").read_text())
+    category = categories["templateWorkflows"]["category"]
+    install = section("## Installation")
+    folder = re.search(r"folder named\s+`([^`]+)`", install)[1]
+    assert f"*{category[folder]}*" in section("## Where the node goes")
+
+
+def test_no_invented_addresses():
+    # No public home yet: no URL or publisher id may claim one (pyproject.toml says what to add).
+    assert "PublisherId" not in PYPROJECT["tool"]["comfy"]
+    assert "urls" not in PYPROJECT["project"]
+    assert "Icon" not in PYPROJECT["tool"]["comfy"]
+    install = section("## Installation")
+    assert not re.search(r"https?://", install), install
+    assert "not in the Comfy Registry" in install
