@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .common import Timing, below_lower_bound, machine_info, markdown_table, speedup
+from .common import Timing, machine_info, markdown_table, speedup, versus_lower_bound
 from .config import BenchConfig, default_config, timings
 from .weights import fill_weights
 
@@ -241,9 +241,8 @@ def _bench_block(kind: str, block: torch.nn.Module, inputs: dict,
             row["plan_ms"] = 1e3 * plans[_key(row)].median
     for row, _ in variants:
         if row["variant"] == "toma block":
-            bound = next(r for r, _ in variants if r["variant"] == "lower bound"
-                         and r["ratio"] == row["ratio"])
-            below_lower_bound(row, bound["ms"], row["ms"])
+            versus_lower_bound(row, found[_key(row)],
+                               found[_key({**row, "variant": "lower bound"})])
     return [row for row, _ in variants], found
 
 
@@ -278,7 +277,7 @@ def project(rows: list[dict], found: dict[str, Timing], ratio: float,
     bound = model(times("double", "lower bound", ratio), times("single", "lower bound", ratio))
     row = {"block": "model 19+38", "variant": f"projected, doubles {double_variant}",
            "ratio": ratio, **toma.fields(), **speedup(plain, toma)}
-    below_lower_bound(row, 1e3 * bound.median, row["ms"])
+    versus_lower_bound(row, toma, bound)
     row["lb_speedup"] = plain.median / bound.median
     return row
 

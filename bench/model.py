@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .common import MIN_REPS, Timing, below_lower_bound, speedup
+from .common import MIN_REPS, Timing, speedup, versus_lower_bound
 from .config import BenchConfig, load_pack
 from .weights import fill_weights
 
@@ -204,7 +204,7 @@ def run(cfg: BenchConfig, reps: int | None = None, size: int = 1024) -> dict[str
                "spread": t.spread, "runs_s": ", ".join(f"{s:.1f}" for s in t.times),
                **speedup(found["unpatched"], t), "peak_gb": peaks.get(name)}
         if name == "toma":
-            below_lower_bound(row, 1e3 * found["lower bound"].median, 1e3 * t.median)
+            versus_lower_bound(row, t, found["lower bound"])
             row["planning_s"] = sum(r.build_seconds for r in recorder.runs) / len(recorder.runs)
             row["levels"] = {k: list(v) for k, v in levels.items()}
         rows.append(row)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .baselines import ToMeSD, todo_attn1_patch, todo_tokens, tomesd_matching
-from .common import MIN_REPS, Timing, below_lower_bound, peak_memory, speedup
+from .common import MIN_REPS, Timing, peak_memory, speedup, versus_lower_bound
 from .config import BenchConfig, load_pack, timings
 from .photos import photo_tokens
 from .reference_blocks import (
@@ -89,13 +89,14 @@ class Prepared:
 def variants(ratios: tuple[float, ...], tile_counts: tuple[int, ...], baselines: bool = True,
              lower_bounds: bool = True) -> list[Variant]:
     """The variant list: unpatched, ToMA (both scopes, each ratio at the default tile count,
-    other tile counts at 0.5), lower bounds, ToMeSD and ToDo."""
+    each followed by its lower bound, so that the two run side by side; other tile counts at
+    0.5), ToMeSD and ToDo."""
     out = [UNPATCHED]
     for scope in SCOPES:
-        out += [Variant("toma", scope, r, DEFAULT_TILES) for r in ratios]
+        for r in ratios:
+            out.append(Variant("toma", scope, r, DEFAULT_TILES))
+            out += [Variant("lower bound", scope, r)] if lower_bounds else []
         out += [Variant("toma", scope, 0.5, t) for t in tile_counts if t != DEFAULT_TILES]
-    if lower_bounds:
-        out += [Variant("lower bound", s, r) for s in SCOPES for r in ratios]
     if baselines:
         if tomesd_matching() is not None:
             out += [Variant("tomesd", s, r) for s in SCOPES for r in ratios]
@@ -255,7 +256,7 @@ def bench_level(level: Level, cfg: BenchConfig, vs: list[Variant],
         row.update(speedup(base, total))
         bound = lower.get((v.scope, v.ratio))
         if bound is not None and v.method in ("toma", "tomesd") and bound[0] == p.tokens:
-            below_lower_bound(row, 1e3 * bound[1].median, row["ms_total"])
+            versus_lower_bound(row, total, bound[1])
         if v.method != "lower bound":
             row.update(output_errors(outputs[v], ref, x))
         if cfg.device.type == "cuda":

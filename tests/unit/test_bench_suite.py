@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import bench.__main__ as suite
 from bench import common, kernels, unet_blocks
 from bench.baselines import ToMeSD, tomesd_matching
-from bench.common import Timing, below_lower_bound, interleaved, speedup
+from bench.common import Timing, interleaved, speedup, versus_lower_bound
 from bench.config import ROOT, default_config
 from bench.fidelity import pareto
 from bench.photos import photo_tokens
@@ -259,13 +259,16 @@ def test_unet_rows_carry_spread_range_and_flags(monkeypatch: pytest.MonkeyPatch,
     assert toma["vs_lb"] > 1 and "flag" not in toma
 
 
-def test_below_lower_bound_flags() -> None:
+def test_versus_lower_bound_pairs_repetitions_and_flags() -> None:
+    """vs_lb is the median of the side-by-side ratios; below 1 the row is flagged."""
+    bound = Timing((0.010, 0.020, 0.012))
     row: dict = {}
-    below_lower_bound(row, bound_ms=10.0, ms=9.0)
-    assert row["vs_lb"] == pytest.approx(0.9) and "lower bound" in row["flag"]
+    versus_lower_bound(row, Timing((0.009, 0.019, 0.0132)), bound)
+    assert row["lb_ms"] == pytest.approx(12.0)
+    assert row["vs_lb"] == pytest.approx(0.95) and "lower bound" in row["flag"]
     row = {}
-    below_lower_bound(row, bound_ms=10.0, ms=10.5)
-    assert "flag" not in row
+    versus_lower_bound(row, Timing((0.0105, 0.021, 0.0126)), bound)
+    assert row["vs_lb"] == pytest.approx(1.05) and "flag" not in row
 
 
 # -------------------------------------------------------------------- report and targets
@@ -298,7 +301,7 @@ def test_missed_targets_say_by_how_much() -> None:
 
 def test_flagged_rows_are_not_judged_and_are_reported() -> None:
     row = _unet_row("64x64x640", speedup=2.5)
-    below_lower_bound(row, bound_ms=10.0, ms=9.5)
+    versus_lower_bound(row, Timing((0.0095,) * 3), Timing((0.010,) * 3))
     sections = {"unet": {"rows": [row], "measured_on": "Test CPU 9000 (-), 1 thread(s)"}}
     result = _result(sections)
     target = next(t for t in result["targets"] if "lower bound" in t["target"])
