@@ -126,10 +126,12 @@ def _args(inputs: dict, kind: str) -> dict:
 
 
 class _Toma:
-    """flux_patch's replace patch for one block, with its state, run and model call set up."""
+    """dit_patch's replace patch for one Flux block, with its state, run and model call set up."""
 
     def __init__(self, kind: str, block: torch.nn.Module, ratio: float, scope: str) -> None:
-        from toma_pack.nodes.flux_patch import FluxToMA
+        from toma_pack.nodes.dit_patch import DiTToMA
+        from toma_pack.nodes.families import flux
+        from toma_pack.nodes.flux_patch import AttentionScope
         from toma_pack.nodes.options import make_options
         from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
 
@@ -137,26 +139,28 @@ class _Toma:
                                        recompute_every=1000), "flux")
         self.state = state
         # the model call the blocks run in (sampling opens it in the APPLY_MODEL wrapper)
-        self.call = ModelCall(RunState(1000), grid=(GRID, GRID), data={"txt_len": TEXT})
+        self.call = ModelCall(RunState(1000), grid=(1, GRID, GRID), data={"txt_len": TEXT})
         self.kind, self.block = kind, block
-        self.toma = FluxToMA(state, 2, scope, {(kind, 0): 0})
-        make = self.toma.double_block if kind == "double" else self.toma.single_block
-        self.patch = make(0, None)
+        self.spec = flux.KINDS[0 if kind == "double" else 1]
+        self.attention = AttentionScope(state) if scope == "attention" else None
+        self.toma = DiTToMA(state, flux.description((1, 2, 2)), {(self.spec.key, 0): 0},
+                            self.attention)
+        self.patch = self.toma.replace_patch(self.spec, 0, None)
         wrap = _double_wrap if kind == "double" else _single_wrap
         self.extra = {"original_block": wrap(block)}
 
     def __call__(self, args: dict) -> dict:
         with self.state.model_call(self.call):
-            if self.kind == "double" and self.toma.double_scope == "attention":
+            if self.kind == "double" and self.attention is not None:
                 return self._with_hooks(args)
             return self.patch(args, self.extra)
 
     def _with_hooks(self, args: dict) -> dict:
-        """The object patches patch_flux installs, set on the block for this call."""
+        """The object patches the attention scope installs, set on the block for this call."""
         attn = self.block.img_attn
         originals = {name: getattr(attn, name).forward for name in ("qkv", "proj")}
-        attn.qkv.forward = self.toma.qkv_forward(0, originals["qkv"])
-        attn.proj.forward = self.toma.proj_forward(0, originals["proj"])
+        attn.qkv.forward = self.attention.qkv_forward(0, originals["qkv"])
+        attn.proj.forward = self.attention.proj_forward(0, originals["proj"])
         try:
             return self.patch(args, self.extra)
         finally:
@@ -167,13 +171,8 @@ class _Toma:
         """Build this block's plan afresh (it is kept for the timed calls)."""
         self.call.run.clear_plans()
         with torch.inference_mode(), self.state.model_call(self.call):
-            return self.toma.plan_for(self.kind, 0, *self._plan_args(inputs))
-
-    def _plan_args(self, inputs: dict) -> tuple:
-        if self.kind == "double":
-            return inputs["img"], 0, {}, inputs["pe"], None, TEXT + GRID * GRID
-        seq = torch.cat((inputs["txt"], inputs["img"]), 1)
-        return seq, TEXT, {}, inputs["pe"], None, seq.shape[1]
+            found = self.toma.plan_for(self.spec, 0, _args(inputs, self.kind), {}, self.call)
+            return None if found is None else found[0]
 
 
 def _image_out(kind: str, out: dict) -> torch.Tensor:

@@ -4,40 +4,36 @@ from __future__ import annotations
 
 import logging
 
+from .dit_families import Family
 from .options import ToMAOptions
 from .run_state import ToMAState, plain_function
 
 log = logging.getLogger("ToMA")
 
-SUPPORTED = ("SDXL, SD1.5 and SD2 (ComfyUI's UNet), Flux.1 dev/schnell, Flux Kontext and Chroma "
-             "(ComfyUI's Flux double/single block models)")
+SUPPORTED = ("SDXL, SD1.5 and SD2 (ComfyUI's UNet), Flux.1 dev/schnell, Flux Kontext, Flux 2, "
+             "Chroma, Wan 2.1/2.2, HunyuanVideo 1.0/1.5, Qwen-Image (and Edit), SD3/SD3.5, "
+             "Lumina 2 and Z-Image")
 WRAPPER_KEY = "toma"
 
 
-def model_family(model) -> str:
-    """'unet' or 'flux' for a ModelPatcher, or ValueError naming what is supported."""
+def model_family(model) -> str | Family:
+    """"unet", or the Family of a diffusion transformer, for a ModelPatcher; ValueError naming
+    what is supported otherwise (at every ratio: one rule for every model)."""
     from comfy.ldm.modules.attention import SpatialVideoTransformer
     from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
+
+    from .families import family_of
 
     diffusion_model = model.get_model_object("diffusion_model")
     if isinstance(diffusion_model, UNetModel):
         if any(isinstance(m, SpatialVideoTransformer) for m in diffusion_model.modules()):
             raise ValueError(f"ToMA does not support video UNets; supported: {SUPPORTED}")
         return "unet"
-    if isinstance(diffusion_model, _flux_classes()):
-        return "flux"
-    raise ValueError(f"ToMA cannot patch {type(diffusion_model).__name__} models; "
-                     f"supported: {SUPPORTED}")
-
-
-def _flux_classes() -> tuple[type, ...]:
-    """Models with Flux's token layout (text first, then a row-major 2-D image grid) and its
-    double/single block loop with "dit" replace patches. Chroma before v0.8 has its own copies
-    of Flux's block classes, so the model class is what is checked, not the blocks'."""
-    from comfy.ldm.chroma.model import Chroma
-    from comfy.ldm.flux.model import Flux
-
-    return (Flux, Chroma)
+    family = family_of(diffusion_model)
+    if family is None:
+        raise ValueError(f"ToMA cannot patch {type(diffusion_model).__name__} models; "
+                         f"supported: {SUPPORTED}")
+    return family
 
 
 def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
@@ -52,7 +48,7 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
         return patched
     from comfy.patcher_extension import WrappersMP
 
-    state = ToMAState(options, family, node_id)
+    state = ToMAState(options, family if family == "unet" else family.name, node_id)
     patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY,
                                  plain_function(state.outer_sample_wrapper))
     patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY,
@@ -62,7 +58,7 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
 
         patch_unet(patched, state, options.merge_scope)
     else:
-        from .flux_patch import patch_flux
+        from .dit_patch import patch_dit
 
-        patch_flux(patched, state)
+        patch_dit(patched, state, family)
     return patched

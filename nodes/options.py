@@ -24,10 +24,32 @@ MAX_BLOCK_INDEX = 999
 
 @dataclass(frozen=True)
 class SkipBlocks:
-    """Flux blocks left unmerged: indices of double and of single blocks."""
+    """Blocks left unmerged: indices of double and of single blocks (Flux, HunyuanVideo), and
+    indices written without a letter (models with one kind of block: Wan, Qwen-Image, ...)."""
 
     double: frozenset[int]
     single: frozenset[int]
+    plain: frozenset[int] = frozenset()
+
+    def for_kinds(self, kinds: list[tuple[str, int]]) -> list[frozenset[int]]:
+        """The skipped indices of each block kind of a model, given as (letter, depth) pairs:
+        [("d", doubles), ("s", singles)], or [("", blocks)] for one kind of block, where "d",
+        "s" and bare indices all name its blocks (so the default "d0-4, s0-4" leaves blocks
+        0-4 alone). Raises ValueError for indices past the depth or a notation the model
+        cannot have."""
+        if len(kinds) == 1 and kinds[0][0] == "":
+            picked, depth = self.plain | self.double | self.single, kinds[0][1]
+            beyond = sorted(i for i in picked if i >= depth)
+            if beyond:
+                raise ValueError(f"skip_blocks: {beyond[0]} is past this model's depth "
+                                 f"({depth} blocks, 0-{depth - 1})")
+            return [picked]
+        if self.plain:
+            raise ValueError(f"skip_blocks: this model has double and single blocks; write "
+                             f"d<i> or s<i>, e.g. {DEFAULT_SKIP_BLOCKS!r}")
+        depths = dict(kinds)
+        self.check_depth(depths.get("d", 0), depths.get("s", 0))
+        return [self.double if letter == "d" else self.single for letter, _ in kinds]
 
     def check_depth(self, double_blocks: int, single_blocks: int) -> None:
         """Raise when an index lies past the model's depth."""
@@ -41,17 +63,19 @@ class SkipBlocks:
                     f"{kind}0-{kind}{depth - 1})")
 
 
-_PART = re.compile(r"^([ds])(\d+)(?:-\1?(\d+))?$")
+_PART = re.compile(r"^([ds]?)(\d+)(?:-\1?(\d+))?$")
 
 
 def parse_skip_blocks(text: str) -> SkipBlocks:
     """Parse e.g. "d0-4, s0-4" (double blocks 0..4, single blocks 0..4; ranges inclusive).
 
     Parts are separated by commas or spaces: "d3" one block, "d0-4" or "d0-d4" a range,
-    "none" or an empty text skips nothing.
+    "none" or an empty text skips nothing. Without a letter ("0-4") for models with one kind
+    of block.
     """
     double: set[int] = set()
     single: set[int] = set()
+    plain: set[int] = set()
     cleaned = text.strip().lower()
     if cleaned in ("", "none"):
         return SkipBlocks(frozenset(), frozenset())
@@ -62,14 +86,15 @@ def parse_skip_blocks(text: str) -> SkipBlocks:
         if not match:
             raise ValueError(f"skip_blocks: cannot read {part!r}; write double blocks as d<i> or "
                              f"d<i>-<j> and single blocks as s<i> or s<i>-<j>, e.g. "
-                             f"{DEFAULT_SKIP_BLOCKS!r}")
+                             f"{DEFAULT_SKIP_BLOCKS!r}, or <i>-<j> on models with one kind of "
+                             f"block")
         kind, first, last = match.group(1), match.group(2), match.group(3)
         first_i = _block_index(kind, first)
         last_i = _block_index(kind, last) if last is not None else first_i
         if last_i < first_i:
             raise ValueError(f"skip_blocks: range {part!r} runs backwards")
-        (double if kind == "d" else single).update(range(first_i, last_i + 1))
-    return SkipBlocks(frozenset(double), frozenset(single))
+        {"d": double, "s": single, "": plain}[kind].update(range(first_i, last_i + 1))
+    return SkipBlocks(frozenset(double), frozenset(single), frozenset(plain))
 
 
 def _block_index(kind: str, digits: str) -> int:

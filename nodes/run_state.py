@@ -133,7 +133,9 @@ class ModelCall:
     data: dict = field(default_factory=dict)
 
 
-Describe = Callable[[ModelCall, object, dict], None]
+# family hook: fills call.grid / data / mergeable from apply_model's arguments; returns why the
+# call cannot merge when the user should know
+Describe = Callable[[ModelCall, object, dict], str | None]
 
 
 class ToMAState:
@@ -145,7 +147,6 @@ class ToMAState:
         self.node_id = node_id
         # transformer_options key of this node's RunState during a run
         self.key = f"toma_run_{uuid.uuid4().hex[:12]}"
-        # family hook: describe(call, base_model, arguments) fills call.grid / data / mergeable
         self.describe: Describe | None = None
         self.notices: list[str] = []   # said once per node, shown in every run's stats
         self._local = threading.local()
@@ -188,7 +189,9 @@ class ToMAState:
                          (tuple(options.get("uuids") or ()),
                           tuple(options.get("cond_or_uncond") or ())))
         if self.describe is not None:
-            self.describe(call, executor.class_obj, arguments)
+            why = self.describe(call, executor.class_obj, arguments)
+            if why:
+                self.notice(why)
         with self.model_call(call):
             return executor(*args, **kwargs)
 
@@ -218,7 +221,8 @@ class ToMAState:
         """The sampling step of this thread's model call when merging is on for it, else None.
 
         The step comes from the call's sigma within the sampler's schedule, so every model call
-        of one step (CFG halves, Heun's second evaluation) gets the same answer; it is worked
+        at one noise level (CFG halves; Heun's corrector, which evaluates at the next step's
+        sigma, and that step's first call) gets the same answer (see step_index); it is worked
         out once per call (one host read of sigma).
         """
         call = self.current()

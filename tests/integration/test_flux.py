@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 import comfy_harness as ch
 from toma_pack.nodes.apply import apply_toma
-from toma_pack.nodes.flux_patch import DEFAULT_TILE_COUNT, existing_replace
+from toma_pack.nodes.dit_patch import existing_replace
+from toma_pack.nodes.families.flux import DEFAULT_TILE_COUNT
 from toma_pack.nodes.options import make_options
 from toma_pack.toma_core import build_plan, destinations_per_region, make_regions
 
@@ -362,7 +363,6 @@ def test_skipping_every_block_merges_nothing(flux):
 def test_unfit_mask_leaves_blocks_unmerged_with_one_warning(flux, caplog):
     """A mask whose query dim is neither 1 nor the sequence cannot be gathered: the blocks run
     unmerged (attention then rejects the mask exactly as it would without ToMA)."""
-    from toma_pack.nodes.flux_patch import patch_flux
     from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
 
     state = ToMAState(make_options(RATIO, skip_blocks="none"), "flux")
@@ -381,7 +381,7 @@ def test_unfit_mask_leaves_blocks_unmerged_with_one_warning(flux, caplog):
             "vec": torch.randn(1, 64), "pe": torch.randn(1, 1, 88, 8, 2, 2),
             "attn_mask": torch.zeros(1, 7, 88), "transformer_options": {}}
     with caplog.at_level(logging.WARNING, logger="ToMA"), \
-            state.model_call(ModelCall(RunState(5), grid=(8, 10))):
+            state.model_call(ModelCall(RunState(5), grid=(1, 8, 10))):
         patch(args, {"original_block": original})
         patch(args, {"original_block": original})
         args["attn_mask"] = torch.zeros(1, 1, 88)        # key-padding form: gathered, merged
@@ -392,17 +392,24 @@ def test_unfit_mask_leaves_blocks_unmerged_with_one_warning(flux, caplog):
 
 
 # Direct calls of the replace patches on the model's real blocks -----------------------------------
+def patch_flux(model, state) -> None:
+    """ToMA's block patches on a Flux-family ModelPatcher (what apply_toma installs)."""
+    from toma_pack.nodes.dit_patch import patch_dit
+    from toma_pack.nodes.families import family_of
+
+    patch_dit(model, state, family_of(model.model.diffusion_model))
+
+
 @contextlib.contextmanager
 def _direct(flux, scope: str = "block", grid: tuple[int, int] = (8, 10)):
     """patch_flux on a clone, with a model call of an h x w grid open on this thread (what
     run_state's APPLY_MODEL wrapper does around a real model call): yields (model, call)."""
-    from toma_pack.nodes.flux_patch import patch_flux
     from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
 
     state = ToMAState(make_options(RATIO, skip_blocks="none", merge_scope=scope), "flux")
     model = flux.clone()
     patch_flux(model, state)
-    call = ModelCall(RunState(5), grid=grid, data={"txt_len": TEXT_TOKENS})
+    call = ModelCall(RunState(5), grid=(1, *grid), data={"txt_len": TEXT_TOKENS})
     with state.model_call(call):
         yield model, call
 

@@ -17,23 +17,23 @@ def _patcher(config):
     return comfy.model_patcher.ModelPatcher(config.get_model({}, device=ch.CPU), ch.CPU, ch.CPU)
 
 
-def tiny_sd3():
-    """A two-block SD3 (MMDiT)."""
+def tiny_wan_camera():
+    """Wan with camera control (CameraWanModel): another token layout than Wan's."""
     import comfy.supported_models
-
-    return _patcher(comfy.supported_models.SD3({
-        "in_channels": 16, "out_channels": 16, "patch_size": 2, "depth": 2,
-        "adm_in_channels": 64, "pos_embed_max_size": 16, "num_patches": 256,
-        "pos_embed_scaling_factor": None,
-        "context_embedder_config": {"target": "torch.nn.Linear",
-                                    "params": {"in_features": 64, "out_features": 128}}}))
-
-
-def tiny_hunyuan_video():
-    """HunyuanVideo: Flux's block classes on a video token layout."""
     import tiny_models
 
-    return tiny_models.tiny_patcher("hunyuan_video")
+    config = tiny_models.family("wan21_t2v").unet_config()
+    return _patcher(comfy.supported_models.WAN21_Camera(
+        {**config, "model_type": "camera", "in_dim": 32}))
+
+
+def tiny_hunyuan_image():
+    """HunyuanImage 2.1: HunyuanVideo's class with 2-D patches, an image model."""
+    import comfy.supported_models
+    import tiny_models
+
+    config = tiny_models.family("hunyuan_video").unet_config()
+    return _patcher(comfy.supported_models.HunyuanImage21({**config, "patch_size": [2, 2]}))
 
 
 def tiny_hunyuan3d():
@@ -61,7 +61,8 @@ def tiny_svd():
     return _patcher(config)
 
 
-MODELS = {"sd3": (tiny_sd3, "MMDiT"), "hunyuan_video": (tiny_hunyuan_video, "HunyuanVideo"),
+MODELS = {"wan_camera": (tiny_wan_camera, "CameraWanModel"),
+          "hunyuan_image": (tiny_hunyuan_image, "HunyuanVideo"),
           "hunyuan3d": (tiny_hunyuan3d, "Hunyuan3Dv2"), "svd": (tiny_svd, "video UNet")}
 
 

@@ -40,7 +40,7 @@ def test_s_with_space_before_number_is_rejected():
 @pytest.mark.parametrize("text, fragment", [
     ("x3", "cannot read 'x3'"),
     ("d", "cannot read 'd'"),
-    ("3", "cannot read '3'"),
+    ("3-d4", "cannot read '3-d4'"),
     ("d1-s4", "cannot read 'd1-s4'"),
     ("d-3", "cannot read 'd-3'"),
     ("d1.5", "cannot read 'd1.5'"),
@@ -140,3 +140,22 @@ def test_choice_error_lists_the_choices():
     with pytest.raises(ValueError, match="merge_scope must be one of auto, block, attention; "
                                          "got 'model'"):
         make_options(merge_scope="model")
+
+
+# skip_blocks on models with one kind of block (H1, issue 13) ------------------------------------
+def test_bare_indices_name_the_blocks_of_one_kind_models():
+    skip = parse_skip_blocks("0-2, 7")
+    assert skip.plain == {0, 1, 2, 7} and not skip.double and not skip.single
+    assert skip.for_kinds([("", 10)]) == [{0, 1, 2, 7}]
+    # d and s name the same blocks there: the default leaves blocks 0-4 alone
+    assert parse_skip_blocks(DEFAULT_SKIP_BLOCKS).for_kinds([("", 30)]) == [set(range(5))]
+    assert parse_skip_blocks("d0-4, s0-4").for_kinds([("d", 19), ("s", 38)]) == [
+        set(range(5)), set(range(5))]
+
+
+def test_one_kind_notation_errors():
+    with pytest.raises(ValueError, match=r"skip_blocks: 5 is past this model's depth "
+                                         r"\(5 blocks, 0-4\)"):
+        parse_skip_blocks("0-7").for_kinds([("", 5)])
+    with pytest.raises(ValueError, match="this model has double and single blocks"):
+        parse_skip_blocks("0-4").for_kinds([("d", 19), ("s", 38)])

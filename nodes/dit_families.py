@@ -1,0 +1,133 @@
+"""What ToMA needs to know about each diffusion transformer family ComfyUI runs.
+
+A `Family` says which blocks get a patch and how (a "dit" replace patch where ComfyUI's block
+loop has them, an object patch on the block's forward where it does not), where the image grid
+sits in a block call's arguments (`BlockKind`), the patch size that turns the latent into the
+(t, h, w) token grid, the default tiles, and a `describe` hook that reads one model call's inputs
+(the latent, references, conditioning frames) into the ModelCall: grid, tokens in front of the
+grid that never merge, or no merging at all. dit_patch.py is the one patch that reads them.
+
+Token layout in a block call, per kind (stream = the tensor holding the image grid):
+
+    stream = [prefix][grid: t*h*w tokens][suffix]
+
+prefix: the text when it is in the stream and comes first (`text` "stream_before"), then tokens
+that never merge (reference latents put in front, image-to-video conditioning frames); suffix:
+everything after the grid (reference images, padding, text that comes last). Positional rows
+(RoPE) and attention masks follow the attention sequence, which also holds the text when the
+block attends over [text; image] ("before") or [image; text] ("after").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .run_state import ModelCall
+
+TEXT_POSITIONS = ("before", "after", "stream_before", "stream_after", "none")
+
+
+@dataclass(frozen=True)
+class BlockKind:
+    """One kind of block and how its call carries the tokens.
+
+    key: the "dit" replace key ("double_block"/"single_block"); modules: the diffusion model's
+    attribute holding these blocks; letter: its skip_blocks letter ("" in one-kind families);
+    text: where the text is (TEXT_POSITIONS, see the module docstring); stream / txt / pe / mask:
+    argument names of the image stream, the separate text stream, the positional rows and the
+    attention mask (None: the block has none); mask_dims: the mask's token dims;
+    frame_rows: argument holding per-frame modulation rows along dim 1 (Wan's e0), or None;
+    hook: "dit" (replace patch) or "object" (patch of the block's forward).
+    """
+
+    key: str
+    modules: str
+    letter: str
+    text: str
+    stream: str = "img"
+    txt: str | None = "txt"
+    pe: str | None = "pe"
+    mask: str | None = None
+    mask_dims: tuple[int, ...] = (-2, -1)
+    frame_rows: str | None = None
+    hook: str = "dit"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: its blocks, token grid and per-call reading.
+
+    patch: (t, h, w) patch size (images: t 1); tile_count 0 gives `tile_count` tiles per frame
+    when set, else tiles of about `tokens_per_tile` tokens; `frames_per_tile` frames deep;
+    describe(call, base_model, arguments): reads one model call (apply_model's arguments by
+    name) into `call`; returns why the call cannot merge when the user should know, else None.
+    """
+
+    name: str
+    label: str
+    kinds: tuple[BlockKind, ...]
+    patch: tuple[int, int, int]
+    describe: Callable[[ModelCall, object, dict], str | None]
+    tokens_per_tile: int = 16
+    tile_count: int = 0
+    frames_per_tile: int = 1
+    # transformer_options["patches"] kinds that run inside this family's blocks and read tokens
+    # by their grid position (not by img_slice): blocks carrying them run unmerged
+    foreign_patches: tuple[str, ...] = ()
+    attention_scope: bool = False     # Flux's double blocks have ToMA's attention-only variant
+
+
+# Reading a model call -------------------------------------------------------------------------
+def latent_grid(x: object, patch: tuple[int, int, int]) -> tuple[int, int, int] | None:
+    """(t, h, w) tokens of a latent [B, C, H, W] or [B, C, T, H, W], each side padded up to
+    the patch size (what every family here does); None for anything else."""
+    if not torch.is_tensor(x) or x.dim() not in (4, 5):
+        return None
+    sides = (1, *x.shape[-2:]) if x.dim() == 4 else tuple(x.shape[-3:])
+    return tuple(math.ceil(int(s) / p) for s, p in zip(sides, patch, strict=True))
+
+
+def set_grid(call: ModelCall, grid: tuple[int, int, int] | None, prefix: int = 0,
+             protect_frames: int = 0) -> None:
+    """call.grid = the grid's mergeable part: `protect_frames` leading frames join the prefix
+    (tokens before the grid that never merge), together with `prefix` other tokens."""
+    if grid is None or grid[0] <= protect_frames:
+        call.grid, call.mergeable = None, False
+        return
+    t, h, w = grid
+    call.grid = (t - protect_frames, h, w)
+    call.data["prefix"] = prefix + protect_frames * h * w
+    call.data["protected_frames"] = protect_frames
+
+
+def describe_plain(patch: tuple[int, int, int]) -> Callable[[ModelCall, object, dict], None]:
+    """describe for families whose call is the latent alone (SD3)."""
+
+    def describe(call: ModelCall, base_model, arguments: dict) -> None:
+        set_grid(call, latent_grid(arguments.get("x"), patch))
+
+    return describe
+
+
+def zero_timestep_frames(mask: object, frames: int) -> int:
+    """Leading latent frames a denoise mask [B|1, C|1, T, H, W] keeps entirely (all zero):
+    image-to-video conditioning frames. 0 without such a mask."""
+    if not torch.is_tensor(mask) or mask.dim() != 5 or mask.shape[2] != frames:
+        return 0
+    kept = (mask.float().abs().amax(dim=(0, 1, 3, 4)) == 0).tolist()
+    count = 0
+    while count < len(kept) and kept[count]:
+        count += 1
+    return count
+
+
+def timestep_zero_refs(arguments: dict, default_method: object) -> bool:
+    """Whether the call's reference latents use "index_timestep_zero" (method from the call,
+    else the model's default read now)."""
+    refs = arguments.get("ref_latents")
+    method = arguments.get("ref_latents_method") or default_method
+    return refs is not None and len(refs) > 0 and method == "index_timestep_zero"

@@ -1,0 +1,382 @@
+"""ToMA for ComfyUI's diffusion transformers: one block patch for every family in families/.
+
+Each block of the model gets a patch: a "dit" replace patch where ComfyUI's block loop has them,
+else an object patch on the block's forward (the family says which, families/). A merged block
+runs ComfyUI's own block (or the patch another pack put there before, which ToMA wraps) on a
+shorter sequence: the image grid merged, the positional rows (RoPE) and attention-mask rows of
+the destinations, per-frame modulation rows regrouped; text, reference images, padding and
+protected frames untouched. Only the block's update of the grid is unmerged:
+    grid_out = grid + unmerge(block(merge(grid)) - merge(grid))
+and every other token comes straight out of the block.
+
+- The grid (t, h, w) comes from the model call's latent (run_state's APPLY_MODEL wrapper hands
+  the call's arguments to the family's `describe`); regions are tiles of each frame spanning a
+  few frames (toma_core.regions3d), one frame per region where the model modulates every frame
+  on its own.
+- Destinations are chosen once per group of consecutive merged blocks of one kind, from the
+  layer-normed grid tokens entering the group's first block, refreshed on the recompute_every
+  schedule; blocks in skip_blocks run unchanged (and are counted).
+- Other packs' code inside a merged block sees transformer_options flagged as merged (a second
+  ToMA node leaves the sequence alone) with `img_slice` rewritten to the merged sequence.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..toma_core import MergePlan, build_plan
+from ..toma_core.regions3d import make_regions_3d
+from .dit_families import BlockKind, Family
+from .run_state import ModelCall, ToMAState, patch_forward
+
+log = logging.getLogger("ToMA")
+
+# Set in the transformer_options handed to a merged block: a ToMA patch further in (a second
+# ToMA node on the same model) sees it and leaves the already merged sequence alone.
+MERGED_FLAG = "toma_merged"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the grid sits in one block call: `offset` in the stream tensor, `seq_start` in the
+    attention sequence (positional rows, mask) of `seq_len` tokens."""
+
+    offset: int
+    seq_start: int
+    seq_len: int
+
+
+def layout(kind: BlockKind, args: dict, call: ModelCall, options: dict) -> Layout | None:
+    """The grid's place in this call (dit_families' module docstring), None when the text
+    length a single-stream block needs is unknown."""
+    n_stream = args[kind.stream].shape[1]
+    prefix = call.data.get("prefix", 0)
+    txt = args.get(kind.txt) if kind.txt else None
+    n_txt = txt.shape[1] if torch.is_tensor(txt) else 0
+    if kind.text == "before":
+        return Layout(prefix, n_txt + prefix, n_txt + n_stream)
+    if kind.text == "after":
+        return Layout(prefix, prefix, n_stream + n_txt)
+    if kind.text == "stream_before":
+        span = options.get("img_slice")
+        text = int(span[0]) if span else call.data.get("txt_len")
+        if text is None:
+            return None
+        return Layout(text + prefix, text + prefix, n_stream)
+    return Layout(prefix, prefix, n_stream)
+
+
+def token_axis(pe: torch.Tensor) -> int:
+    """The token axis of positional rows: [B, 1, L, ...] (Flux, Qwen, HunyuanVideo) or
+    [B, L, 1, ...] (Wan, Lumina, Qwen before ComfyUI 0.8)."""
+    return 2 if pe.dim() > 2 and pe.shape[1] == 1 else 1
+
+
+def merged_options(options: dict, start: int, removed: int) -> dict:
+    """transformer_options for a block running on a merged sequence: flagged as merged, and
+    `img_slice` (the image part of the sequence, [start, end)) shortened by the `removed`
+    tokens when it holds the grid that starts at `start`."""
+    out = {**options, MERGED_FLAG: True}
+    span = options.get("img_slice")
+    if span is not None and len(span) == 2 and span[0] <= start < span[1]:
+        out["img_slice"] = [span[0], span[1] - removed]
+    return out
+
+
+def mask_fits(mask: torch.Tensor | None, dims: tuple[int, ...], length: int) -> bool:
+    """Whether an attention mask can be merged: each of its token dims spans the sequence of
+    `length` tokens or broadcasts (size 1)."""
+    if mask is None:
+        return True
+    return mask.dim() >= len(dims) and all(mask.shape[d] in (1, length) for d in dims)
+
+
+def merge_mask(plan: MergePlan, mask: torch.Tensor | None, dims: tuple[int, ...], start: int,
+               length: int) -> torch.Tensor | None:
+    """The mask's token dims gathered at the merged positions ([..., L|1, L|1] ->
+    [..., L'|1, L'|1]); a 2-D query x key mask gets a leading batch dim first."""
+    if mask is None:
+        return None
+    out = mask.unsqueeze(0) if mask.dim() == 2 and len(dims) == 2 else mask
+    for dim in dims:
+        if out.shape[dim] == length:
+            out = plan.merge_positions(out, dim % out.dim(), start)
+    return out
+
+
+def regroup_frame_rows(rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Per-frame modulation rows [B, F, ...] for a sequence whose frames now hold `counts`
+    tokens each: every frame's row repeated count / g times, g = gcd(counts), so that a model
+    spreading R rows evenly over the sequence (Wan's repeat_e: g tokens per row) gives each
+    token its own frame's row."""
+    g = math.gcd(*counts)
+    repeats = torch.tensor([c // g for c in counts], device=rows.device)
+    return rows.repeat_interleave(repeats, dim=1)
+
+
+def unmerge_output(plan: MergePlan, x: torch.Tensor, out: torch.Tensor, before: torch.Tensor,
+                   offset: int) -> torch.Tensor:
+    """Full-length block output: grid = x's grid + unmerge(out's grid - before); tokens before
+    and after the grid are taken from `out` as they are.
+    x [B, offset + N + rest, C], out [B, offset + N' + rest, C] -> [B, offset + N + rest, C]."""
+    n, m = plan.tokens, plan.merged_tokens
+    grid = x[:, offset:offset + n] + plan.unmerge(out[:, offset:offset + m] - before)
+    return torch.cat((out[:, :offset], grid, out[:, offset + m:]), dim=1)
+
+
+# The patch ---------------------------------------------------------------------------------------
+class DiTToMA:
+    """The patch functions for one ToMA node on one diffusion transformer.
+
+    groups: (kind key, block index) -> first index of its group, for merged blocks only.
+    attention: the Flux attention-scope helper for double blocks, or None (whole blocks).
+    """
+
+    def __init__(self, state: ToMAState, family: Family, groups: dict[tuple[str, int], int],
+                 attention=None) -> None:
+        self.state = state
+        self.family = family
+        self.groups = groups
+        self.attention = attention
+
+    # One block call ------------------------------------------------------------------------------
+    def block_call(self, kind: BlockKind, index: int, args: dict,
+                   run: Callable[[dict], dict]) -> dict:
+        """Run one block call, merged when it should be; args / run's result are the block's
+        arguments / outputs by name (the "dit" patch form)."""
+        call = self.state.current()
+        options = args.get("transformer_options") or {}
+        txt = args.get(kind.txt) if kind.txt else None
+        if call is not None and torch.is_tensor(txt):
+            call.data["txt_len"] = txt.shape[1]     # for single-stream blocks after these
+        found = self.plan_for(kind, index, args, options, call)
+        if found is None:
+            return run(args)
+        plan, lay, per_frame = found
+        merged_args = self.merged_args(kind, plan, lay, args, options, call, per_frame)
+        if self.attention is not None and kind.letter == "d":
+            return self.attention.run(index, plan, merged_args, run)
+        stream = args[kind.stream]
+        merged = merged_args[kind.stream]
+        before = merged[:, lay.offset:lay.offset + plan.merged_tokens].clone()
+        out = run(merged_args)
+        return {**out, kind.stream: self.restore(plan, stream, out[kind.stream], merged, before,
+                                                 lay.offset)}
+
+    def plan_for(self, kind: BlockKind, index: int, args: dict, options: dict,
+                 call: ModelCall | None) -> tuple[MergePlan, Layout, bool] | None:
+        """(plan, layout, per-frame rows) for this block call, or None to run it unchanged."""
+        layer = f"{kind.letter}{index}"
+        grid = call.grid if call is not None and call.mergeable else None
+        tokens_n = math.prod(grid) if grid else 0
+        level = "x".join(map(str, grid[1:] if grid and grid[0] == 1 else grid or ("?",)))
+
+        def unmerged() -> None:
+            self.state.record(layer, level, tokens_n, None, None)
+
+        stream = args.get(kind.stream)
+        group = self.groups.get((kind.key, index))
+        if (group is None or not tokens_n or options.get(MERGED_FLAG)
+                or not torch.is_tensor(stream) or stream.dim() != 3):
+            return unmerged()
+        lay = layout(kind, args, call, options)
+        if (lay is None or stream.shape[1] < lay.offset + tokens_n
+                or not self.fits(kind, args, lay, layer, options)):
+            return unmerged()
+        per_frame = self.per_frame_rows(kind, args, call, stream, layer)
+        if per_frame is None:
+            return unmerged()
+        step = self.state.active_step(options)
+        if step is None:
+            return unmerged()
+        frames = 1 if per_frame else self.family.frames_per_tile
+        key = (kind.key, group, grid, lay.offset, stream.shape[0], frames)
+        part = stream[:, lay.offset:lay.offset + tokens_n]
+        plan = self.state.plan(key, step, lambda: self.build(part, grid, frames))
+        self.state.record(layer, level, tokens_n, plan, step)
+        return None if plan is None else (plan, lay, per_frame)
+
+    def build(self, part: torch.Tensor, grid: tuple[int, int, int],
+              frames: int) -> MergePlan | None:
+        """A plan for grid tokens part [B, t*h*w, C] from their layer-normed features."""
+        o = self.state.options
+        t, h, w = grid
+        tiles = o.tile_count or self.family.tile_count or max(
+            1, round(h * w / self.family.tokens_per_tile))
+        regions = make_regions_3d(t, h, w, o.region, tiles, frames)
+        return build_plan(F.layer_norm(part.float(), part.shape[-1:]), t * h, w, o.ratio,
+                          tau=o.tau, unmerge=o.unmerge, batch=o.batch_policy, regions=regions)
+
+    def fits(self, kind: BlockKind, args: dict, lay: Layout, layer: str, options: dict) -> bool:
+        """Whether positional rows and mask line up with the sequence, and no other pack's
+        in-block patch reads tokens by their grid position (else the block runs unmerged)."""
+        pe = args.get(kind.pe) if kind.pe else None
+        if torch.is_tensor(pe) and pe.shape[token_axis(pe)] != lay.seq_len:
+            self.state.notice(f"positional rows {tuple(pe.shape)} do not match the "
+                              f"{lay.seq_len}-token sequence; block {layer} and others like it "
+                              f"run unmerged")
+            return False
+        mask = args.get(kind.mask) if kind.mask else None
+        if torch.is_tensor(mask) and not mask_fits(mask, kind.mask_dims, lay.seq_len):
+            self.state.notice(f"attention mask {tuple(mask.shape)} does not span the "
+                              f"{lay.seq_len}-token sequence; block {layer} and others like it "
+                              f"run unmerged")
+            return False
+        foreign = [p for p in self.family.foreign_patches if (options.get("patches") or {}).get(p)]
+        if foreign:
+            self.state.notice(f"other nodes patch inside {self.family.label} blocks "
+                              f"({', '.join(foreign)}) and read tokens by grid position: those "
+                              f"blocks run unmerged")
+            return False
+        return True
+
+    def per_frame_rows(self, kind: BlockKind, args: dict, call: ModelCall,
+                       stream: torch.Tensor, layer: str) -> bool | None:
+        """Whether the block modulates each frame with its own row (then regions are one frame
+        deep); None when those rows cannot be lined up with a merged sequence."""
+        rows = args.get(kind.frame_rows) if kind.frame_rows else None
+        if not torch.is_tensor(rows) or rows.dim() < 3 or rows.shape[1] == 1:
+            return False
+        t, h, w = call.grid
+        frames = call.data.get("protected_frames", 0) + t
+        if rows.shape[1] != frames or stream.shape[1] != frames * h * w:
+            self.state.notice(f"per-frame modulation ({rows.shape[1]} rows) does not line up "
+                              f"with {frames} frames of tokens; block {layer} and others like it "
+                              f"run unmerged")
+            return None
+        return True
+
+    def merged_args(self, kind: BlockKind, plan: MergePlan, lay: Layout, args: dict,
+                    options: dict, call: ModelCall, per_frame: bool) -> dict:
+        """The block's arguments for the merged sequence (the stream stays whole when only the
+        attention merges: the attention helper merges it inside the block)."""
+        out = dict(args)
+        if self.attention is None or kind.letter != "d":
+            out[kind.stream] = plan.merge(args[kind.stream], lay.offset)
+        pe = args.get(kind.pe) if kind.pe else None
+        if torch.is_tensor(pe):
+            out[kind.pe] = plan.merge_positions(pe, token_axis(pe), lay.seq_start)
+        mask = args.get(kind.mask) if kind.mask else None
+        if torch.is_tensor(mask):
+            out[kind.mask] = merge_mask(plan, mask, kind.mask_dims, lay.seq_start, lay.seq_len)
+        if per_frame:
+            t, h, w = call.grid
+            kept = call.data.get("protected_frames", 0)
+            out[kind.frame_rows] = regroup_frame_rows(
+                args[kind.frame_rows], [h * w] * kept + [plan.merged_tokens // t] * t)
+        out["transformer_options"] = merged_options(options, lay.seq_start,
+                                                    plan.tokens - plan.merged_tokens)
+        return out
+
+    def restore(self, plan: MergePlan, x: torch.Tensor, out: torch.Tensor, merged: torch.Tensor,
+                before: torch.Tensor, offset: int) -> torch.Tensor:
+        """unmerge_output, unless the block returned something else than a merged sequence (a
+        caching pack answering from its cache): that is passed on as it is."""
+        if out.shape[:2] != merged.shape[:2]:
+            self.state.notice(f"a block returned {out.shape[1]} tokens for a merged input of "
+                              f"{merged.shape[1]}; its output is passed on unchanged")
+            return out
+        return unmerge_output(plan, x, out, before, offset)
+
+    # The two patch forms -------------------------------------------------------------------------
+    def replace_patch(self, kind: BlockKind, index: int, previous: Callable | None) -> Callable:
+        """The "dit" replace patch of block `index`; `previous` is another pack's patch."""
+
+        def patch(args: dict, extra: dict) -> dict:
+            def run(a: dict) -> dict:
+                return previous(a, extra) if previous is not None else extra["original_block"](a)
+
+            return self.block_call(kind, index, args, run)
+
+        return patch
+
+    def forward_patch(self, kind: BlockKind, index: int, module: torch.nn.Module,
+                      original: Callable) -> Callable:
+        """An object patch for block `index`'s forward: its arguments by name, as the block's
+        own signature names them, through block_call; `original` is what ran there before."""
+        signature = inspect.signature(types.MethodType(type(module).forward, module))
+
+        def forward(*args, **kwargs):
+            try:
+                named = dict(signature.bind(*args, **kwargs).arguments)
+            except TypeError:
+                return original(*args, **kwargs)
+
+            def run(a: dict) -> dict:
+                bound = signature.bind(*args, **kwargs)
+                bound.arguments.update(a)
+                return {kind.stream: original(*bound.args, **bound.kwargs)}
+
+            return self.block_call(kind, index, named, run)[kind.stream]
+
+        return forward
+
+
+# Installation ----------------------------------------------------------------------------------
+def group_starts(depth: int, skipped: frozenset[int] | set[int]) -> dict[int, int]:
+    """Merged block index -> first index of its run of consecutive merged blocks."""
+    groups: dict[int, int] = {}
+    start = None
+    for i in range(depth):
+        if i in skipped:
+            start = None
+            continue
+        start = i if start is None else start
+        groups[i] = start
+    return groups
+
+
+def existing_replace(model, block_kind: str, index: int) -> Callable | None:
+    """Another pack's "dit" replace patch for (block_kind, index) on this ModelPatcher, if any."""
+    to = model.model_options.get("transformer_options", {})
+    return to.get("patches_replace", {}).get("dit", {}).get((block_kind, index))
+
+
+def patch_dit(model, state: ToMAState, family: Family) -> DiTToMA:
+    """Install ToMA on a cloned ModelPatcher `model` of `family` (changes only its options).
+
+    Raises ValueError (shown by the node) for skip_blocks past the model's depth.
+    """
+    diffusion_model = model.get_model_object("diffusion_model")
+    depths = {kind.key: len(getattr(diffusion_model, kind.modules)) for kind in family.kinds}
+    skipped = state.options.skip_blocks.for_kinds([(k.letter, depths[k.key])
+                                                   for k in family.kinds])
+    groups = {(kind.key, i): g for kind, skip in zip(family.kinds, skipped, strict=True)
+              for i, g in group_starts(depths[kind.key], skip).items()}
+    attention = None
+    scope = state.options.merge_scope
+    if scope == "attention":
+        if family.attention_scope:
+            from .flux_patch import AttentionScope
+
+            attention = AttentionScope(state)
+            attention.install(model, diffusion_model,
+                              [i for (key, i) in groups if key == "double_block"])
+        else:
+            state.notice(f"merge_scope attention: {family.label} has no attention-only "
+                         f"variant; whole blocks merge")
+    toma = DiTToMA(state, family, groups, attention)
+    state.describe = family.describe
+    # Skipped blocks get a patch too: it records text lengths and counts them in the stats.
+    for kind in family.kinds:
+        for i in range(depths[kind.key]):
+            if kind.hook == "dit":
+                previous = existing_replace(model, kind.key, i)
+                model.set_model_patch_replace(toma.replace_patch(kind, i, previous), "dit",
+                                              kind.key, i)
+            else:
+                module = getattr(diffusion_model, kind.modules)[i]
+                patch_forward(model, f"{kind.modules}.{i}", module,
+                              lambda original, k=kind, j=i, m=module:
+                              toma.forward_patch(k, j, m, original))
+    log.debug("ToMA: %s patched, %d of %d blocks merged", family.label, len(groups),
+              sum(depths.values()))
+    return toma

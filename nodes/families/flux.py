@@ -1,0 +1,52 @@
+"""Flux.1 dev/schnell, Flux Kontext, Flux 2 and Chroma: double blocks with text and image in
+two streams (attention over [text; image]), then single blocks on [text; image]; reference
+images (Kontext, Flux 2) are appended after the main image tokens and never merge."""
+
+from __future__ import annotations
+
+import inspect
+
+from ..dit_families import BlockKind, Family, latent_grid, set_grid, timestep_zero_refs
+
+# bench/flux_blocks.py, Flux.1 at 1024x1024 (64x64 tokens): 256 tiles (4x4 tokens) per image.
+DEFAULT_TILE_COUNT = 256
+KINDS = (BlockKind("double_block", "double_blocks", "d", "before", mask="attn_mask"),
+         BlockKind("single_block", "single_blocks", "s", "stream_before", txt=None,
+                   mask="attn_mask"))
+
+
+def family(diffusion_model) -> Family | None:
+    from comfy.ldm.chroma.model import Chroma
+    from comfy.ldm.flux.model import Flux
+
+    if type(diffusion_model) not in (Flux, Chroma):
+        return None
+    patch = (1, int(diffusion_model.patch_size), int(diffusion_model.patch_size))
+    # ComfyUI versions whose Flux modulates "index_timestep_zero" references on their own
+    timestep_zero = "timestep_zero_index" in inspect.signature(
+        type(diffusion_model).forward_orig).parameters
+
+    def describe(call, base_model, arguments: dict) -> str | None:
+        """The (1, h, w) grid of latent x. Timestep-zero guard, where this ComfyUI's Flux has
+        that modulation: when the call has reference latents whose method is
+        "index_timestep_zero" (the call's `ref_latents_method`, else the model's
+        `params.default_ref_method` read now, so an object patch of it counts), ComfyUI
+        modulates the main image tokens and the reference tokens differently over spans it
+        fixes before the blocks run; a merged sequence would shift those spans, so the whole
+        call runs unmerged (said once, in the log and the stats line)."""
+        set_grid(call, latent_grid(arguments.get("x"), patch))
+        params = getattr(getattr(base_model, "diffusion_model", None), "params", None)
+        if timestep_zero and timestep_zero_refs(arguments,
+                                                getattr(params, "default_ref_method", None)):
+            call.mergeable = False
+            return ("references with 'index_timestep_zero' modulate fixed token spans; those "
+                    "model calls run unmerged")
+        return None
+
+    return description(patch, describe)
+
+
+def description(patch: tuple[int, int, int], describe=None) -> Family:
+    """The Flux family's Family (benchmarks call blocks without a model call to describe)."""
+    return Family("flux", "Flux", KINDS, patch, describe, tile_count=DEFAULT_TILE_COUNT,
+                  attention_scope=True)

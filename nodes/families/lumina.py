@@ -1,0 +1,60 @@
+"""Lumina 2 and Z-Image (NextDiT): one sequence of [text; image; padding] through one kind of
+block, which ComfyUI calls without replace patches: ToMA patches each block's forward."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..dit_families import BlockKind, Family, latent_grid, set_grid
+
+KINDS = (BlockKind("layer", "layers", "", "stream_before", stream="x", txt=None, pe="freqs_cis",
+                   mask="x_mask", mask_dims=(-1,), hook="object"),)
+
+
+def family(diffusion_model) -> Family | None:
+    from comfy.ldm.lumina.model import NextDiT
+
+    if type(diffusion_model) is not NextDiT:
+        return None
+    size = int(diffusion_model.patch_size)
+    patch = (1, size, size)
+
+    def describe(call, base_model, arguments: dict) -> str | None:
+        """The (1, h, w) grid of latent x and the text length in front of it: the context,
+        padded to `pad_tokens_multiple` (Z-Image); ComfyUI before 0.8 keeps each item's own
+        text length (its attention mask), so a batch merges only when they agree. Z-Image Omni
+        references (ComfyUI 0.33) put other tokens around the image: those calls run
+        unmerged."""
+        set_grid(call, latent_grid(arguments.get("x"), patch))
+        context = arguments.get("c_crossattn")
+        if len(arguments.get("ref_latents") or ()) > 0:
+            call.mergeable = False
+            return "Z-Image Omni references: those model calls run unmerged"
+        if not torch.is_tensor(context):
+            call.mergeable = False
+            return None
+        text = text_length(context, arguments, diffusion_model)
+        if text is None:
+            call.mergeable = False
+            return ("the items of a batch have texts of different lengths (ComfyUI before 0.8 "
+                    "lays them out one by one): those model calls run unmerged")
+        call.data["txt_len"] = text
+        return None
+
+    return Family("lumina", "Lumina 2 / Z-Image", KINDS, patch, describe, tokens_per_tile=16)
+
+
+def text_length(context: torch.Tensor, arguments: dict, diffusion_model) -> int | None:
+    """Tokens in front of the image in the blocks' sequence, None when items differ. NextDiT
+    without `pad_tokens_multiple` (ComfyUI before 0.8) cuts each item's text to its own length:
+    its attention mask's count, else `num_tokens`."""
+    if not hasattr(diffusion_model, "pad_tokens_multiple"):
+        mask = arguments.get("attention_mask")
+        if torch.is_tensor(mask):
+            lengths = mask.sum(dim=-1).flatten().unique()
+            return int(lengths[0]) if len(lengths) == 1 else None
+        return int(arguments.get("num_tokens", context.shape[1]))
+    multiple = diffusion_model.pad_tokens_multiple
+    return math.ceil(context.shape[1] / multiple) * multiple if multiple else context.shape[1]

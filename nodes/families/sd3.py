@@ -1,0 +1,17 @@
+"""SD3 / SD3.5 (MMDiT): one kind of block with text and image in two streams; positions are
+added once before the blocks (no positional rows to gather)."""
+
+from __future__ import annotations
+
+from ..dit_families import BlockKind, Family, describe_plain
+
+KINDS = (BlockKind("double_block", "joint_blocks", "", "before", pe=None),)
+
+
+def family(diffusion_model) -> Family | None:
+    from comfy.ldm.modules.diffusionmodules.mmdit import OpenAISignatureMMDITWrapper
+
+    if type(diffusion_model) is not OpenAISignatureMMDITWrapper:
+        return None
+    patch = (1, int(diffusion_model.patch_size), int(diffusion_model.patch_size))
+    return Family("sd3", "SD3", KINDS, patch, describe_plain(patch), tokens_per_tile=16)

@@ -1,0 +1,282 @@
+"""ToMA on every diffusion transformer family, through ComfyUI's real sampling (tiny models of
+each family from ComfyUI's own classes, tests/integration/tiny_models.py).
+
+Each merged run is recorded by two patches of every block: an inner one installed before ToMA
+(another pack's patch: ToMA wraps it, so it sees exactly what reaches ComfyUI's block) and an
+outer one installed after (it sees the block's real input). Where the family's blocks have
+"dit" replace patches these are replace patches; Lumina 2 / Z-Image get object patches of the
+blocks' forward, like ToMA's own. The plan is rebuilt here from the outer input with toma_core,
+and the layout of each family's block input is written out here from ComfyUI's code
+(.cache/notes/families.md), independently of nodes/families/.
+
+A family this ComfyUI lacks is not skipped: the test asserts it is absent.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_tiny_models import assert_absent, sample_args
+from tiny_models import FAMILIES, TEXT_TOKENS, available, inputs, tiny_patcher, token_grid
+
+import comfy_harness as ch
+from toma_pack.nodes.apply import apply_toma
+from toma_pack.nodes.options import make_options
+from toma_pack.toma_core import build_plan
+from toma_pack.toma_core.regions3d import make_regions_3d
+
+RATIO = 0.5
+TOKENS_PER_TILE = 16     # the families' default tiles (Flux family: 256 tiles)
+PROTECTED_FRAMES = {"wan22_5b_i2v": 1, "hunyuan_video_i2v_v2": 1}
+NAMES = list(FAMILIES)
+
+
+def group(name: str) -> str:
+    for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma"):
+        if name.startswith(prefix):
+            return prefix
+    raise ValueError(name)
+
+
+def lumina_text(name: str, length: int, image: int) -> int:
+    """Tokens in front of the image in a Lumina 2 / Z-Image block's sequence of `length`
+    tokens: [text; image; padding], Z-Image padding the image to a multiple of 32 (and the text
+    too: 7 -> 32)."""
+    padding = (-image) % 32 if name == "z_image" else 0
+    text = length - image - padding
+    assert text == (32 if name == "z_image" else TEXT_TOKENS)
+    return text
+
+
+def flipped(model) -> bool:
+    return bool(getattr(model.model.diffusion_model.double_blocks[0], "flipped_img_txt", False))
+
+
+def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
+               args: dict) -> tuple[int, int]:
+    """(offset of the mergeable grid in the block's stream, its start in the attention sequence
+    (positional rows)) for `kind` ("double_block", "single_block" or "layer"), from the block's
+    arguments `args`."""
+    protected = PROTECTED_FRAMES.get(name, 0) * frame_tokens
+    g = group(name)
+    if g in ("flux2", "chroma"):
+        return (0, txt_len) if kind == "double_block" else (txt_len, txt_len)
+    if g == "qwen":
+        return 0, txt_len
+    if g == "hunyuan":
+        if flipped(model):                                      # [image; text]
+            return protected, protected
+        if kind == "double_block":
+            return protected, txt_len + protected
+        return txt_len + protected, txt_len + protected
+    if g in ("lumina2", "z_image"):
+        text = lumina_text(name, args["x"].shape[1], frame_tokens)
+        return text, text
+    return protected, protected                                 # Wan, SD3
+
+
+# Recording patches ------------------------------------------------------------------------------
+def _snapshot(kind: str, index: int, args: dict) -> tuple[str, int, dict]:
+    return kind, index, {k: (v.clone() if torch.is_tensor(v) else v) for k, v in args.items()
+                         if k != "transformer_options"}
+
+
+class Recorder:
+    """Patches every block of a model to record its arguments and run what was there."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, dict]] = []
+
+    def install(self, model) -> None:
+        dm = model.model.diffusion_model
+        if hasattr(dm, "layers"):                               # Lumina 2 / Z-Image
+            for i, layer in enumerate(dm.layers):
+                key = f"diffusion_model.layers.{i}.forward"
+                previous = model.object_patches.get(key) or types.MethodType(
+                    type(layer).forward, layer)
+                model.add_object_patch(key, self.forward(i, layer, previous))
+            return
+        replace = model.model_options.setdefault("transformer_options", {}).get(
+            "patches_replace", {}).get("dit", {})
+        for kind in ("double_block", "single_block"):
+            for i in range(4):
+                model.set_model_patch_replace(self.patch(kind, i, replace.get((kind, i))), "dit",
+                                              kind, i)
+
+    def patch(self, kind: str, index: int, previous):
+        def f(args: dict, extra: dict) -> dict:
+            self.calls.append(_snapshot(kind, index, args))
+            return previous(args, extra) if previous is not None else extra["original_block"](args)
+
+        return f
+
+    def forward(self, index: int, layer, previous):
+        signature = inspect.signature(types.MethodType(type(layer).forward, layer))
+
+        def f(*args, **kwargs):
+            self.calls.append(_snapshot("layer", index, signature.bind(*args, **kwargs).arguments))
+            return previous(*args, **kwargs)
+
+        return f
+
+
+STREAM = {"layer": "x"}
+PE = {"layer": "freqs_cis"}
+
+
+def recorded_run(name: str, ratio: float = RATIO):
+    """One merged sampling step of the family's tiny model at its odd test size (1 step, CFG
+    where ComfyUI allows it), recorded inside and outside ToMA."""
+    base = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, base, batch, height, width, frames)
+    inner, outer = Recorder(), Recorder()
+    model = base.clone()
+    inner.install(model)
+    toma = apply_toma(model, make_options(ratio, skip_blocks="none"))
+    outer.install(toma)
+    out = ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg,
+                    noise_mask=x.noise_mask)
+    return base, x, inner.calls, outer.calls, out
+
+
+def expected_plan(name: str, outer: torch.Tensor, offset: int, grid: tuple[int, int, int]):
+    """The plan the node's defaults give for the grid tokens of `outer`, rebuilt here."""
+    t, h, w = grid
+    tiles = 256 if group(name) in ("flux2", "chroma") else max(1, round(h * w / TOKENS_PER_TILE))
+    part = outer[:, offset:offset + t * h * w]
+    return build_plan(F.layer_norm(part.float(), part.shape[-1:]), t * h, w, RATIO,
+                      regions=make_regions_3d(t, h, w, "tile", tiles, 1))
+
+
+# Tests ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", NAMES)
+def test_ratio_zero_is_bit_identical(name):
+    if not available(name):
+        return assert_absent(name)
+    model = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, model, batch, height, width, frames)
+    run = {"steps": 2, "cfg": cfg, "noise_mask": x.noise_mask}
+    base = ch.sample(model, x.latent, x.positive, x.negative, **run)
+    off = ch.sample(apply_toma(model, make_options(0.0)), x.latent, x.positive, x.negative, **run)
+    assert torch.equal(off, base)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_merged_blocks_follow_the_plan(name):
+    """In every block: the stream holds the protected prefix and the suffix exactly as they
+    came, and the merged grid (plan.merge of the block's real input grid, plan rebuilt here);
+    positional rows of merged tokens are their destinations' rows; a second patch (the inner
+    recorder) runs for every block, on the merged arguments."""
+    if not available(name):
+        return assert_absent(name)
+    base, x, inner, outer, out = recorded_run(name)
+    assert len(inner) == len(outer) > 0
+    assert out.shape == x.latent.shape and torch.isfinite(out).all()
+    t, h, w = token_grid(name, x.latent.shape)
+    grid = (t - PROTECTED_FRAMES.get(name, 0), h, w)
+    n = math.prod(grid)
+    plans: dict = {}
+    txt_len = 0
+    for (kind, index, a), (_, _, b) in zip(inner, outer, strict=True):
+        if "txt" in b and torch.is_tensor(b["txt"]):
+            txt_len = b["txt"].shape[1]
+        stream = STREAM.get(kind, "img")
+        offset, seq_start = grid_place(name, base, kind, txt_len, h * w, b)
+        if index == 0:                                          # a group's first block
+            plans[kind] = expected_plan(name, b[stream], offset, grid)
+        plan = plans[kind]
+        m = plan.merged_tokens
+        assert m < n
+        assert a[stream].shape[1] == b[stream].shape[1] - (n - m), (kind, index)
+        assert torch.equal(a[stream][:, :offset], b[stream][:, :offset])
+        assert torch.equal(a[stream][:, offset + m:], b[stream][:, offset + n:])
+        assert torch.equal(a[stream][:, offset:offset + m], plan.merge(b[stream], offset)[
+            :, offset:offset + m])                              # measured bit-identical
+        if torch.is_tensor(b.get("vec")) and b["vec"].dim() == 4 and b["vec"].shape[1] > 1:
+            assert_frame_rows(a["vec"], b["vec"], a[stream].shape[1], plan, offset, h * w)
+        pe_key = PE.get(kind, "pe")
+        if pe_key in b and torch.is_tensor(b[pe_key]):
+            pe_in, pe_out = a[pe_key], b[pe_key]
+            axis = 2 if pe_out.shape[1] == 1 else 1
+            for item, dest in enumerate(plan.dest_tokens):
+                i = min(item, pe_out.shape[0] - 1)
+                rows = pe_in[min(item, pe_in.shape[0] - 1)].narrow(axis - 1, seq_start, m)
+                assert torch.equal(rows, pe_out[i].index_select(axis - 1, seq_start + dest))
+            assert torch.equal(pe_in.narrow(axis, 0, seq_start)[:1],
+                               pe_out.narrow(axis, 0, seq_start)[:1])
+
+
+def assert_frame_rows(rows_in: torch.Tensor, rows_out: torch.Tensor, length: int, plan,
+                      offset: int, frame_tokens: int) -> None:
+    """Per-frame modulation rows (Wan 2.2 image-to-video, [B, frames, 6, C]): spread evenly
+    over the merged sequence the way ComfyUI's repeat_e does, every token gets the row of its
+    own frame (protected frames in front, merged tokens their destination's frame)."""
+    per_row = length // rows_in.shape[1]
+    assert per_row * rows_in.shape[1] == length
+    token_rows = rows_in.repeat_interleave(per_row, dim=1)            # [B, length, 6, C]
+    for item, dest in enumerate(plan.dest_tokens):
+        frames = torch.cat((torch.arange(offset) // frame_tokens,
+                            offset // frame_tokens + dest // frame_tokens))
+        assert torch.equal(token_rows[item], rows_out[item].index_select(0, frames))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_items_merge_on_their_own(name):
+    """Batch 2 with CFG: item 0 comes out the same whatever item 1 is (each item and cond /
+    uncond has its own destinations)."""
+    if not available(name):
+        return assert_absent(name)
+    model = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    if batch < 2:            # HunyuanVideo i2v "replace" on ComfyUI < 0.33: one item per call
+        assert ch.comfy_version() < (0, 33)
+    x = inputs(name, model, batch, height, width, frames)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+    import comfy.sample
+
+    noise = comfy.sample.prepare_noise(x.latent, 0)
+    other = noise.clone()
+    other[1:] = torch.randn(other[1:].shape, generator=torch.Generator().manual_seed(7))
+
+    def run(n: torch.Tensor) -> torch.Tensor:
+        return comfy.sample.sample(toma, n, 1, cfg, "euler", "normal", x.positive, x.negative,
+                                   x.latent, noise_mask=x.noise_mask, disable_pbar=True, seed=0)
+
+    both, swapped = run(noise), run(other)
+    assert torch.equal(both[:1], swapped[:1])                  # measured bit-identical
+    if batch > 1:
+        assert not torch.equal(both[1:], swapped[1:])
+
+
+@pytest.mark.parametrize("name", ["wan21_t2v", "hunyuan_video", "qwen_image"])
+def test_skip_blocks_with_one_notation(name):
+    """Families with one kind of block take bare indices ("0"); with two (HunyuanVideo) the
+    letters. Skipped blocks run at full length."""
+    if not available(name):
+        return assert_absent(name)
+    base = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, base, batch, height, width, frames)
+    inner = Recorder()
+    model = base.clone()
+    inner.install(model)
+    skip = "d0, s1" if name == "hunyuan_video" else "0"
+    toma = apply_toma(model, make_options(RATIO, skip_blocks=skip))
+    outer = Recorder()
+    outer.install(toma)
+    ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    shorter = {(k, i) for (k, i, a), (_, _, b) in zip(inner.calls, outer.calls, strict=True)
+               if a["img"].shape[1] < b["img"].shape[1]}
+    merged = {("double_block", 1), ("single_block", 0)} if name == "hunyuan_video" else {
+        ("double_block", 1)}
+    assert shorter == merged
+    with pytest.raises(ValueError, match="past this model's depth"):
+        apply_toma(base, make_options(RATIO, skip_blocks="s5" if name == "hunyuan_video"
+                                      else "0-2"))
