@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from ..toma_core import build_plan, make_regions
 from .options import MAX_RATIO, MAX_TILE_COUNT, check_integer, check_number
+from .toma_node import TILE_DEFAULTS
 
 LEVELS = {
     "16px (SDXL outer, Flux)": 16,
@@ -84,8 +85,8 @@ class ToMAPreview:
             "ratio": ("FLOAT", {"default": 0.5, "min": 0.0, "max": MAX_RATIO, "step": 0.05,
                                 "tooltip": "The ratio you use on the ToMA node."}),
             "tile_count": ("INT", {"default": 64, "min": 1, "max": MAX_TILE_COUNT, "step": 1,
-                                   "tooltip": "Tiles per image (ToMA's default: 64 for UNet "
-                                              "models, 256 for Flux)."}),
+                                   "tooltip": "Tiles per image. ToMA's default (tile_count "
+                                              f"0): {TILE_DEFAULTS}."}),
             "level": (list(LEVELS), {"default": next(iter(LEVELS)),
                                      "tooltip": "Which model level to show: how many pixels "
                                                 "one token covers there."}),

@@ -1,35 +1,76 @@
 """The ToMA and ToMAAdvanced nodes (ComfyUI V1 node API: loads on v0.3.64 and later).
 
 Widget order is part of every saved workflow: new widgets go at the end, none is ever moved,
-renamed or retyped (tests/unit/test_node_inputs.py holds the snapshot).
+renamed or retyped (tests/unit/test_node_inputs.py holds the snapshot). A widget appended later
+must also cope with text in its slot: ComfyUI's frontend 1.35 (ComfyUI 0.8.0) saves the node's
+progress text (the stats of the last run, nodes/ui_stats.py) after the widget values.
+
+Tooltips and the description quote the defaults from the constants that define them.
 """
 
 from __future__ import annotations
 
+import math
+
 from ..toma_core import BATCH_POLICIES, REGION_MODES, UNMERGE_METHODS
 from .apply import SUPPORTED, apply_toma
-from .options import DEFAULT_SKIP_BLOCKS, MAX_RATIO, MERGE_SCOPES, UNET_LEVELS, make_options
+from .families.flux import DEFAULT_TILE_COUNT as FLUX_TILE_COUNT
+from .options import (
+    DEFAULT_SKIP_BLOCKS,
+    MAX_RATIO,
+    MAX_TILE_COUNT,
+    MERGE_SCOPES,
+    UNET_LEVELS,
+    make_options,
+    parse_skip_blocks,
+)
+from .unet_patch import AUTO_MIN_TOKENS, TOKENS_PER_TILE
 
 CATEGORY = "model_patches/ToMA"
 
+# Pixels per token at SDXL's two attention levels (latent / 2 and latent / 4).
+SDXL_OUTER_PX, SDXL_INNER_PX = 16, 32
+
+
+def sdxl_tokens(side: int, pixels_per_token: int) -> int:
+    """Tokens of an SDXL attention level for a side x side image."""
+    return (side // pixels_per_token) ** 2
+
+
+def sdxl_auto_side(pixels_per_token: int) -> int:
+    """The smallest square SDXL image whose level merges with unet_levels auto."""
+    return pixels_per_token * math.isqrt(AUTO_MIN_TOKENS)
+
+
+TILE_DEFAULTS = (
+    f"UNet models use tiles of about {TOKENS_PER_TILE} tokens at every level "
+    f"({sdxl_tokens(1024, SDXL_OUTER_PX) // TOKENS_PER_TILE} tiles at SDXL's outer level at "
+    f"1024x1024, {sdxl_tokens(1024, SDXL_INNER_PX) // TOKENS_PER_TILE} at its inner level), "
+    f"Flux {FLUX_TILE_COUNT} tiles")
+AUTO_LEVELS = (
+    f"UNet levels under {AUTO_MIN_TOKENS} tokens are left alone: on SDXL the inner level below "
+    f"{sdxl_auto_side(SDXL_INNER_PX)}x{sdxl_auto_side(SDXL_INNER_PX)} and every level below "
+    f"{sdxl_auto_side(SDXL_OUTER_PX)}x{sdxl_auto_side(SDXL_OUTER_PX)}")
+
 BASIC_INPUTS = {
-    "model": ("MODEL", {"tooltip": "The diffusion model to speed up (SDXL, SD1.5/2, Flux, "
-                                   "Flux Kontext, Chroma)."}),
+    "model": ("MODEL", {"tooltip": f"The diffusion model to speed up: {SUPPORTED}."}),
     "ratio": ("FLOAT", {
         "default": 0.5, "min": 0.0, "max": MAX_RATIO, "step": 0.05,
         "tooltip": "Fraction of image tokens merged away in merged layers. 0 turns ToMA off "
                    "exactly. 0.5 is the measured sweet spot; 0.75 is faster and softer."}),
     "tile_count": ("INT", {
-        "default": 0, "min": 0, "max": 4096, "step": 1,
+        "default": 0, "min": 0, "max": MAX_TILE_COUNT, "step": 1,
         "tooltip": "Tiles per image at each merged level; destinations are chosen inside each "
-                   "tile. 0 = measured defaults: UNet models use tiles of about 8x8 tokens at "
-                   "every level (64 tiles at SDXL's outer level at 1024x1024), Flux 256 tiles. "
-                   "With region 'stripe' it is the number of stripes."}),
+                   f"tile. 0 = measured defaults: {TILE_DEFAULTS}. With region 'stripe' it is "
+                   "the number of stripes."}),
     "skip_blocks": ("STRING", {
         "default": DEFAULT_SKIP_BLOCKS, "multiline": False,
-        "tooltip": "Flux only: blocks left unmerged, double blocks as d<i> or d<i>-<j>, single "
-                   "blocks as s<i> or s<i>-<j>, e.g. 'd0-4, s0-4'; 'none' merges every block. "
-                   "UNet models (SDXL, SD1.5) ignore it."}),
+        "tooltip": "Transformer models (Flux and the other DiT families): blocks left "
+                   "unmerged, double blocks as d<i> or d<i>-<j>, single blocks as s<i> or "
+                   f"s<i>-<j>, e.g. {DEFAULT_SKIP_BLOCKS!r} (models with one kind of block also "
+                   "take <i>-<j>); 'none' merges every block. UNet models (SDXL, SD1.5) do not "
+                   "use it; an unreadable value is refused when the workflow is queued, "
+                   "whatever the model."}),
     "recompute_every": ("INT", {
         "default": 5, "min": 1, "max": 1000, "step": 1,
         "tooltip": "Destinations and merge weights are rebuilt every N sampling steps and reused "
@@ -47,7 +88,8 @@ ADVANCED_INPUTS = {
     "unet_levels": (list(UNET_LEVELS), {
         "default": "auto",
         "tooltip": "UNet models: which attention levels merge. auto = levels with at least "
-                   "1024 tokens (where merging pays off); all = every level; largest = only the "
+                   f"{AUTO_MIN_TOKENS} tokens (where merging pays off); all = every level; "
+                   "largest = only the "
                    "highest-resolution level with attention. Flux ignores it."}),
     "merge_scope": (list(MERGE_SCOPES), {
         "default": "auto",
@@ -83,9 +125,8 @@ HIDDEN = {"unique_id": "UNIQUE_ID"}
 DESCRIPTION = (
     "ToMA token merging: merges similar image tokens inside tiles so the transformer blocks run "
     "on fewer tokens, then spreads the result back. Put it between the model loader (and any "
-    "LoRA) and the sampler. Helps most at 1024x1024 and above (SDXL, Flux); UNet levels under "
-    "1024 tokens (SDXL below 512x512) are left alone. Works on " + SUPPORTED + "; other models get "
-    "an error.")
+    f"LoRA) and the sampler. Helps most at 1024x1024 and above. With unet_levels auto, "
+    f"{AUTO_LEVELS}. Works on {SUPPORTED}; other models get an error.")
 
 
 class ToMA:
@@ -99,6 +140,20 @@ class ToMA:
     FUNCTION = "patch"
     CATEGORY = CATEGORY
     DESCRIPTION = DESCRIPTION
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, skip_blocks: str | None = None) -> bool | str:  # noqa: N802
+        """ComfyUI's check before the graph runs: an unreadable skip_blocks fails the queueing
+        with the parser's message on every model (UNet models do not use the value, and a typo
+        should not wait for a Flux model to surface). None: the value comes through a link
+        and is known only when the node runs, where make_options checks it."""
+        if skip_blocks is None:
+            return True
+        try:
+            parse_skip_blocks(skip_blocks)
+        except ValueError as error:
+            return str(error)
+        return True
 
     def patch(self, model, ratio: float, tile_count: int, skip_blocks: str, recompute_every: int,
               unique_id: str | None = None, **advanced) -> tuple:
