@@ -10,9 +10,9 @@ measured:
 - s, speedup: median process CPU time of the whole sampling call (interleaved repetitions),
   and unmerged's time over it;
 - psnr, ssim: of the decoded samples against the unmerged samples of the same seeds;
-- kid: KID (x1000) between the sample sets' features, taken from the unmerged model's own
-  middle (SDXL: middle_block output; Flux: the middle single block's image tokens) at a
-  mid noise level;
+- mmd: MMD^2 (x1000, KID's kernel, bench.quality_metrics.mmd) between the sample sets'
+  features, taken from the unmerged model's own middle (SDXL: middle_block's output; Flux: the
+  middle single block's image tokens) at a mid noise level;
 - dloss: increase of the held-out denoising loss (bench.train's objective on photographs never
   trained on, one sampler step from each noise level to 0 through comfy.sample.sample_custom),
   mean over the held-out noise levels, relative to unmerged's (step caching: not applicable,
@@ -26,9 +26,11 @@ bench report, with the issue's targets checked against them.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,9 +43,9 @@ from .config import ROOT, BenchConfig, load_pack
 log = logging.getLogger(__name__)
 
 DOCS = ROOT / "docs"
-COLUMNS = ("model", "variant", "method", "s", "speedup", "psnr", "ssim", "kid", "dloss",
+COLUMNS = ("model", "variant", "method", "s", "speedup", "psnr", "ssim", "mmd", "dloss",
            "pareto")
-STEPS = 8
+STEPS = 10
 SEEDS = {"sdxl": 2, "flux": 2}           # images per variant (one batch, one seed)
 LABELS = (0, 5, 9, 2)                    # classes of those images (train_photos order)
 SEED = 0
@@ -87,24 +89,29 @@ def variants(layout: str, side: int, quick: bool = False) -> list[Variant]:
         tome = [Variant(f"ToMeSD attention r{r}", "tomesd",
                         lambda p, r=r: qb.unet_tomesd(p, r, "attention"),
                         {"ratio": r, "scope": "attention"}) for r in (0.5, 0.75)]
-        tome.append(Variant("ToMeSD block r0.5", "tomesd",
-                            lambda p: qb.unet_tomesd(p, 0.5, "block"),
-                            {"ratio": 0.5, "scope": "block"}))
-        todo = [Variant("ToDo 2x2", "todo", qb.unet_todo)]
+        tome += [Variant(f"ToMeSD block r{r}", "tomesd",
+                         lambda p, r=r: qb.unet_tomesd(p, r, "block"),
+                         {"ratio": r, "scope": "block"}) for r in (0.5, 0.75)]
+        todo = [Variant(f"ToDo {f}x{f}", "todo", lambda p, f=f: qb.unet_todo(p, f),
+                        {"factor": f}) for f in (2, 4)]
     else:
         h = w = side // 2
         txt = qm.CONTEXT_TOKENS
         tome = [Variant(f"ToMeSD attention r{r}", "tomesd",
                         lambda p, r=r: qb.flux_tomesd(p, r, txt, h, w),
                         {"ratio": r, "scope": "attention"}) for r in (0.5, 0.75)]
-        todo = [Variant("ToDo 2x2", "todo", lambda p: qb.flux_todo(p, txt, h, w))]
+        todo = [Variant(f"ToDo {f}x{f}", "todo", lambda p, f=f: qb.flux_todo(p, txt, h, w, f),
+                        {"factor": f}) for f in (2, 4)]
     cache = [Variant(f"EasyCache {t}", "easycache", lambda p, t=t: qb.easycache(p, t),
-                     {"reuse_threshold": t}) for t in (0.1, 0.3)]
-    out += tome[:1] + todo + cache[:1] if quick else tome + todo + cache
+                     {"reuse_threshold": t}) for t in (0.2, 0.5, 1.0)]
+    out += tome[:1] + todo[:1] + cache[1:2] if quick else tome + todo + cache
     if quick:
         return out
+    defaults = _node_defaults()
     for scope in ("block", "attention"):
         for r in (0.25, 0.5, 0.75):
+            if (r, scope) == (defaults["ratio"], defaults["merge_scope"]):
+                continue          # the defaults' row
             out.append(Variant(f"ToMA {scope} r{r}", "toma", _toma(ratio=r, merge_scope=scope),
                                {"ratio": r, "merge_scope": scope}))
     tiles = (16, 256) if layout == "sdxl" else (16, 64)
@@ -114,6 +121,9 @@ def variants(layout: str, side: int, quick: bool = False) -> list[Variant]:
             Variant("ToMA recompute 1", "toma", _toma(recompute_every=1), {"recompute_every": 1}),
             Variant("ToMA recompute 10", "toma", _toma(recompute_every=10),
                     {"recompute_every": 10})]
+    if layout == "sdxl":
+        out.append(Variant("ToMA levels largest", "toma", _toma(unet_levels="largest"),
+                           {"unet_levels": "largest"}))
     if layout == "flux":
         out += [Variant("ToMA skip none", "toma", _toma(skip_blocks="none"),
                         {"skip_blocks": "none"}),
@@ -180,7 +190,8 @@ def held_out(fixture: qm.Fixture, side: int) -> HeldOut:
     pixels, labels = photos.fixed_crops(side * qm.LATENT_PER_PIXEL[fixture.layout], 1, SEED)
     x0 = data.pixels_to_model_space(pixels, fixture.layout)
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(SEED + 777))
-    return HeldOut(x0, labels, [float(s) for s in held_out_sigmas(fixture)], noise)
+    sigmas = [float(s) for s in held_out_sigmas(fixture)]
+    return HeldOut(x0, labels, sigmas[::2], noise)        # 3 of the 5: lowest, middle, highest
 
 
 def denoising_losses(patcher, fixture: qm.Fixture, ho: HeldOut) -> list[float]:
@@ -195,7 +206,9 @@ def denoising_losses(patcher, fixture: qm.Fixture, ho: HeldOut) -> list[float]:
 def features(patcher, fixture: qm.Fixture, x: torch.Tensor) -> torch.Tensor:
     """Middle-of-the-model features of model-space images x: [tokens of all images, C]."""
     net = fixture.model.diffusion_model
-    module = (net.middle_block if fixture.layout == "sdxl"
+    # UNetModel runs middle_block's layers one by one (forward_timestep_embed), so the hook
+    # goes on its last layer (a ResBlock), whose output is the middle block's.
+    module = (net.middle_block[-1] if fixture.layout == "sdxl"
               else net.single_blocks[len(net.single_blocks) // 2])
     captured: list[torch.Tensor] = []
 
@@ -268,7 +281,7 @@ def measure(layout: str, cfg: BenchConfig, quick: bool, reps: int,
             "model": layout, "variant": v.name, "method": v.method, "settings": v.settings,
             "s": t, "runs_s": [round(x, 2) for x in times[v.name]], "speedup": base_t / t,
             "psnr": psnr, "ssim": ssim,
-            "kid": 1000 * metrics.kid(feats["unmerged"], feats[v.name]),
+            "mmd": 1000 * metrics.mmd(feats["unmerged"], feats[v.name]),
             "dloss": None if loss is None else sum(loss) / len(loss) / base_loss - 1,
             "dloss_per_sigma": loss,
         })
@@ -278,59 +291,85 @@ def measure(layout: str, cfg: BenchConfig, quick: bool, reps: int,
 
 
 def mark_pareto(rows: list[dict]) -> None:
-    """pareto = no other row is at least as fast with at least as good PSNR and KID, and
+    """pareto = no other row is at least as fast with at least as good PSNR and MMD, and
     strictly better in one."""
     for r in rows:
         r["pareto"] = not any(
             o is not r and o["speedup"] >= r["speedup"] and _finite(o["psnr"]) >= _finite(
-                r["psnr"]) and o["kid"] <= r["kid"]
+                r["psnr"]) and o["mmd"] <= r["mmd"]
             and (o["speedup"] > r["speedup"] or _finite(o["psnr"]) > _finite(r["psnr"])
-                 or o["kid"] < r["kid"])
+                 or o["mmd"] < r["mmd"])
             for o in rows)
 
 
 def _finite(psnr: float) -> float:
-    return 1e9 if psnr == float("inf") else psnr
+    """PSNR with identical images (inf) capped at 100 dB, so it compares and interpolates."""
+    return min(psnr, 100.0)
 
 
-BETTER = {"psnr": 1, "ssim": 1, "kid": -1, "dloss": -1}
+BETTER = {"psnr": 1, "ssim": 1, "mmd": -1, "dloss": -1}
 
 
-def matched(rows: list[dict], method: str, speed: float) -> dict | None:
-    """The row of `method` to compare at `speed`: the slowest of its rows at least 0.9 x as
-    fast, else its fastest."""
-    own = [r for r in rows if r["method"] == method]
-    fast = [r for r in own if r["speedup"] >= 0.9 * speed]
-    if fast:
-        return min(fast, key=lambda r: r["speedup"])
-    return max(own, key=lambda r: r["speedup"]) if own else None
+def at_speed(rows: list[dict], method: str, speed: float,
+             metric: str) -> tuple[float | None, str]:
+    """`method`'s `metric` at `speed`, and how it was read off its own speed-quality curve:
+    linear interpolation between its two rows around `speed`; its slowest row when every row
+    is faster; None when every row is slower by more than 5% (it cannot reach that speed)."""
+    own = sorted((r for r in rows if r["method"] == method and r.get(metric) is not None),
+                 key=lambda r: r["speedup"])
+    if not own:
+        return None, "not measured"
+
+    def value(r: dict) -> float:
+        return _finite(r[metric]) if metric == "psnr" else r[metric]
+
+    if speed <= own[0]["speedup"]:
+        return value(own[0]), f"{own[0]['variant']} ({own[0]['speedup']:.3g}x, faster)"
+    if speed > own[-1]["speedup"] * 1.05:
+        return None, (f"cannot reach {speed:.3g}x (fastest: {own[-1]['variant']}, "
+                      f"{own[-1]['speedup']:.3g}x)")
+    if speed >= own[-1]["speedup"]:
+        return value(own[-1]), f"{own[-1]['variant']} ({own[-1]['speedup']:.3g}x)"
+    lo = max((r for r in own if r["speedup"] <= speed), key=lambda r: r["speedup"])
+    hi = min((r for r in own if r["speedup"] > speed), key=lambda r: r["speedup"])
+    t = (speed - lo["speedup"]) / (hi["speedup"] - lo["speedup"])
+    return (value(lo) + t * (value(hi) - value(lo)),
+            f"between {lo['variant']} ({lo['speedup']:.3g}x) and {hi['variant']} "
+            f"({hi['speedup']:.3g}x)")
 
 
 def targets(rows: list[dict], layout: str) -> list[dict[str, Any]]:
     """The issue's targets for one fixture: the ToMA default's speedup, then metric by metric
-    against ToMeSD (better), ToDo and EasyCache (not worse) at matched speed."""
+    against ToMeSD (better), ToDo and EasyCache (not worse), each read off the peer's own
+    speed-quality curve at the ToMA default's speed. met is "n/a" where the peer cannot run
+    that fast at any of its measured settings."""
     default = next((r for r in rows if r["variant"] == "ToMA defaults"), None)
     if default is None:
         return []
     goal = TARGET_SPEEDUP[layout]
+    speed = default["speedup"]
     out = [{"target": f"{layout}: ToMA defaults >= {goal}x faster than unmerged",
-            "value": f"{default['speedup']:.3g}x", "met": default["speedup"] >= goal}]
+            "value": f"{speed:.3g}x", "met": speed >= goal}]
     for method, strict in (("tomesd", True), ("todo", False), ("easycache", False)):
-        peer = matched(rows, method, default["speedup"])
-        if peer is None:
-            out.append({"target": f"{layout}: vs {method}", "value": "not measured",
-                        "met": False})
-            continue
+        relation = "better than" if strict else "not worse than"
         for metric, sign in BETTER.items():
-            a, b = default.get(metric), peer.get(metric)
-            if a is None or b is None:
+            a = default.get(metric)
+            if a is None:
                 continue
-            a, b = (_finite(a), _finite(b)) if metric == "psnr" else (a, b)
-            ok = sign * (a - b) > 0 if strict else sign * (a - b) >= 0
-            relation = "better than" if strict else "not worse than"
-            out.append({"target": f"{layout}: ToMA {metric} {relation} {peer['variant']} "
-                                  f"(speedup {peer['speedup']:.3g}x)",
-                        "value": f"{a:.4g} vs {b:.4g}", "met": ok})
+            a = _finite(a) if metric == "psnr" else a
+            b, where = at_speed(rows, method, speed, metric)
+            if b is None and where == "not measured":
+                if metric == "dloss" and method == "easycache":
+                    continue      # one step has nothing to cache: not applicable
+                out.append({"target": f"{layout}: ToMA {metric} {relation} {method}",
+                            "value": "not measured", "met": False})
+                continue
+            met: bool | str = "n/a" if b is None else (
+                sign * (a - b) > 0 if strict else sign * (a - b) >= 0)
+            out.append({"target": f"{layout}: ToMA {metric} {relation} {method} at "
+                                  f"{speed:.3g}x",
+                        "value": f"{a:.4g} vs " + ("-" if b is None else f"{b:.4g}")
+                                 + f" ({where})", "met": met})
     return out
 
 
@@ -339,7 +378,9 @@ def run(cfg: BenchConfig, layouts: tuple[str, ...] = qm.LAYOUTS, reps: int | Non
     """The section: rows of every fixture, targets, and the pictures in docs/."""
     from . import quality_plots as plots
 
-    reps = reps or (2 if cfg.device.type == "cpu" else 3)
+    # CPU: one timed run per variant (process CPU time of a whole sampling call; the 2-core
+    # machine this was built on had no time for more); GPU: 3, interleaved.
+    reps = reps or (1 if cfg.device.type == "cpu" else 3)
     rows, notes, checks = [], [], []
     for layout in layouts:
         result = measure(layout, cfg, cfg.quick, reps, side)
@@ -357,7 +398,70 @@ def run(cfg: BenchConfig, layouts: tuple[str, ...] = qm.LAYOUTS, reps: int | Non
             plots.grid(result["pixels"], DOCS / f"quality-grid-{layout}{suffix}.png")
     notes.insert(0, f"trained fixtures, {STEPS} euler steps, cfg 1.0, {SEEDS['sdxl']} images "
                     f"per variant, {reps} timed runs each (interleaved), "
-                    f"{str(cfg.dtype).replace('torch.', '')}; kid x1000 on the unmerged "
+                    f"{str(cfg.dtype).replace('torch.', '')}; mmd x1000 on the unmerged "
                     "model's middle features; dloss = relative increase of held-out "
                     "denoising loss")
     return {"rows": rows, "notes": notes, "targets": checks}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bench.quality`: the quality section alone, for chosen fixtures (the same
+    rows as `python -m bench --sections quality`), to bench/results/<date>-<device>-quality-
+    <layouts>.json and .md."""
+    import argparse
+    import datetime
+    import json
+
+    from .common import machine_info
+    from .config import default_config, setup_comfy
+
+    parser = argparse.ArgumentParser(prog="python -m bench.quality")
+    parser.add_argument("--layouts", default=",".join(qm.LAYOUTS))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
+                        datefmt="%H:%M:%S")
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not setup_comfy(device):
+        raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")
+    clock = "wall" if device.type == "cuda" else args.clock
+    cfg = default_config(args.quick, True, str(device), clock)
+    layouts = tuple(args.layouts.split(","))
+    section = {**run(cfg, layouts, args.reps), "columns": list(COLUMNS)}
+    result = {"machine": machine_info(device),
+              "config": {"device": device.type, "dtype": str(cfg.dtype).replace("torch.", ""),
+                         "quick": cfg.quick, "clock": clock, "threads": torch.get_num_threads(),
+                         "comfyui": str(ROOT.joinpath(os.environ["COMFYUI_PATH"]).resolve()),
+                         "sections": ["quality"]},
+              "sections": {"quality": section}}
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / (
+        f"{datetime.date.today().isoformat()}-{device.type}-quality-{'-'.join(layouts)}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    text = report(result)
+    out.with_suffix(".md").write_text(text + "\n")
+    print(text)
+
+
+def report(result: dict[str, Any]) -> str:
+    """Markdown of a `python -m bench.quality` result: rows, then the targets."""
+    from .common import markdown_table
+
+    section = result["sections"]["quality"]
+    lines = [f"# ToMA quality section ({result['config']['device']}, "
+             f"{result['config']['dtype']})", "",
+             ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), ""]
+    lines += [f"- {note}" for note in section["notes"]]
+    lines += ["", markdown_table(section["rows"], section["columns"]), "", "## Targets", "",
+              markdown_table(section["targets"], ["target", "value", "met"]), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -92,14 +92,20 @@ def unet_tomesd(patcher, ratio: float, scope: str, seed: int = 0):
     return clone
 
 
-def unet_todo(patcher):
-    """A clone of a UNet ModelPatcher with ToDo (2x2 K/V pooling) on levels >= MIN_TOKENS."""
+def unet_todo(patcher, factor: int = 2):
+    """A clone of a UNet ModelPatcher with ToDo (factor x factor K/V pooling) on levels >=
+    MIN_TOKENS."""
 
     def patch(n, context, value, extra_options):
         grid = _grid(extra_options)
         if grid is None or n.shape[1] != grid[0] * grid[1]:
             return n, context, value
-        return todo_attn1_patch(*grid)(n, context, value, extra_options)
+        if factor == 2:
+            return todo_attn1_patch(*grid)(n, context, value, extra_options)
+        b, _, c = n.shape
+        pooled = F.avg_pool2d(n.transpose(1, 2).reshape(b, c, *grid), factor)
+        pooled = pooled.flatten(2).transpose(1, 2)
+        return n, pooled, pooled
 
     clone = patcher.clone()
     clone.set_model_attn1_patch(patch)
@@ -122,8 +128,9 @@ def _override(patcher, attention: Callable):
     return clone
 
 
-def flux_todo(patcher, txt_len: int, h: int, w: int):
-    """ToDo on a Flux model: image keys/values [B, H, N, D] pooled 2x2 in every attention."""
+def flux_todo(patcher, txt_len: int, h: int, w: int, factor: int = 2):
+    """ToDo on a Flux model: image keys/values [B, H, N, D] pooled factor x factor in every
+    attention."""
 
     def attention(func, q, k, v, heads, *args, **kwargs):
         if k.dim() != 4 or k.shape[2] != txt_len + h * w:
@@ -132,7 +139,7 @@ def flux_todo(patcher, txt_len: int, h: int, w: int):
         def pool(t: torch.Tensor) -> torch.Tensor:
             b, nh, _, d = t.shape
             img = t[:, :, txt_len:].transpose(2, 3).reshape(b * nh, d, h, w)
-            img = F.avg_pool2d(img, 2).reshape(b, nh, d, -1).transpose(2, 3)
+            img = F.avg_pool2d(img, factor).reshape(b, nh, d, -1).transpose(2, 3)
             return torch.cat((t[:, :, :txt_len], img), dim=2)
 
         return func(q, pool(k), pool(v), heads, *args, **kwargs)

@@ -65,8 +65,8 @@ def frontier(rows: list[dict], path: Path, title: str) -> None:
     draw.text((MARGIN, 8), f"Speed vs quality, {title} (ToMA red, ToMeSD blue, ToDo green, "
                            "EasyCache orange)", fill=(0, 0, 0))
     _panel(draw, (MARGIN + 40, MARGIN), shown, "psnr", "PSNR vs unmerged samples, dB", True)
-    _panel(draw, (2 * MARGIN + PANEL[0] + 80, MARGIN), shown, "kid",
-           "KID x1000 vs unmerged (mid-block features)", False)
+    _panel(draw, (2 * MARGIN + PANEL[0] + 80, MARGIN), shown, "mmd",
+           "MMD^2 x1000 vs unmerged (mid-block features)", False)
     path.parent.mkdir(parents=True, exist_ok=True)
     img.save(path)
 

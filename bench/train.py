@@ -38,7 +38,7 @@ log = logging.getLogger("bench.train")
 
 # Phases: (latent side, batch, steps). Pixel crop = latent side * LATENT_PER_PIXEL.
 DEFAULT_PHASES = {
-    "sdxl": "32:8:600,64:4:150,128:1:50",
+    "sdxl": "32:8:300,64:4:80,128:1:30",
     "flux": "16:16:500,32:8:200,64:2:60",
 }
 HELD_OUT_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)   # positions in the model's sigma table
@@ -134,11 +134,21 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
 
 
 def train(layout: str, phases: list[Phase], seed: int, lr: float, ema_decay: float,
-          out: Path, save_every: int, eval_every: int) -> dict:
+          out: Path, save_every: int, eval_every: int, init: Path | None = None) -> dict:
+    """Train (or, with `init`, continue training from those weights) and save; the run's
+    record (see the module docstring)."""
     torch.manual_seed(seed)
     train_set = data.load_set(data.train_photos(), labelled=True)
     held = data.load_set(data.HELD_OUT, labelled=False)
     fixture = qm.build(layout, len(data.train_photos()), seed)
+    untrained = None
+    if init is not None:
+        # The untrained baseline is the same seed's initialisation, measured before loading.
+        x_eval, l_eval = held_out_batch(layout, held, qm.EVAL_LATENT[layout], seed)
+        untrained = held_out_loss(fixture, x_eval, l_eval, seed)
+        start = qm.load(layout, init)
+        fixture.model.diffusion_model.load_state_dict(start.model.diffusion_model.state_dict())
+        fixture.tables = start.tables
     net = fixture.model.diffusion_model
     eval_latent = qm.EVAL_LATENT[layout]
     small_latent = phases[0].latent * 2 if phases[0].latent * 2 < eval_latent else eval_latent
@@ -151,9 +161,9 @@ def train(layout: str, phases: list[Phase], seed: int, lr: float, ema_decay: flo
         "held_out_sigmas": [float(s) for s in held_out_sigmas(fixture)],
         "params": sum(p.numel() for p in net.parameters()), "curve": [], "held_out_small": [],
         "comfyui": os.environ.get("COMFYUI_PATH"), "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(), "init": None if init is None else str(init),
     }
-    record["held_out_untrained"] = held_out_loss(fixture, x_eval, l_eval, seed)
+    record["held_out_untrained"] = untrained or held_out_loss(fixture, x_eval, l_eval, seed)
     log.warning("untrained held-out loss at %d: %s", eval_latent, record["held_out_untrained"])
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
     ema = EMA(net, ema_decay)
@@ -238,6 +248,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--eval-every", type=int, default=200)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--init", type=Path, default=None,
+                        help="continue from these weights (a fixture .safetensors) instead of "
+                             "a fresh initialisation")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -251,7 +264,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout (the models are its classes)")
     phases = parse_phases(args.phases or DEFAULT_PHASES[args.layout])
     record = train(args.layout, phases, args.seed, args.lr, args.ema,
-                   args.out or qm.weights_path(args.layout), args.save_every, args.eval_every)
+                   args.out or qm.weights_path(args.layout), args.save_every, args.eval_every,
+                   args.init)
     print(json.dumps({k: record[k] for k in ("held_out_untrained", "held_out_trained",
                                              "train_cpu_s", "train_wall_s")}, indent=1))
 

@@ -82,17 +82,18 @@ def test_psnr_ssim():
         quality_metrics.psnr_ssim(ref, ref.float())
 
 
-def test_kid_separates_distributions():
+def test_mmd_separates_distributions():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(600, 16, generator=g)
     same = torch.randn(600, 16, generator=g)
     shifted = torch.randn(600, 16, generator=g) + 0.5
-    near = quality_metrics.kid(x, same)
-    far = quality_metrics.kid(x, shifted)
-    assert abs(near) < 0.02                             # measured 0.002
-    assert far > 10 * max(abs(near), 1e-3)              # measured 0.2
+    assert quality_metrics.mmd(x, x) == 0.0
+    near = quality_metrics.mmd(x, same)
+    far = quality_metrics.mmd(x, shifted)
+    assert 0 < near < 0.1                               # measured 0.031
+    assert far > 10 * near                              # measured 1.01
     with pytest.raises(ValueError):
-        quality_metrics.kid(x, torch.randn(5, 8))
+        quality_metrics.mmd(x, torch.randn(5, 8))
 
 
 def test_parse_phases():
@@ -127,24 +128,35 @@ def test_ema_tracks_weights():
     assert torch.equal(net.weight, current)
 
 
-def _row(variant, method, speedup, psnr, ssim, kid, dloss):
+def _row(variant, method, speedup, psnr, ssim, mmd, dloss):
     return {"variant": variant, "method": method, "speedup": speedup, "psnr": psnr,
-            "ssim": ssim, "kid": kid, "dloss": dloss}
+            "ssim": ssim, "mmd": mmd, "dloss": dloss}
+
+
+def test_at_speed_interpolates_on_the_peer_curve():
+    rows = [_row("a", "tomesd", 1.2, 30.0, 0.9, 1.0, 0.1),
+            _row("b", "tomesd", 1.6, 20.0, 0.7, 3.0, 0.3)]
+    value, where = quality.at_speed(rows, "tomesd", 1.5, "psnr")
+    assert value == pytest.approx(22.5) and "between a" in where
+    assert quality.at_speed(rows, "tomesd", 1.0, "mmd")[0] == 1.0          # peer faster
+    assert quality.at_speed(rows, "tomesd", 1.65, "ssim")[0] == 0.7        # within 5%
+    value, where = quality.at_speed(rows, "tomesd", 2.0, "psnr")
+    assert value is None and "cannot reach" in where
+    assert quality.at_speed(rows, "todo", 1.5, "psnr") == (None, "not measured")
 
 
 def test_targets_compare_at_matched_speed():
     rows = [_row("unmerged", "unmerged", 1.0, math.inf, 1.0, 0.0, 0.0),
-            _row("ToMA defaults", "toma", 1.6, 30.0, 0.9, 1.0, 0.05),
-            _row("ToMeSD a", "tomesd", 1.2, 35.0, 0.95, 0.5, 0.01),   # slower: not matched
-            _row("ToMeSD b", "tomesd", 1.55, 28.0, 0.85, 2.0, 0.10),  # matched (>= 0.9 x 1.6)
-            _row("ToDo 2x2", "todo", 1.3, 31.0, 0.92, 0.8, 0.02)]     # only ToDo: its fastest
-    checks = quality.targets(rows, "sdxl")
-    assert checks[0]["met"] is True
-    tome = [c for c in checks if "ToMeSD b" in c["target"]]
-    assert len(tome) == 4 and all(c["met"] for c in tome)
-    todo = [c for c in checks if "ToDo" in c["target"]]
-    assert len(todo) == 4 and not any(c["met"] for c in todo)
-    assert any("easycache" in c["target"] and c["value"] == "not measured" for c in checks)
+            _row("ToMA defaults", "toma", 1.6, 30.0, 0.9, 1.5, 0.05),
+            _row("ToMeSD a", "tomesd", 1.2, 35.0, 0.95, 0.5, 0.01),
+            _row("ToMeSD b", "tomesd", 2.0, 20.0, 0.80, 2.0, 0.10),   # at 1.6x: 27.5 dB, 1.25
+            _row("ToDo 2x2", "todo", 1.3, 31.0, 0.92, 0.8, 0.02)]     # cannot reach 1.6x
+    checks = {c["target"]: c for c in quality.targets(rows, "sdxl")}
+    assert checks["sdxl: ToMA defaults >= 1.5x faster than unmerged"]["met"] is True
+    assert checks["sdxl: ToMA psnr better than tomesd at 1.6x"]["met"] is True
+    assert checks["sdxl: ToMA mmd better than tomesd at 1.6x"]["met"] is False   # 1.5 vs 1.25
+    assert checks["sdxl: ToMA psnr not worse than todo at 1.6x"]["met"] == "n/a"
+    assert checks["sdxl: ToMA psnr not worse than easycache"]["met"] is False    # not measured
 
 
 def test_pareto_marks_dominated_rows():

@@ -1,0 +1,77 @@
+"""The committed quality fixtures (models/*.safetensors) on real ComfyUI: they load into this
+version's own classes, they denoise photographs they never saw far better than an untrained
+model, the sampler route of the quality bench computes the training objective, and the quality
+section runs end to end (small size)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import comfy_harness as ch
+from bench import quality, quality_data, quality_models, train
+from bench.config import BenchConfig
+
+# Small sizes keep this quick: SDXL 64x64 latent (one attention level of 1024 tokens, the
+# smallest that ToMA's auto levels and the peers merge), Flux 32x32 latent (256 image tokens).
+SIDE = {"sdxl": 64, "flux": 32}
+
+
+@pytest.fixture(scope="module", params=quality_models.LAYOUTS)
+def layout(request):
+    ch.ensure_comfy()
+    yield request.param
+    ch.unload_models()
+
+
+def _held_out(layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    photos = quality_data.load_set(quality_data.HELD_OUT[:1], labelled=False)
+    return train.held_out_batch(layout, photos, SIDE[layout], seed=0)
+
+
+def test_fixture_loads_into_comfy_classes(layout):
+    fixture = quality_models.load(layout)
+    import comfy.model_base
+
+    expected = comfy.model_base.SDXL if layout == "sdxl" else comfy.model_base.Flux
+    assert type(fixture.model) is expected
+    assert fixture.meta["steps"] > 0
+    assert fixture.tables["context"].shape[0] == len(quality_data.train_photos()) + 1
+
+
+def test_trained_denoises_far_better_than_untrained(layout):
+    x0, labels = _held_out(layout)
+    trained = quality_models.load(layout)
+    untrained = quality_models.build(layout, len(quality_data.train_photos()), seed=0)
+    good = sum(train.held_out_loss(trained, x0, labels, seed=0))
+    bad = sum(train.held_out_loss(untrained, x0, labels, seed=0))
+    assert good < 0.5 * bad, (good, bad)
+
+
+def test_sampler_route_matches_training_objective(layout):
+    """quality.denoising_losses (comfy.sample.sample_custom, one euler step) equals the
+    training loss through BaseModel.apply_model on the unpatched model."""
+    fixture = quality_models.load(layout)
+    x0, labels = _held_out(layout)
+    x0, labels = x0[:2], labels[:2]
+    ho = quality.HeldOut(x0, labels, [float(s) for s in train.held_out_sigmas(fixture)][1:3],
+                         torch.randn(x0.shape, generator=torch.Generator().manual_seed(1)))
+    with torch.inference_mode():
+        via_sampler = quality.denoising_losses(fixture.patcher(), fixture, ho)
+        direct = [float(quality_models.denoising_loss(
+            fixture, x0, labels, torch.full((len(x0),), s), ho.noise).mean()) for s in ho.sigmas]
+    assert via_sampler == pytest.approx(direct, rel=1e-3)
+
+
+def test_quality_section_runs(layout, tmp_path):
+    cfg = BenchConfig(torch.device("cpu"), torch.float32, quick=True, comfy=True)
+    result = quality.measure(layout, cfg, quick=True, reps=1, side=SIDE[layout])
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert rows["unmerged"]["psnr"] == float("inf") and rows["unmerged"]["dloss"] == 0
+    assert {"ToMA defaults", "ToDo 2x2", "ToMeSD attention r0.5", "EasyCache 0.5"} <= set(rows)
+    for name in ("ToMA defaults", "ToDo 2x2", "ToMeSD attention r0.5"):
+        assert 10 < rows[name]["psnr"] < 80, name        # changed the samples, not to noise
+        assert rows[name]["mmd"] > 0 and rows[name]["dloss"] is not None
+    assert rows["EasyCache 0.5"]["dloss"] is None           # one step: nothing to cache
+    assert all(r["s"] > 0 for r in rows.values())
+    assert quality.targets(result["rows"], layout)
