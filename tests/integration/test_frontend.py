@@ -62,7 +62,6 @@ PIXEL_DELTA = 24
 MIN_TEXT_PIXELS = 450
 
 
-
 def _frontend_version() -> tuple[int, ...]:
     """The comfyui-frontend-package this Python has (ComfyUI serves it), (0,) without one."""
     try:
