@@ -43,6 +43,11 @@ def family(diffusion_model) -> Family | None:
         call.data["txt_len"] = text
         return None
 
+    return description(patch, describe)
+
+
+def description(patch: tuple[int, int, int], describe=None) -> Family:
+    """Lumina 2 / Z-Image's Family (benchmarks call blocks without a model call to describe)."""
     return Family("lumina", "Lumina 2 / Z-Image", KINDS, patch, describe, tokens_per_tile=16)
 
 

@@ -14,4 +14,9 @@ def family(diffusion_model) -> Family | None:
     if type(diffusion_model) is not OpenAISignatureMMDITWrapper:
         return None
     patch = (1, int(diffusion_model.patch_size), int(diffusion_model.patch_size))
-    return Family("sd3", "SD3", KINDS, patch, describe_plain(patch), tokens_per_tile=16)
+    return description(patch, describe_plain(patch))
+
+
+def description(patch: tuple[int, int, int], describe=None) -> Family:
+    """SD3's Family (benchmarks call blocks without a model call to describe)."""
+    return Family("sd3", "SD3", KINDS, patch, describe, tokens_per_tile=16)

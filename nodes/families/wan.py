@@ -32,5 +32,10 @@ def family(diffusion_model) -> Family | None:
         kept = zero_timestep_frames(arguments.get("denoise_mask"), grid[0]) if grid else 0
         set_grid(call, grid, prefix=grid[1] * grid[2] if ref else 0, protect_frames=kept)
 
+    return description(patch, describe)
+
+
+def description(patch: tuple[int, int, int], describe=None) -> Family:
+    """Wan's Family (benchmarks call blocks without a model call to describe)."""
     return Family("wan", "Wan", KINDS, patch, describe, tokens_per_tile=16,
                   foreign_patches=FOREIGN)

@@ -280,3 +280,59 @@ def test_skip_blocks_with_one_notation(name):
     with pytest.raises(ValueError, match="past this model's depth"):
         apply_toma(base, make_options(RATIO, skip_blocks="s5" if name == "hunyuan_video"
                                       else "0-2"))
+
+
+def test_qwen_edit_timestep_zero_references_run_unmerged(caplog):
+    """Qwen-Image-Edit 2511's 'index_timestep_zero' references get their own modulation from
+    the token index where the image ends, fixed before the blocks run: calls with them run
+    unmerged (bit-identical to the plain model, one warning) where this ComfyUI has that
+    modulation (its Qwen block takes timestep_zero_index); before, they merge."""
+    import logging
+
+    from comfy.ldm.qwen_image.model import QwenImageTransformerBlock
+
+    name = "qwen_image_edit"
+    model = tiny_patcher(name)
+    x = inputs(name, model, 1, 7, 9)
+    for cond in (x.positive, x.negative):
+        cond[0][1]["reference_latents_method"] = "index_timestep_zero"
+    base = ch.sample(model, x.latent, x.positive, x.negative, steps=2, cfg=2.0)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        out = ch.sample(toma, x.latent, x.positive, x.negative, steps=2, cfg=2.0)
+    warned = [r for r in caplog.records if "index_timestep_zero" in r.getMessage()]
+    if "timestep_zero_index" in inspect.signature(QwenImageTransformerBlock.forward).parameters:
+        assert torch.equal(out, base)
+        assert len(warned) == 1
+    else:
+        assert ch.comfy_version() < (0, 8)
+        assert float((out - base).norm() / base.norm()) > 0.048    # measured 0.097
+        assert warned == []
+
+
+def test_wan_blocks_with_in_block_patches_run_unmerged(caplog):
+    """Wan calls attn1/attn2 patches inside its blocks (ComfyUI 0.33, with the grid's
+    (t, h, w) in transformer_options): blocks carrying them run unmerged, said once."""
+    import logging
+
+    name = "wan21_t2v"
+    model = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, model, batch, height, width, frames)
+    seen: list[int] = []
+
+    def attn1(args: dict) -> torch.Tensor:                        # ComfyUI 0.33's Wan form
+        seen.append(args["x"].shape[1])
+        return args["x"]
+
+    patched = model.clone()
+    patched.set_model_attn1_patch(attn1)
+    base = ch.sample(patched, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    toma = apply_toma(patched, make_options(RATIO, skip_blocks="none"))
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        out = ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    assert torch.equal(out, base)
+    assert len([r for r in caplog.records if "attn1_patch" in r.getMessage()]) == 1
+    tokens = math.prod(token_grid(name, x.latent.shape))
+    assert set(seen) <= {tokens}
+    assert bool(seen) == (ch.comfy_version() >= (0, 33))
