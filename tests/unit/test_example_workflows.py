@@ -26,6 +26,8 @@ EXPECTED_EXAMPLES = {
     "SDXL text to image.json",
     "Flux dev text to image.json",
     "SDXL hires fix.json",
+    "Wan 2.2 text to video.json",
+    "Qwen-Image text to image.json",
 }
 # The template browser shows the file name as the title: words, not an identifier.
 TITLE = re.compile(r"^[A-Z0-9][\w.()+,-]*( [\w.()+,-]+)+$")
@@ -264,3 +266,19 @@ def test_txt2img_examples_sample_through_toma_at_1024(name, latent_type):
     assert _model_source(nodes, links, sampler)["type"] in TOMA_TYPES
     (latent,) = [n for n in workflow["nodes"] if n["type"] == latent_type]
     assert latent["widgets_values"][:2] == [1024, 1024]
+
+
+@pytest.mark.parametrize(("name", "sampler_type", "count"), [
+    ("Wan 2.2 text to video.json", "KSamplerAdvanced", 2),   # high- and low-noise model
+    ("Qwen-Image text to image.json", "KSampler", 1),
+])
+def test_dit_examples_sample_every_model_through_toma(name, sampler_type, count):
+    workflow = load(EXAMPLES_DIR / name)
+    nodes = nodes_by_id(workflow)
+    links = {link[0]: link for link in workflow["links"]}
+    samplers = [n for n in workflow["nodes"] if n["type"] == sampler_type]
+    assert len(samplers) == count
+    assert all(_model_source(nodes, links, s)["type"] in TOMA_TYPES for s in samplers)
+    # one kind of block in both families: skip_blocks in plain indices
+    toma = [n for n in workflow["nodes"] if n["type"] in TOMA_TYPES]
+    assert all(n["widgets_values"][2] == "0-4" for n in toma)
