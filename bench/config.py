@@ -76,12 +76,18 @@ def default_config(quick: bool, comfy: bool, device: str | None = None,
                        threads=threads)
 
 
+_READY: set[str] = set()    # COMFYUI_PATHs set up in this process
+
+
 def setup_comfy(device: torch.device) -> bool:
     """Put the ComfyUI at COMFYUI_PATH on sys.path (CPU mode on CPU, SDPA attention) and load
-    this pack as `toma_pack`. False, doing nothing, when COMFYUI_PATH is unset."""
+    this pack as `toma_pack`. False, doing nothing, when COMFYUI_PATH is unset; a second call
+    (a section run on its own after the suite's setup) finds it done."""
     path = os.environ.get("COMFYUI_PATH")
     if not path:
         return False
+    if path in _READY:
+        return True
     if not (Path(path) / "comfy").is_dir():
         raise SystemExit(f"COMFYUI_PATH={path} is not a ComfyUI checkout (no comfy/ folder)")
     if path not in sys.path:
@@ -96,6 +102,7 @@ def setup_comfy(device: torch.device) -> bool:
     import comfy.ldm.modules.attention  # noqa: F401  (picks its attention function now)
 
     load_pack()
+    _READY.add(path)
     return True
 
 
