@@ -15,10 +15,11 @@ FAMILIES = {"wan22_5b": "wan", "wan14b": "wan", "qwen_image": "qwen_image",
             "sd35_large": "sd3", "z_image": "lumina"}
 
 
-def hook(family: str, case, ratio: float, tokens_per_tile: int | None = None,
+def hook(family: str, case, ratio: float, tokens_per_region: int | None = None,
          frames: int | None = None) -> Callable[[dict], dict] | None:
     """run(args) -> the merged block's output for `case` (a dit_families.BlockCase), its plan
-    built here; None for a family this does not know."""
+    built here; None for a family this does not know. tokens_per_region / frames: other
+    regions than the family's default (bench/dit_tiles.py)."""
     import importlib
 
     from toma_pack.nodes.dit_patch import DiTToMA
@@ -29,10 +30,10 @@ def hook(family: str, case, ratio: float, tokens_per_tile: int | None = None,
         return None
     module = importlib.import_module(f"toma_pack.nodes.families.{FAMILIES[family]}")
     spec = module.description((1, 2, 2))
-    if tokens_per_tile is not None:
-        spec = dataclasses.replace(spec, tokens_per_tile=tokens_per_tile)
+    if tokens_per_region is not None:
+        spec = dataclasses.replace(spec, tokens_per_region=tokens_per_region)
     if frames is not None:
-        spec = dataclasses.replace(spec, frames_per_tile=frames)
+        spec = dataclasses.replace(spec, frames_per_region=frames)
     kind = spec.kinds[0]
     if kind.hook == "object":       # the bench hands Z-Image's layer arguments by dit names
         kind = dataclasses.replace(kind, stream="img", pe="pe", mask="mask")

@@ -197,7 +197,7 @@ class DiTToMA:
         step = self.state.active_step(options)
         if step is None:
             return unmerged()
-        frames = 1 if per_frame else self.family.frames_per_tile
+        frames = 1 if per_frame else self.family.frames_per_region
         key = (kind.key, group, grid, lay.offset, stream.shape[0], frames)
         part = stream[:, lay.offset:lay.offset + tokens_n]
         plan = self.state.plan(key, step, lambda: self.build(part, grid, frames))
@@ -206,11 +206,12 @@ class DiTToMA:
 
     def build(self, part: torch.Tensor, grid: tuple[int, int, int],
               frames: int) -> MergePlan | None:
-        """A plan for grid tokens part [B, t*h*w, C] from their layer-normed features."""
+        """A plan for grid tokens part [B, t*h*w, C] from their layer-normed features; regions
+        `frames` frames deep, tile_count tiles per frame (0: the family's default)."""
         o = self.state.options
         t, h, w = grid
         tiles = o.tile_count or self.family.tile_count or max(
-            1, round(h * w / self.family.tokens_per_tile))
+            1, round(h * w * min(frames, t) / self.family.tokens_per_region))
         regions = make_regions_3d(t, h, w, o.region, tiles, frames)
         return build_plan(F.layer_norm(part.float(), part.shape[-1:]), t * h, w, o.ratio,
                           tau=o.tau, unmerge=o.unmerge, batch=o.batch_policy, regions=regions)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from ..dit_families import BlockKind, Family, latent_grid, set_grid
+from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, latent_grid, set_grid
 
 
 def kinds(flipped: bool) -> tuple[BlockKind, ...]:
@@ -35,4 +35,4 @@ def family(diffusion_model) -> Family | None:
                  prefix=math.prod(ref) if ref else 0, protect_frames=1 if guided else 0)
 
     return Family("hunyuan_video", "HunyuanVideo", kinds(flipped), patch, describe,
-                  tokens_per_tile=16)
+                  frames_per_region=VIDEO_REGION_FRAMES)

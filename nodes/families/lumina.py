@@ -48,7 +48,7 @@ def family(diffusion_model) -> Family | None:
 
 def description(patch: tuple[int, int, int], describe=None) -> Family:
     """Lumina 2 / Z-Image's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("lumina", "Lumina 2 / Z-Image", KINDS, patch, describe, tokens_per_tile=16)
+    return Family("lumina", "Lumina 2 / Z-Image", KINDS, patch, describe)
 
 
 def text_length(context: torch.Tensor, arguments: dict, diffusion_model) -> int | None:

@@ -39,4 +39,4 @@ def family(diffusion_model) -> Family | None:
 
 def description(patch: tuple[int, int, int], describe=None) -> Family:
     """Qwen-Image's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("qwen_image", "Qwen-Image", KINDS, patch, describe, tokens_per_tile=16)
+    return Family("qwen_image", "Qwen-Image", KINDS, patch, describe)

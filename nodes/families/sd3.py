@@ -19,4 +19,4 @@ def family(diffusion_model) -> Family | None:
 
 def description(patch: tuple[int, int, int], describe=None) -> Family:
     """SD3's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("sd3", "SD3", KINDS, patch, describe, tokens_per_tile=16)
+    return Family("sd3", "SD3", KINDS, patch, describe)

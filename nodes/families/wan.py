@@ -4,7 +4,14 @@ model gives each latent frame its own timestep (Wan 2.2 image-to-video)."""
 
 from __future__ import annotations
 
-from ..dit_families import BlockKind, Family, latent_grid, set_grid, zero_timestep_frames
+from ..dit_families import (
+    VIDEO_REGION_FRAMES,
+    BlockKind,
+    Family,
+    latent_grid,
+    set_grid,
+    zero_timestep_frames,
+)
 
 KINDS = (BlockKind("double_block", "blocks", "", "none", frame_rows="vec"),)
 # Wan 0.33 calls attn1/attn2 patches after its attentions with the grid's (t, h, w) in
@@ -37,5 +44,5 @@ def family(diffusion_model) -> Family | None:
 
 def description(patch: tuple[int, int, int], describe=None) -> Family:
     """Wan's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("wan", "Wan", KINDS, patch, describe, tokens_per_tile=16,
+    return Family("wan", "Wan", KINDS, patch, describe, frames_per_region=VIDEO_REGION_FRAMES,
                   foreign_patches=FOREIGN)

@@ -26,12 +26,12 @@ from tiny_models import FAMILIES, TEXT_TOKENS, available, inputs, tiny_patcher, 
 
 import comfy_harness as ch
 from toma_pack.nodes.apply import apply_toma
+from toma_pack.nodes.dit_families import REGION_TOKENS, VIDEO_REGION_FRAMES
 from toma_pack.nodes.options import make_options
 from toma_pack.toma_core import build_plan
 from toma_pack.toma_core.regions3d import make_regions_3d
 
 RATIO = 0.5
-TOKENS_PER_TILE = 16     # the families' default tiles (Flux family: 256 tiles)
 PROTECTED_FRAMES = {"wan22_5b_i2v": 1, "hunyuan_video_i2v_v2": 1}
 NAMES = list(FAMILIES)
 
@@ -146,12 +146,18 @@ def recorded_run(name: str, ratio: float = RATIO):
 
 
 def expected_plan(name: str, outer: torch.Tensor, offset: int, grid: tuple[int, int, int]):
-    """The plan the node's defaults give for the grid tokens of `outer`, rebuilt here."""
+    """The plan the node's defaults give for the grid tokens of `outer`, rebuilt here: Flux
+    256 tiles; others regions of about REGION_TOKENS tokens, video ones VIDEO_REGION_FRAMES
+    frames deep unless the model modulates each frame on its own (Wan 2.2 image-to-video)."""
     t, h, w = grid
-    tiles = 256 if group(name) in ("flux2", "chroma") else max(1, round(h * w / TOKENS_PER_TILE))
+    frames = VIDEO_REGION_FRAMES if group(name) in ("wan", "hunyuan") else 1
+    if name == "wan22_5b_i2v":
+        frames = 1
+    tiles = 256 if group(name) in ("flux2", "chroma") else max(
+        1, round(h * w * min(frames, t) / REGION_TOKENS))
     part = outer[:, offset:offset + t * h * w]
     return build_plan(F.layer_norm(part.float(), part.shape[-1:]), t * h, w, RATIO,
-                      regions=make_regions_3d(t, h, w, "tile", tiles, 1))
+                      regions=make_regions_3d(t, h, w, "tile", tiles, frames))
 
 
 # Tests ------------------------------------------------------------------------------------------
