@@ -129,12 +129,18 @@ STREAM = {"layer": "x"}
 PE = {"layer": "freqs_cis"}
 
 
-def recorded_run(name: str, ratio: float = RATIO):
+def recorded_run(name: str, ratio: float = RATIO, extra: dict | None = None,
+                 single: bool = False):
     """One merged sampling step of the family's tiny model at its odd test size (1 step, CFG
-    where ComfyUI allows it), recorded inside and outside ToMA."""
+    where ComfyUI allows it; `single`: batch 1 without CFG), recorded inside and outside ToMA;
+    `extra` is added to both conditionings."""
     base = tiny_patcher(name)
     (batch, height, width, frames), cfg = sample_args(name)
+    if single:
+        batch, cfg = 1, 1.0
     x = inputs(name, base, batch, height, width, frames)
+    for cond in (x.positive, x.negative):
+        cond[0][1].update(extra or {})
     inner, outer = Recorder(), Recorder()
     model = base.clone()
     inner.install(model)
@@ -342,3 +348,29 @@ def test_wan_blocks_with_in_block_patches_run_unmerged(caplog):
     tokens = math.prod(token_grid(name, x.latent.shape))
     assert set(seen) <= {tokens}
     assert bool(seen) == (ch.comfy_version() >= (0, 33))
+
+
+def test_hunyuan_video_reference_latent_never_merges():
+    """HunyuanVideo's reference latent (ImageToVideo "custom") is put in front of the video
+    tokens: its tokens pass every merged block untouched, the video tokens after it merge.
+    One item per model call: ComfyUI writes into the reference's expanded position ids, which
+    fails for more."""
+    name = "hunyuan_video"
+    (batch, height, width, frames), _ = sample_args(name)
+    ref = torch.randn(1, 16, 1, height, width, generator=torch.Generator().manual_seed(4))
+    base, x, inner, outer, out = recorded_run(name, extra={"ref_latent": ref}, single=True)
+    assert torch.isfinite(out).all()
+    t, h, w = token_grid(name, x.latent.shape)
+    n, prefix = t * h * w, h * w                    # the reference: one frame of tokens
+    txt = 0
+    checked = 0
+    for (kind, _, a), (_, _, b) in zip(inner, outer, strict=True):
+        if kind == "double_block":
+            txt = b["txt"].shape[1]
+            assert b["img"].shape[1] == prefix + n
+        start = prefix + (txt if kind == "single_block" and not flipped(base) else 0)
+        head = start - prefix                       # text in front (single blocks, v0.33)
+        assert torch.equal(a["img"][:, :start], b["img"][:, :start])
+        assert a["img"].shape[1] < b["img"].shape[1]
+        checked += head >= 0
+    assert checked == len(inner) > 0
