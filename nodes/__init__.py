@@ -6,8 +6,10 @@ options       -- widget validation and the skip_blocks notation
 apply         -- model family detection and patch installation
 unet_patch    -- SDXL / SD1.5 / SD2 (ComfyUI's UNet)
 unet_neighbours -- other nodes' patches inside UNet blocks, and where ToMA stands aside for them
-flux_patch    -- Flux and the models sharing its block loop
-run_state     -- per-run plans and counters
+dit_patch     -- the diffusion transformers (Flux, Wan, HunyuanVideo, Qwen-Image, SD3, ...): one
+                 block patch reading the per-family descriptions in dit_families / families/
+flux_patch    -- Flux double blocks in merge scope "attention"
+run_state     -- per-run plans and counters, the model call in flight on each thread
 ui_stats      -- the stats line pushed to the graph
 """
 
