@@ -12,7 +12,7 @@ Builds ComfyUI's own DoubleStreamBlock and SingleStreamBlock at Flux.1 size (hid
 (a 1024x1024 image) and 512 text tokens, and times per block:
 
 - the plain block;
-- ToMA at ratios 0.5 and 0.75 through flux_patch's own replace patches (the real block as
+- ToMA at ratios 0.5 and 0.75 through dit_patch.py's own replace patches (the real block as
   `original_block`), for double blocks in both scopes ("block", "attention"); the plan is built
   once beforehand and reused, as it is across a group of blocks (its cost is reported apart);
 - the lower bound: the plain block on the merged image token count (2048 / 1024), no merge
