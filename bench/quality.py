@@ -117,10 +117,10 @@ def variants(layout: str, side: int, quick: bool = False) -> list[Variant]:
     tiles = (16, 256) if layout == "sdxl" else (16, 64)
     out += [Variant(f"ToMA tiles {t}", "toma", _toma(tile_count=t), {"tile_count": t})
             for t in tiles]
-    out += [Variant("ToMA tau 100", "toma", _toma(tau=100.0), {"tau": 100.0}),
-            Variant("ToMA recompute 1", "toma", _toma(recompute_every=1), {"recompute_every": 1}),
-            Variant("ToMA recompute 10", "toma", _toma(recompute_every=10),
-                    {"recompute_every": 10})]
+    out.append(Variant("ToMA tau 100", "toma", _toma(tau=100.0), {"tau": 100.0}))
+    out += [Variant(f"ToMA recompute {n}", "toma", _toma(recompute_every=n),
+                    {"recompute_every": n})
+            for n in (1, 5, 10) if n != defaults["recompute_every"]]
     if layout == "sdxl":
         out.append(Variant("ToMA levels largest", "toma", _toma(unet_levels="largest"),
                            {"unet_levels": "largest"}))
@@ -381,6 +381,7 @@ def run(cfg: BenchConfig, layouts: tuple[str, ...] = qm.LAYOUTS, reps: int | Non
     # CPU: one timed run per variant (process CPU time of a whole sampling call; the 2-core
     # machine this was built on had no time for more); GPU: 3, interleaved.
     reps = reps or (1 if cfg.device.type == "cpu" else 3)
+    cfg.apply_threads()
     rows, notes, checks = [], [], []
     for layout in layouts:
         result = measure(layout, cfg, cfg.quick, reps, side)
@@ -404,6 +405,35 @@ def run(cfg: BenchConfig, layouts: tuple[str, ...] = qm.LAYOUTS, reps: int | Non
     return {"rows": rows, "notes": notes, "targets": checks}
 
 
+def _fingerprint(row: dict) -> tuple:
+    """What identifies a configuration across runs: its quality figures, which are
+    deterministic (same weights, seeds and code give the same samples), unlike its time."""
+    return (row["method"],) + tuple(round(float(row[k]), 6) if row.get(k) is not None else None
+                                    for k in ("psnr", "ssim", "mmd", "dloss"))
+
+
+def combine(results: list[dict]) -> dict[str, Any]:
+    """One quality section from several runs of the same fixtures: the newest run's rows, each
+    with the median of the speedups that every run measured for the same configuration
+    (recognised by _fingerprint, so a renamed variant, e.g. after a default changed, still
+    matches); then the Pareto marks and targets again. `results`: oldest first."""
+    newest = results[-1]["sections"]["quality"]
+    rows = [dict(r) for r in newest["rows"]]
+    for row in rows:
+        found = [o["speedup"] for res in results for o in res["sections"]["quality"]["rows"]
+                 if o["model"] == row["model"] and _fingerprint(o) == _fingerprint(row)]
+        row["speedups"] = [round(x, 3) for x in found]
+        row["speedup"] = statistics.median(found)
+    checks = []
+    for layout in dict.fromkeys(r["model"] for r in rows):
+        own = [r for r in rows if r["model"] == layout]
+        mark_pareto(own)
+        checks += targets(own, layout)
+    notes = newest["notes"] + [f"speedup: median over {len(results)} runs of the same "
+                               "configuration (speedups lists each run's)"]
+    return {"rows": rows, "notes": notes, "targets": checks, "columns": list(COLUMNS)}
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m bench.quality`: the quality section alone, for chosen fixtures (the same
     rows as `python -m bench --sections quality`), to bench/results/<date>-<device>-quality-
@@ -423,7 +453,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--combine", nargs="+", type=Path, default=None,
+                        help="instead of running: merge these result files (oldest first) into "
+                             "--out, speedups as medians over the runs, and redraw the frontier")
     args = parser.parse_args(argv)
+    if args.combine:
+        runs = [json.loads(p.read_text()) for p in args.combine]
+        result = {**runs[-1], "sections": {"quality": combine(runs)},
+                  "combined_from": [str(p) for p in args.combine]}
+        from . import quality_plots as plots
+
+        for layout in dict.fromkeys(r["model"] for r in result["sections"]["quality"]["rows"]):
+            own = [r for r in result["sections"]["quality"]["rows"] if r["model"] == layout]
+            pixels = qm.EVAL_LATENT[layout] * qm.LATENT_PER_PIXEL[layout]
+            plots.frontier(own, DOCS / f"quality-frontier-{layout}.png",
+                           f"{layout}-layout fixture, {pixels}px, median of {len(runs)} runs")
+        out = Path(args.out or args.combine[-1].with_name(args.combine[-1].stem + "-combined.json"))
+        out.write_text(json.dumps(result, indent=1, default=str))
+        out.with_suffix(".md").write_text(report(result) + "\n")
+        print(report(result))
+        return
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     torch.set_num_threads(args.threads)
