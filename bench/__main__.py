@@ -125,7 +125,7 @@ SECTIONS: dict[str, Section] = {
                      comfy_only=True, quick=False),
     "quality": Section(_quality, "bench/quality.py: trained fixtures (models/) through "
                                  "ComfyUI's sampler: ToMA vs ToMeSD, ToDo, EasyCache; speed, "
-                                 "PSNR/SSIM, KID, held-out loss", comfy_only=True, quick=False),
+                                 "PSNR/SSIM, MMD, held-out loss", comfy_only=True, quick=False),
     "dit": Section(_dit, "bench/dit_families.py: one full-width block per DiT family (Wan, "
                          "Qwen-Image, SD3.5, Z-Image) vs its lower bound, + ToMA once hooked in",
                    comfy_only=True, quick=False),

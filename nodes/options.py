@@ -113,7 +113,7 @@ class ToMAOptions:
     ratio: float = 0.5
     tile_count: int = 0
     skip_blocks: SkipBlocks = parse_skip_blocks(DEFAULT_SKIP_BLOCKS)
-    recompute_every: int = 5
+    recompute_every: int = 1   # measured on the trained fixtures, see toma_node.py
     start_percent: float = 0.0
     end_percent: float = 1.0
     unet_levels: str = "auto"
@@ -126,7 +126,7 @@ class ToMAOptions:
 
 
 def make_options(ratio: float = 0.5, tile_count: int = 0, skip_blocks: str = DEFAULT_SKIP_BLOCKS,
-                 recompute_every: int = 5, start_percent: float = 0.0, end_percent: float = 1.0,
+                 recompute_every: int = 1, start_percent: float = 0.0, end_percent: float = 1.0,
                  unet_levels: str = "auto", merge_scope: str = "auto", region: str = "tile",
                  tau: float = 1000.0, unmerge: str = "transpose", batch_policy: str = "per_item",
                  verbose: bool = False) -> ToMAOptions:

@@ -9,7 +9,7 @@ TOMA = [
     ("ratio", "FLOAT", 0.5),
     ("tile_count", "INT", 0),
     ("skip_blocks", "STRING", "d0-4, s0-4"),
-    ("recompute_every", "INT", 5),
+    ("recompute_every", "INT", 1),
 ]
 
 SNAPSHOT = {
