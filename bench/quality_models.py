@@ -211,6 +211,9 @@ def load(layout: str, path: Path | None = None, dtype: torch.dtype = torch.float
     model = config.get_model({}, device=torch.device(device))
     state = {k.removeprefix("diffusion_model."): v for k, v in tensors.items()
              if k.startswith("diffusion_model.")}
+    # What ComfyUI's own loader does first: key renames between versions (newer Flux names
+    # its QK-norm scales "weight" where the saved keys say "scale").
+    state = config.process_unet_state_dict(state)
     model.diffusion_model.load_state_dict(state, strict=True)
     model.diffusion_model.to(device=device, dtype=dtype)
     model.eval()

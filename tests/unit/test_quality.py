@@ -165,3 +165,24 @@ def test_pareto_marks_dominated_rows():
             _row("c", "todo", 1.2, 35.0, 0.9, 0.5, 0.0)]
     quality.mark_pareto(rows)
     assert [r["pareto"] for r in rows] == [True, False, True]
+
+
+def test_combine_takes_median_speedups_of_the_same_configuration():
+    """Runs are matched by their (deterministic) quality figures, not by name: a variant renamed
+    after a default changed still pairs with its earlier measurements."""
+    def run(rows):
+        return {"sections": {"quality": {"rows": rows, "notes": []}}}
+
+    def row(variant, speedup, psnr):
+        return {**_row(variant, "toma", speedup, psnr, 0.9, 1.0, 0.1), "model": "sdxl"}
+
+    old = run([row("unmerged", 1.0, math.inf), row("ToMA recompute 1", 1.5, 30.0),
+               row("ToMA defaults", 1.9, 28.0)])
+    new = run([row("unmerged", 1.0, math.inf), row("ToMA defaults", 1.7, 30.0),
+               row("ToMA recompute 5", 2.1, 28.0)])
+    for r in new["sections"]["quality"]["rows"][:1] + old["sections"]["quality"]["rows"][:1]:
+        r["method"] = "unmerged"
+    combined = {r["variant"]: r for r in quality.combine([old, old, new])["rows"]}
+    assert combined["ToMA defaults"]["speedups"] == [1.5, 1.5, 1.7]
+    assert combined["ToMA defaults"]["speedup"] == 1.5
+    assert combined["ToMA recompute 5"]["speedup"] == 1.9
