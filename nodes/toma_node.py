@@ -14,6 +14,7 @@ import math
 
 from ..toma_core import BATCH_POLICIES, REGION_MODES, UNMERGE_METHODS
 from .apply import SUPPORTED, apply_toma
+from .dit_families import REGION_TOKENS, VIDEO_REGION_FRAMES
 from .families.flux import DEFAULT_TILE_COUNT as FLUX_TILE_COUNT
 from .options import (
     DEFAULT_SKIP_BLOCKS,
@@ -46,7 +47,8 @@ TILE_DEFAULTS = (
     f"UNet models use tiles of about {TOKENS_PER_TILE} tokens at every level "
     f"({sdxl_tokens(1024, SDXL_OUTER_PX) // TOKENS_PER_TILE} tiles at SDXL's outer level at "
     f"1024x1024, {sdxl_tokens(1024, SDXL_INNER_PX) // TOKENS_PER_TILE} at its inner level), "
-    f"Flux {FLUX_TILE_COUNT} tiles")
+    f"Flux {FLUX_TILE_COUNT} tiles, the other transformer models regions of about "
+    f"{REGION_TOKENS} tokens ({VIDEO_REGION_FRAMES} frames deep on video)")
 AUTO_LEVELS = (
     f"UNet levels under {AUTO_MIN_TOKENS} tokens are left alone: on SDXL the inner level below "
     f"{sdxl_auto_side(SDXL_INNER_PX)}x{sdxl_auto_side(SDXL_INNER_PX)} and every level below "
@@ -67,10 +69,11 @@ BASIC_INPUTS = {
         "default": DEFAULT_SKIP_BLOCKS, "multiline": False,
         "tooltip": "Transformer models (Flux and the other DiT families): blocks left "
                    "unmerged, double blocks as d<i> or d<i>-<j>, single blocks as s<i> or "
-                   f"s<i>-<j>, e.g. {DEFAULT_SKIP_BLOCKS!r} (models with one kind of block also "
-                   "take <i>-<j>); 'none' merges every block. UNet models (SDXL, SD1.5) do not "
-                   "use it; an unreadable value is refused when the workflow is queued, "
-                   "whatever the model."}),
+                   f"s<i>-<j>, e.g. {DEFAULT_SKIP_BLOCKS!r}; models with one kind of block (Wan, "
+                   "Qwen-Image, SD3, Lumina 2, Z-Image) take <i>-<j>, and d/s name the same "
+                   "blocks there, so the default leaves blocks 0-4; 'none' merges every block. "
+                   "UNet models (SDXL, SD1.5) do not use it; an unreadable value is refused "
+                   "when the workflow is queued, whatever the model."}),
     "recompute_every": ("INT", {
         # 1: on the trained fixtures (bench/quality.py, README "Quality on trained models")
         # rebuilding every step gave clearly better samples than 5 (SDXL layout +3.6 dB PSNR,
