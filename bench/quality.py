@@ -391,7 +391,9 @@ def run(cfg: BenchConfig, layouts: tuple[str, ...] = qm.LAYOUTS, reps: int | Non
                      + ", ".join(f"{v:.4g}" for v in result["held_out_loss"])
                      + " at sigma " + ", ".join(f"{s:.3g}" for s in result["sigmas"]))
         if write_pictures:
-            suffix = "" if cfg.device.type == "cpu" else f"-{cfg.device.type}"
+            # the committed pictures come from full CPU runs; others get their own names
+            suffix = ("" if cfg.device.type == "cpu" else f"-{cfg.device.type}") + (
+                "-quick" if cfg.quick else "")
             DOCS.mkdir(exist_ok=True)
             pixels = qm.EVAL_LATENT[layout] * qm.LATENT_PER_PIXEL[layout]
             plots.frontier(result["rows"], DOCS / f"quality-frontier-{layout}{suffix}.png",
