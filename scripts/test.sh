@@ -27,23 +27,33 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(tests/integration)
 started=$SECONDS
 
+failed=()
+run() {  # run LABEL COMMAND...: keep going after a failure, report every failure at the end
+  local label=$1
+  shift
+  echo "== $label"
+  "$@" || failed+=("$label")
+}
+
 if [ -z "$only" ]; then
-  .venv/bin/ruff check --quiet .
-  echo "== unit tests"
-  .venv/bin/python -m pytest "${PYTEST[@]}" tests/unit
+  run "ruff" .venv/bin/ruff check --quiet .
+  run "unit tests" .venv/bin/python -m pytest "${PYTEST[@]}" tests/unit
 fi
 
 if [ -d "$TREES" ]; then
-  for tree in "$TREES"/v*/; do
-    version=$(basename "$tree")
+  for version in $(find "$TREES" -mindepth 1 -maxdepth 1 -name 'v*' -printf '%f\n' | sort -V); do
     [ -z "$only" ] || [ "$only" = "$version" ] || continue
-    echo "== integration tests on ComfyUI $version"
-    TOMA_REQUIRE_COMFYUI=1 COMFYUI_PATH=${tree%/} \
+    run "integration tests on ComfyUI $version" \
+      env TOMA_REQUIRE_COMFYUI=1 COMFYUI_PATH="$TREES/$version" \
       "$(bash scripts/venv-for.sh "$version")/bin/python" -m pytest "${PYTEST[@]}" "${targets[@]}"
   done
 else
-  echo "== integration tests: no ComfyUI source trees at $TREES"
-  .venv/bin/python -m pytest "${PYTEST[@]}" tests/integration
+  run "integration tests (no ComfyUI source trees at $TREES)" \
+    .venv/bin/python -m pytest "${PYTEST[@]}" tests/integration
 fi
 
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "== FAILED after $((SECONDS - started)) s: ${failed[*]}"
+  exit 1
+fi
 echo "== all tests passed in $((SECONDS - started)) s"
