@@ -210,7 +210,7 @@ class DiTToMA:
         `frames` frames deep, tile_count tiles per frame (0: the family's default)."""
         o = self.state.options
         t, h, w = grid
-        tiles = o.tile_count or self.family.tile_count or max(
+        tiles = o.tile_count or max(
             1, round(h * w * min(frames, t) / self.family.tokens_per_region))
         regions = make_regions_3d(t, h, w, o.region, tiles, frames)
         return build_plan(F.layer_norm(part.float(), part.shape[-1:]), t * h, w, o.ratio,

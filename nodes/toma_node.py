@@ -15,7 +15,6 @@ import math
 from ..toma_core import BATCH_POLICIES, REGION_MODES, UNMERGE_METHODS
 from .apply import SUPPORTED, apply_toma
 from .dit_families import REGION_TOKENS, VIDEO_REGION_FRAMES
-from .families.flux import DEFAULT_TILE_COUNT as FLUX_TILE_COUNT
 from .options import (
     DEFAULT_SKIP_BLOCKS,
     MAX_RATIO,
@@ -47,8 +46,8 @@ TILE_DEFAULTS = (
     f"UNet models use tiles of about {TOKENS_PER_TILE} tokens at every level "
     f"({sdxl_tokens(1024, SDXL_OUTER_PX) // TOKENS_PER_TILE} tiles at SDXL's outer level at "
     f"1024x1024, {sdxl_tokens(1024, SDXL_INNER_PX) // TOKENS_PER_TILE} at its inner level), "
-    f"Flux {FLUX_TILE_COUNT} tiles, the other transformer models regions of about "
-    f"{REGION_TOKENS} tokens ({VIDEO_REGION_FRAMES} frames deep on video)")
+    f"transformer models (Flux and the others) regions of about {REGION_TOKENS} tokens "
+    f"({VIDEO_REGION_FRAMES} frames deep on video)")
 AUTO_LEVELS = (
     f"UNet levels under {AUTO_MIN_TOKENS} tokens are left alone: on SDXL the inner level below "
     f"{sdxl_auto_side(SDXL_INNER_PX)}x{sdxl_auto_side(SDXL_INNER_PX)} and every level below "

@@ -8,8 +8,6 @@ import inspect
 
 from ..dit_families import BlockKind, Family, latent_grid, set_grid, timestep_zero_refs
 
-# bench/flux_blocks.py, Flux.1 at 1024x1024 (64x64 tokens): 256 tiles (4x4 tokens) per image.
-DEFAULT_TILE_COUNT = 256
 KINDS = (BlockKind("double_block", "double_blocks", "d", "before", mask="attn_mask"),
          BlockKind("single_block", "single_blocks", "s", "stream_before", txt=None,
                    mask="attn_mask"))
@@ -48,5 +46,4 @@ def family(diffusion_model) -> Family | None:
 
 def description(patch: tuple[int, int, int], describe=None) -> Family:
     """The Flux family's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("flux", "Flux", KINDS, patch, describe, tile_count=DEFAULT_TILE_COUNT,
-                  attention_scope=True)
+    return Family("flux", "Flux", KINDS, patch, describe, attention_scope=True)

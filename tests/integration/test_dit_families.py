@@ -152,15 +152,14 @@ def recorded_run(name: str, ratio: float = RATIO, extra: dict | None = None,
 
 
 def expected_plan(name: str, outer: torch.Tensor, offset: int, grid: tuple[int, int, int]):
-    """The plan the node's defaults give for the grid tokens of `outer`, rebuilt here: Flux
-    256 tiles; others regions of about REGION_TOKENS tokens, video ones VIDEO_REGION_FRAMES
-    frames deep unless the model modulates each frame on its own (Wan 2.2 image-to-video)."""
+    """The plan the node's defaults give for the grid tokens of `outer`, rebuilt here: regions
+    of about REGION_TOKENS tokens, video ones VIDEO_REGION_FRAMES frames deep unless the model
+    modulates each frame on its own (Wan 2.2 image-to-video)."""
     t, h, w = grid
     frames = VIDEO_REGION_FRAMES if group(name) in ("wan", "hunyuan") else 1
     if name == "wan22_5b_i2v":
         frames = 1
-    tiles = 256 if group(name) in ("flux2", "chroma") else max(
-        1, round(h * w * min(frames, t) / REGION_TOKENS))
+    tiles = max(1, round(h * w * min(frames, t) / REGION_TOKENS))
     part = outer[:, offset:offset + t * h * w]
     return build_plan(F.layer_norm(part.float(), part.shape[-1:]), t * h, w, RATIO,
                       regions=make_regions_3d(t, h, w, "tile", tiles, frames))

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 import comfy_harness as ch
 from toma_pack.nodes.apply import apply_toma
+from toma_pack.nodes.dit_families import REGION_TOKENS
 from toma_pack.nodes.dit_patch import existing_replace
-from toma_pack.nodes.families.flux import DEFAULT_TILE_COUNT
 from toma_pack.nodes.options import make_options
 from toma_pack.toma_core import build_plan, destinations_per_region, make_regions
 
@@ -123,8 +123,13 @@ def grid_of(latent_h: int, latent_w: int) -> tuple[int, int]:
     return (latent_h + 1) // 2, (latent_w + 1) // 2
 
 
+def default_tiles(h: int, w: int) -> int:
+    """tile_count 0 on Flux: regions of about REGION_TOKENS tokens."""
+    return max(1, round(h * w / REGION_TOKENS))
+
+
 def expected_merged(h: int, w: int, ratio: float) -> int:
-    regions = make_regions(h, w, "tile", DEFAULT_TILE_COUNT)
+    regions = make_regions(h, w, "tile", default_tiles(h, w))
     return regions.count * destinations_per_region(ratio, regions)
 
 
@@ -134,7 +139,7 @@ def plan_from(outer_args: dict, kind: str, h: int, w: int, ratio: float):
     prefix = 0 if kind == "double" else TEXT_TOKENS
     grid = img[:, prefix:prefix + h * w]
     return build_plan(F.layer_norm(grid.float(), grid.shape[-1:]), h, w, ratio,
-                      tile_count=DEFAULT_TILE_COUNT)
+                      tile_count=default_tiles(h, w))
 
 
 # One recorded run shared by several tests ------------------------------------------------------
@@ -181,7 +186,7 @@ def test_ratio_zero_is_bit_identical(flux, attention):
 def test_attention_sees_merged_image_tokens_only_in_merged_blocks(recorded):
     h, w = grid_of(*LATENT)
     merged = expected_merged(h, w, RATIO)
-    assert merged == 40                                 # 20 tiles of 2 x 2 keep 2 each: half
+    assert merged == 40                                 # one region of 80 tokens keeps half
     lengths = recorded["lengths"]
     blocks = [(kind, i) for kind, i, _ in recorded["outer"]]
     assert len(lengths) == len(blocks)
@@ -230,8 +235,10 @@ def test_merged_tokens_and_rope_rows_follow_the_plan(recorded):
             firsts[(kind, i)] = plan_from(outer, kind, h, w, RATIO)
         plan = firsts[GROUP_FIRST[(kind, i)]]
         prefix = 0 if kind == "double" else TEXT_TOKENS
-        # measured bit-identical (the same ops in the same order)
-        assert torch.equal(inner["img"], plan.merge(outer["img"], prefix))
+        # the same ops on the same values: measured bit-identical but for 1-2 elements of 4352
+        # off by one float32 ulp (max 3.0e-8 at |x| <= 6.5, v0.8.0: a one-region matrix product
+        # may take another summation order), bound x3
+        assert (inner["img"] - plan.merge(outer["img"], prefix)).abs().max() <= 1e-7
         assert torch.equal(inner["pe"], plan.merge_positions(outer["pe"], 2, TEXT_TOKENS))
         # each merged token's RoPE row is its destination's row in the full sequence
         dest = plan.dest_tokens[0]
@@ -495,17 +502,19 @@ def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
         assert torch.equal(out["img"][:, 80:], ran_img[:, m:])
         assert torch.equal(out["img"][:, :80],            # measured bit-identical
                            img[:, :80] + plan.unmerge(ran_img[:, :m] - merged[:, :m]))
-    # both scopes stay near the plain block on these smooth tokens: measured 0.176 (block),
-    # 0.166 (attention) relative to the block's update
-    assert float((out["img"] - plain_img).norm() / (plain_img - img).norm()) < 0.27
+    # both scopes stay near the plain block on these row-smooth tokens: measured 0.300 (block),
+    # 0.296 (attention) relative to the block's update, on all three versions (with 2 x 2
+    # tiles, before the default became one region of about 64 tokens: 0.176, 0.166), x1.5
+    assert float((out["img"] - plain_img).norm() / (plain_img - img).norm()) < 0.45
     assert not call.data.get("attention")             # no hook state left behind
 
 
 @pytest.mark.parametrize("grid", [(64, 64), (52, 76), (85, 48)],
                          ids=["1024x1024", "832x1216", "1360x768"])
 def test_real_resolutions_through_a_single_block(flux, grid):
-    """Token grids of common Flux sizes (latent 128x128, 104x152, 170x96) with the default 256
-    tiles: the merged length is about half and the block output keeps its shape."""
+    """Token grids of common Flux sizes (latent 128x128, 104x152, 170x96) with the default
+    regions of about 64 tokens: the merged length is about half and the block output keeps its
+    shape."""
     h, w = grid
     block = flux.model.diffusion_model.single_blocks[1]
     g = torch.Generator().manual_seed(6)
@@ -525,7 +534,7 @@ def test_real_resolutions_through_a_single_block(flux, grid):
                     {"original_block": original})["img"]
     merged = expected_merged(h, w, RATIO)
     assert seen == [TEXT_TOKENS + merged]
-    assert abs(merged - h * w / 2) <= 0.009 * h * w      # measured 0, 0, 0.0059
+    assert abs(merged - h * w / 2) <= 0.006 * h * w      # measured 0, 0.0040, 0.0015
     assert out.shape == x.shape and torch.isfinite(out).all()
 
 
