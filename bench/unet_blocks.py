@@ -6,11 +6,13 @@ BasicTransformerBlock when ComfyUI is loaded, else reference_blocks.SDXLBlock; r
 input x [B, N, C] is a photograph's token grid (photos.py). Variants, per level:
 
 - unpatched: the block as is.
-- toma block / attention: through the pack's own UNetToMA (block_forward = plan.around, or the
-  attn1_patch / attn1_output_patch pair), ratio 0.25 / 0.5 / 0.75, tile_count 64 (and 16 / 256
-  at 0.5). The plan is served from the node's plan cache, as for every block but the first of a
-  level in a step; building it is timed apart (plan_ms, the node's own plan_for) and its share
-  per block call is plan_ms / (blocks at the level x recompute_every 5) (plan_share_ms).
+- toma block / attention: through the pack's own UNetToMA.block_forward (block scope: plan.around
+  the block; attention scope: the block with the node's attn1 merge/unmerge patch pair), ratio
+  0.25 / 0.5 / 0.75, tile_count 64 (and 16 / 256 at 0.5; the node's own default is tiles of
+  about 64 tokens: 64 tiles at 64x64, 16 at 32x32). The plan is served from the node's plan
+  cache, as for every block but the first of a level in a step; building it is timed apart
+  (plan_ms, the node's own plan_for) and its share per block call is plan_ms / (blocks at the
+  level x the node's default recompute_every) (plan_share_ms).
 - lower bound: the same block on the merged token count, no merging cost (block scope: the
   block on the first N' tokens; attention scope: self-attention on N' tokens, output discarded
   into a preallocated full-size tensor).
@@ -51,7 +53,6 @@ RATIOS = (0.25, 0.5, 0.75)
 SCOPES = ("block", "attention")
 TILE_COUNTS = (16, 64, 256)
 DEFAULT_TILES = 64
-RECOMPUTE_EVERY = 5
 COLUMNS = ("level", "method", "scope", "ratio", "tiles", "tokens", "ms", "spread", "plan_ms",
            "plan_share_ms", "ms_total", "speedup", "speedup_lo", "speedup_hi", "vs_lb", "err",
            "cos", "peak_mb", "flag")
@@ -161,11 +162,11 @@ class LevelBench:
         from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
         from toma_pack.nodes.unet_patch import UNetToMA
 
-        options = make_options(v.ratio, v.tiles or 0, recompute_every=RECOMPUTE_EVERY,
+        options = make_options(v.ratio, v.tiles or 0, recompute_every=recompute_every(),
                                unet_levels="all", merge_scope=v.scope)
         state = ToMAState(options, "unet")
         # the model call the block runs in (sampling opens it in the APPLY_MODEL wrapper)
-        model_call = ModelCall(RunState(RECOMPUTE_EVERY))
+        model_call = ModelCall(RunState(options.recompute_every))
         toma = UNetToMA(state, v.scope, largest_level_ds=2)
         plain = dict(self.options)
         with torch.inference_mode():
@@ -210,6 +211,11 @@ class LevelBench:
         return Prepared(self._run(x, self._patched(head, lambda out, extra: sink)), n)
 
 
+def recompute_every() -> int:
+    """The ToMA node's default recompute_every (steps a plan is reused for), from the pack."""
+    return load_pack().nodes.options.make_options().recompute_every
+
+
 def merged_count(level: Level, ratio: float, tiles: int = DEFAULT_TILES) -> int:
     """Tokens ToMA keeps on this level (R * k of its regions)."""
     core = load_pack().toma_core
@@ -250,7 +256,7 @@ def bench_level(level: Level, cfg: BenchConfig, vs: list[Variant],
         share = 0.0
         if v in planned:
             row["plan_ms"] = 1e3 * plan_times[v.key].median
-            row["plan_share_ms"] = share = row["plan_ms"] / (level.blocks * RECOMPUTE_EVERY)
+            row["plan_share_ms"] = share = row["plan_ms"] / (level.blocks * recompute_every())
         total = Timing(tuple(t + share / 1e3 for t in times[v.key].times))
         row["ms_total"] = 1e3 * total.median
         row.update(speedup(base, total))
@@ -301,8 +307,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     notes = [cfg.describe(),
              f"block: {'ComfyUI BasicTransformerBlock' if cfg.comfy else 'reference SDXLBlock'}"
              f", batch {cfg.batch}, SDPA; ms: median, spread: (max - min) / median",
-             f"ms_total = ms + plan_share_ms (plan built once per level every {RECOMPUTE_EVERY} "
-             "steps: plan_ms / (blocks at the level x 5)); speedup = unpatched ms / ms_total "
+             f"ms_total = ms + plan_share_ms (plan built once per level every "
+             f"{recompute_every()} step(s), the node's default: plan_ms / (blocks at the level x "
+             f"{recompute_every()})); speedup = unpatched ms / ms_total "
              "(lo-hi: ratios of the side-by-side repetitions)",
              "vs_lb = ms_total / the lower bound's ms at the same token count; flag: faster "
              "than its own lower bound (not a result)"]
