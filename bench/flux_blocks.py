@@ -26,10 +26,11 @@ plain block. Random weights see no real image, so the image tokens are a smooth 
 (low-resolution noise upsampled, plus a little white noise), the way latent tokens correlate with
 their neighbours; errors here compare variants, they do not predict image quality.
 
-The projection: a 19 double + 38 single block model with the node's default skip_blocks
-("d0-4, s0-4") and recompute_every (5), blocks only (embedders and the final layer are a rounding
-error), one plan build per group amortised over recompute_every steps; per repetition, so the
-projected speedup has a range too, and against the same projection of the lower bounds.
+The projection: a 19 double + 38 single block model with the node's default skip_blocks and
+recompute_every (read from the pack: "d0-4, s0-4" and 1), blocks only (embedders and the final
+layer are a rounding error), one plan build per group amortised over recompute_every steps; per
+repetition, so the projected speedup has a range too, and against the same projection of the
+lower bounds.
 """
 
 from __future__ import annotations
