@@ -7,6 +7,7 @@ import logging
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any, Literal
 import torch
 
 log = logging.getLogger(__name__)
+_ROOT = Path(__file__).resolve().parents[1]   # the checkout (config.ROOT)
 
 
 def sync(device: torch.device | str) -> None:
@@ -202,3 +204,36 @@ def machine_info(device: torch.device | str = "cpu") -> dict[str, Any]:
         "device": name,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+def goal(target: str, row: dict | None, key: str, threshold: float,
+         higher: bool = True) -> dict[str, Any] | None:
+    """A numeric target on row[key] (>= threshold, or <= with higher=False): met or not, and
+    by how much it was missed. A flagged row (faster than its own lower bound) is no result:
+    its target says so instead of passing or failing."""
+    if row is None or row.get(key) is None:
+        return None
+    value = row[key]
+    out = {"target": target, "value": value}
+    if row.get("flag"):
+        return {**out, "met": None, "why": f"not judged: {row['flag']}"}
+    met = value >= threshold if higher else value <= threshold
+    out["met"] = met
+    if not met:
+        out["why"] = (f"missed: {value:.3g} against {'>=' if higher else '<='} {threshold:g} "
+                      f"({abs(value - threshold) / threshold:.1%} "
+                      f"{'short' if higher else 'over'})")
+    return out
+
+
+def commit() -> str | None:
+    """The checkout's commit (with "+changes" when the tree differs from it), or None."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                "bench", "toma_core", "nodes"], cwd=_ROOT, check=True,
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if dirty else "")

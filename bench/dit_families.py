@@ -1,21 +1,34 @@
-"""One block of each new DiT family at full width: plain, lower bound, and ToMA once plugged in.
+"""One block of each new DiT family at full width: plain, lower bound and ToMA, and the whole
+model projected from them.
 
-    COMFYUI_PATH=/path/to/ComfyUI python -m bench.dit_families --threads 1 --clock cpu [--quick]
-        [--families wan22_5b,wan14b,qwen_image,sd35_large,z_image] [--ratio 0.5]
-        [--warmup 1] [--reps 2] [--size wan14b=832x480x17] [--skip 0] [--toma-hook mod:fn]
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.dit_families --threads 1 --clock cpu
+        [--quick] [--families wan22_5b,wan14b,qwen_image,sd35_large,z_image] [--ratio 0.5]
+        [--reps 3] [--family-reps wan14b=2] [--size wan14b=832x480x17]
+        [--toma-hook bench.dit_toma:hook | none] [--out bench/results/<date>-cpu-dit.json]
 
-Builds ComfyUI's own block class of each family at the real model's width (random weights,
-fp32, CPU, SDPA attention) on the token count of a real generation, and times per family:
+Builds ComfyUI's own block class of each family at the real model's width (seeded random
+weights from bench.weights, fp32, CPU, SDPA attention) on the token count of a real generation,
+and times per family:
 
 - plain: the block on every image token, called the way ComfyUI's block loop calls it;
-- lower bound: the same block on round(N * (1 - ratio)) image tokens (text and other tokens
+- lower bound: the same block on the image token count ToMA merges to (text and other tokens
   unchanged, RoPE rows of the kept tokens), no merging cost: what merging could at best give;
-- toma: the block through the ToMA patch, when a hook supplies it (below), with its speed
-  against the lower bound (vs_lb = toma time / lower-bound time) and the relative L2 error of
-  its image update against the plain block's.
+- toma: the block through the pack's patch (the hook, below), with vs_lb (the median of the
+  side-by-side ratios toma / lower bound; a ToMA row faster than its bound is flagged, not a
+  result), the plan build timed apart, and the relative L2 error of its image update against
+  the plain block's (random weights: it ranks settings, it does not predict image quality).
 
-Then a projected whole-model speedup from the block count (blocks only: embedders and the final
-layer are a rounding error at these sizes), with the first `--skip` blocks left unmerged.
+Timing (bench.common.interleaved): one untimed call of every variant first (the warm-up, whose
+plain and toma outputs give the error; at these sizes one call runs for seconds to minutes),
+then `reps` rounds calling every variant once in turn; median, minimum and spread per variant,
+speedups with the range of the side-by-side ratios. Fewer than 3 repetitions (--family-reps, for
+the minutes-long video blocks) is said in the row's note.
+
+The projection: the real model's blocks (blocks only: embedders and the final layer are a
+rounding error at these sizes) with the node's default skip_blocks (the pack's make_options:
+"d0-4, s0-4", blocks 0-4 on one-kind models) unmerged and one plan build per step (one group of
+consecutive merged blocks, recompute_every 1), per repetition; against the same projection of the
+lower bound.
 
 Sizes (pixels -> latent -> token grid t x h x w):
   wan22_5b    Wan 2.2 TI2V 5B, width 3072, 30 blocks: 1280x704, 121 frames -> 31x22x40 = 27280
@@ -24,37 +37,61 @@ Sizes (pixels -> latent -> token grid t x h x w):
   sd35_large  SD3.5 Large, width 2432, 38 blocks: 1024x1024 -> 64x64 = 4096 (+ 154 text)
   z_image     Z-Image, width 3840, 30 blocks: 1024x1024 -> 64x64 = 4096 (+ 256 text)
 --quick uses fewer frames / smaller images (same widths); --size name=WxH[xF] overrides one.
-On 2 CPU cores the full Wan 14B block takes minutes per call: time a --quick run first.
+On one CPU core a plain Wan 14B block at full size takes about 8 minutes: time --quick first.
 
-The ToMA hook: a function `hook(family: str, case: BlockCase, ratio: float)` returning a
-callable `run(args: dict) -> dict` that runs the merged block on a fresh full-length argument
-dict (as `case.args()` makes it) and returns what `case.original_block` would, or None when it
-does not handle that family. Set HOOK below, or pass --toma-hook module:function; the pack is
-importable as `toma_pack` (bench.config.setup_comfy). Build plans inside the hook beforehand:
-the timed calls stand for blocks that reuse a group's plan.
+The hook: `hook(family: str, case: BlockCase, ratio: float)` returns None for a family it does
+not handle, else a merged block: called with a fresh full-length argument dict (as `case.args()`
+makes it) it returns what `case.original_block` would; `merged_tokens` is the image token count
+it runs on; `build_plan()` builds its plan again (timed apart; the block calls reuse the plan,
+as the blocks of a group do). bench/dit_toma.py's is the default; the pack is importable as
+`toma_pack` (bench.config.setup_comfy).
+
+Writes nothing unless --out: then the JSON there and the same report as .md beside it (machine,
+commit, command, notes, table, targets, flags).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
+import json
 import logging
 import math
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from .common import (
+    MIN_REPS,
+    Timing,
+    commit,
+    cpu_features,
+    cpu_model,
+    goal,
+    interleaved,
+    machine_info,
+    markdown_table,
+    speedup,
+    versus_lower_bound,
+)
+from .weights import fill_weights
+
 log = logging.getLogger(__name__)
 
-# The ToMA-patched block: see the module docstring (None: rows without ToMA).
-HOOK: Callable[[str, BlockCase, float], Callable[[dict], dict] | None] | None = None
-
 RATIO = 0.5
-COLUMNS = ("family", "variant", "image_tokens", "text_tokens", "ms", "speedup", "vs_lb",
-           "err_update")
+DEFAULT_HOOK = "bench.dit_toma:hook"
+VIDEO_TARGET = 2.2          # issue 13: projected whole-model speedup of video at ratio 0.5
+LB_TARGET = 1.10            # issue 13: ToMA within 10% of its lower bound
+COLUMNS = ("family", "variant", "ratio", "image_tokens", "text_tokens", "ms", "spread", "reps",
+           "speedup", "speedup_lo", "speedup_hi", "vs_lb", "lb_speedup", "plan_ms",
+           "err_update", "flag", "note")
 
 
 @dataclass(frozen=True)
@@ -104,17 +141,8 @@ class BlockCase:
 
 # Shared input helpers -----------------------------------------------------------------------------
 def _fill(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Small random weights: matrices N(0, 0.02), biases 0, other vectors (norm scales) 1.
-    (flux_blocks._fill zeroes vectors named without "norm"/"scale", e.g. SD3's ln_q.weight,
-    which would flatten that block's attention.)"""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
-            else:
-                p.fill_(0.0 if name.endswith("bias") else 1.0)
-    return module.eval()
+    """bench.weights' seeded fill, in eval mode."""
+    return fill_weights(module, seed).eval()
 
 
 def _ops() -> dict[str, Any]:
@@ -307,62 +335,98 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def bench_case(case: BlockCase, ratio: float, warmup: int, reps: int, clock: str,
-               hook: Callable | None, errors: bool = True) -> list[dict]:
-    """Rows plain / lower bound / toma (if the hook handles the family) for one case."""
-    from .common import median_times
-
-    keep = round(case.image_tokens * (1 - ratio))
+def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
+               merged: Any | None) -> tuple[list[dict], dict[str, Timing]]:
+    """Rows plain / lower bound / toma (when `merged`, the hook's block, is not None) for one
+    case, and their timings by variant (see the module docstring)."""
+    keep = merged.merged_tokens if merged is not None else round(case.image_tokens * (1 - ratio))
     calls: dict[str, Callable[[], Any]] = {
         "plain": lambda: case.original_block(case.args()),
         "lower bound": lambda: case.original_block(case.args(keep)),
     }
-    merged = hook(case.family, case, ratio) if hook is not None else None
     if merged is not None:
         calls["toma"] = lambda: merged(case.args())
-    seconds = median_times(calls, warmup=warmup, reps=reps, clock=clock)
+    with torch.inference_mode():        # the warm-up, whose outputs give the error
+        img_in = case.image_out(case.args())
+        first = {name: case.image_out(fn()) for name, fn in calls.items()}
+    found = interleaved(calls, warmup=0, reps=reps, clock=clock, min_reps=1)
     base = {"family": case.family, "text_tokens": case.text_tokens}
     rows = [{**base, "variant": "plain", "image_tokens": case.image_tokens},
             {**base, "variant": "lower bound", "ratio": ratio, "image_tokens": keep}]
     if merged is not None:
-        rows.append({**base, "variant": "toma", "ratio": ratio})
+        rows.append({**base, "variant": "toma", "ratio": ratio, "image_tokens": keep})
     for row in rows:
-        row["ms"] = seconds[row["variant"]] * 1e3
-        row["speedup"] = seconds["plain"] / seconds[row["variant"]]
+        row.update(found[row["variant"]].fields())
+        row.update(speedup(found["plain"], found[row["variant"]]))
+        if reps < MIN_REPS:
+            row["note"] = f"{reps} repetition(s): spread from fewer than {MIN_REPS}"
     if merged is not None:
-        rows[2]["vs_lb"] = seconds["toma"] / seconds["lower bound"]
-        if errors:
-            with torch.inference_mode():
-                img_in = case.image_out(case.args())
-                plain = case.image_out(case.original_block(case.args()))
-                toma = case.image_out(merged(case.args()))
-            if toma.shape != plain.shape:
-                raise ValueError(f"{case.family}: the ToMA hook's block returned image tokens "
-                                 f"{tuple(toma.shape)}, the plain block {tuple(plain.shape)}")
-            rows[2]["err_update"] = _rel(toma - img_in, plain - img_in)
-    return rows
+        toma = rows[2]
+        if first["toma"].shape != first["plain"].shape:
+            raise ValueError(f"{case.family}: the ToMA hook's block returned image tokens "
+                             f"{tuple(first['toma'].shape)}, the plain block "
+                             f"{tuple(first['plain'].shape)}")
+        toma["err_update"] = _rel(first["toma"] - img_in, first["plain"] - img_in)
+        versus_lower_bound(toma, found["toma"], found["lower bound"])
+        plans = interleaved({"plan": merged.build_plan}, warmup=0, reps=MIN_REPS, clock=clock)
+        toma["plan_ms"] = 1e3 * plans["plan"].median
+    return rows, found
 
 
-def project(rows: list[dict], depth: int, skip: int) -> list[dict]:
-    """Blocks-only whole-model speedups: `depth` blocks, the first `skip` unmerged."""
-    plain = next(r for r in rows if r["variant"] == "plain")
+def default_skipped(depth: int) -> int:
+    """Blocks the node's default skip_blocks leaves unmerged on a one-kind model of `depth`."""
+    from toma_pack.nodes.options import make_options
+
+    return len(make_options().skip_blocks.for_kinds([("", depth)])[0])
+
+
+def project(rows: list[dict], found: dict[str, Timing], depth: int, skip: int) -> dict | None:
+    """The blocks-only whole-model row: `depth` blocks, the first `skip` plain, the others
+    merged, one plan build per step; per repetition, against the same projection of the lower
+    bound. None without a toma row."""
+    toma = next((r for r in rows if r["variant"] == "toma"), None)
+    if toma is None:
+        return None
+
+    def model(merged: tuple[float, ...], extra: float = 0.0) -> Timing:
+        return Timing(tuple(skip * p + (depth - skip) * m + extra
+                            for p, m in zip(found["plain"].times, merged, strict=True)))
+
+    plain = model(found["plain"].times)
+    merged = model(found["toma"].times, toma["plan_ms"] / 1e3)
+    bound = model(found["lower bound"].times)
+    row = {"family": toma["family"], "ratio": toma["ratio"],
+           "variant": f"projected model: {depth} blocks, {skip} unmerged",
+           **merged.fields(), **speedup(plain, merged), "note": toma.get("note")}
+    versus_lower_bound(row, merged, bound)
+    row["lb_speedup"] = plain.median / bound.median
+    return row
+
+
+def targets(rows: list[dict], ratio: float) -> list[dict]:
+    """Issue 13's targets: ToMA within 10% of its lower bound on every family; video families
+    at least 2.2x projected whole-model on CPU (both at ratio 0.5)."""
     out = []
-    for r in rows:
-        if r["variant"] == "plain":
+    for row in rows:
+        if row.get("ratio") != ratio or ratio != RATIO:
             continue
-        total = skip * plain["ms"] + (depth - skip) * r["ms"]
-        out.append({"family": r["family"],
-                    "variant": f"model: {depth} blocks, {skip} skipped, {r['variant']}",
-                    "ratio": r.get("ratio"), "ms": total,
-                    "speedup": depth * plain["ms"] / total})
-    return out
+        if row["variant"] == "toma":
+            out.append(goal(f"{row['family']}: ToMA block within 10% of its lower bound "
+                            f"(vs_lb <= {LB_TARGET:.2f})", row, "vs_lb", LB_TARGET,
+                            higher=False))
+        elif row["variant"].startswith("projected") and row["family"].startswith("wan"):
+            out.append(goal(f"{row['family']}: projected whole-model speedup >= {VIDEO_TARGET} "
+                            f"(video, CPU)", row, "speedup", VIDEO_TARGET))
+    return [t for t in out if t is not None]
 
 
 def load_hook(hook: str | Callable | None) -> Callable | None:
     """The hook itself, the function named "module:function" (import it only after
-    setup_comfy: it may import ComfyUI and toma_pack), or HOOK when None."""
+    setup_comfy: it may import ComfyUI and toma_pack), or None for "none" / None."""
     if hook is None or callable(hook):
-        return hook or HOOK
+        return hook
+    if hook == "none":
+        return None
     module, _, name = hook.partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -370,8 +434,6 @@ def load_hook(hook: str | Callable | None) -> Callable | None:
 def _setup() -> None:
     """ComfyUI from COMFYUI_PATH (CPU, SDPA attention) and the pack as toma_pack, unless the
     suite (python -m bench) has done it already."""
-    import sys
-
     from .config import setup_comfy
 
     if "toma_pack" in sys.modules and "comfy.ldm.modules.attention" in sys.modules:
@@ -381,11 +443,11 @@ def _setup() -> None:
 
 
 def run(families: list[str] | None = None, quick: bool = False, ratio: float = RATIO,
-        warmup: int = 1, reps: int = 2, clock: str = "cpu", skip: int = 0,
-        sizes: dict[str, Size] | None = None, hook: str | Callable | None = None,
-        threads: int | None = None) -> list[dict]:
-    """Rows for every family (plain, lower bound, toma, projections); a family this ComfyUI
-    lacks gets one row saying so. hook: see load_hook."""
+        reps: int = MIN_REPS, clock: str = "cpu", sizes: dict[str, Size] | None = None,
+        hook: str | Callable | None = DEFAULT_HOOK, threads: int | None = None,
+        family_reps: dict[str, int] | None = None) -> list[dict]:
+    """Rows for every family (plain, lower bound, toma, projection); a family this ComfyUI
+    lacks gets one row saying so. hook: see load_hook; family_reps: reps per family name."""
     _setup()
     merged_block = load_hook(hook)
     if threads:
@@ -401,15 +463,53 @@ def run(families: list[str] | None = None, quick: bool = False, ratio: float = R
             continue
         log.warning("%s: grid %s, %d image + %d text tokens", name, case.grid,
                     case.image_tokens, case.text_tokens)
+        merged = merged_block(name, case, ratio) if merged_block is not None else None
         with torch.inference_mode():
-            block_rows = bench_case(case, ratio, warmup, reps, clock, merged_block)
-        rows += block_rows + project(block_rows, case.depth, skip)
+            block_rows, found = bench_case(case, ratio, (family_reps or {}).get(name, reps),
+                                           clock, merged)
+        projected = project(block_rows, found, case.depth, default_skipped(case.depth))
+        rows += block_rows + ([projected] if projected else [])
         # Each family's figures as soon as they exist: full-size runs take long.
-        for row in block_rows:
-            log.warning("%s %s: %d image tokens, %.0f ms, speedup %.3g", name, row["variant"],
-                        row.get("image_tokens") or 0, row["ms"], row["speedup"])
-        del case
+        for row in block_rows + ([projected] if projected else []):
+            log.warning("%s %s: %d image tokens, %.0f ms (spread %.2f), speedup %.3g (%.3g-%.3g)"
+                        "%s", name, row["variant"], row.get("image_tokens") or 0, row["ms"],
+                        row["spread"], row["speedup"], row["speedup_lo"], row["speedup_hi"],
+                        f", vs_lb {row['vs_lb']:.3f}" if "vs_lb" in row else "")
+        del case, merged
     return rows
+
+
+def notes(clock: str, reps: int, family_reps: dict[str, int]) -> list[str]:
+    """How the figures were taken, for the report."""
+    per = ", ".join(f"{k} {v}" for k, v in family_reps.items())
+    return [f"CPU {cpu_model()} ({cpu_features()}), {torch.get_num_threads()} thread(s), "
+            f"{clock} clock, float32; one untimed call per variant (warm-up; its outputs give "
+            f"err_update), then median, minimum and spread of {reps} interleaved repetitions"
+            + (f" ({per} for those families)" if per else ""),
+            "speedup_lo/hi: lowest/highest ratio of the side-by-side repetitions; vs_lb: median "
+            "of the side-by-side ratios toma / lower bound; lb_speedup: the lower bound's "
+            "projected speedup; plan_ms: one plan build (median of 3)",
+            "projected model: blocks only, the node's default skip_blocks unmerged, one plan "
+            "build per step (recompute_every 1); err_update: relative L2 error of the image "
+            "update on random weights (ranks settings, does not predict image quality)"]
+
+
+def report(result: dict[str, Any]) -> str:
+    """The Markdown report of a result dict."""
+    lines = ["# DiT families: one block at full width per family, and the projected model", "",
+             ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
+             f"commit: {result['config']['commit']}", "",
+             f"command: `{result['config']['command']}`", "",
+             f"ComfyUI: {result['config']['comfyui']}", ""]
+    lines += [f"- {note}" for note in result["notes"]]
+    lines += ["", markdown_table(result["rows"], COLUMNS), "", "## Targets (issue 13)", ""]
+    lines += [markdown_table(result["targets"], ["target", "value", "met", "why"])
+              if result["targets"] else "- none checked (no ToMA rows at ratio 0.5)"]
+    flagged = [r for r in result["rows"] if r.get("flag")]
+    lines += ["", "## Flagged (not results)", ""]
+    lines += ([f"- {r['family']} {r['variant']}: {r['flag']}" for r in flagged] if flagged
+              else ["- none: no ToMA row measured faster than its own lower bound"])
+    return "\n".join(lines) + "\n"
 
 
 def _size(text: str) -> tuple[str, Size]:
@@ -422,31 +522,61 @@ def _size(text: str) -> tuple[str, Size]:
     return name, Size(*values, spatial=real.spatial, temporal=real.temporal, patch=real.patch)
 
 
-def main() -> None:
+def _family_reps(text: str) -> tuple[str, int]:
+    """"name=N" -> (name, N)."""
+    name, _, n = text.partition("=")
+    if name not in FAMILIES or not n.isdigit() or int(n) < 1:
+        raise argparse.ArgumentTypeError(f"write family=N with a family of {list(FAMILIES)}")
+    return name, int(n)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--quick", action="store_true", help="smaller token counts")
     parser.add_argument("--ratio", type=float, default=RATIO)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--reps", type=int, default=2, help="timed calls per variant (median)")
+    parser.add_argument("--reps", type=int, default=MIN_REPS,
+                        help=f"timed rounds (>= {MIN_REPS}; median, min, spread)")
+    parser.add_argument("--family-reps", type=_family_reps, action="append", default=[],
+                        help="name=N: other rounds for one family (may be fewer than 3: said "
+                             "in its rows)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--skip", type=int, default=0, help="unmerged first blocks (projection)")
     parser.add_argument("--size", type=_size, action="append", default=[],
                         help="name=WxH[xFRAMES] pixels, overrides one family's size")
-    parser.add_argument("--toma-hook", default=None, help="module:function (see docstring)")
-    a = parser.parse_args()
-    from .common import machine_info, markdown_table
-
+    parser.add_argument("--toma-hook", default=DEFAULT_HOOK,
+                        help="module:function, or none (see docstring)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON path for the results (the .md report beside it)")
+    a = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
     families = [f.strip() for f in a.families.split(",") if f.strip()]
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:
         parser.error(f"unknown families {unknown}; choose from {','.join(FAMILIES)}")
-    rows = run(families, a.quick, a.ratio, a.warmup, a.reps, a.clock, a.skip, dict(a.size),
-               a.toma_hook, a.threads)
-    print(markdown_table(rows, COLUMNS))
-    print()
-    print(", ".join(f"{k}: {v}" for k, v in machine_info().items()))
+    if a.reps < MIN_REPS:
+        parser.error(f"--reps must be >= {MIN_REPS} (use --family-reps for a slow family)")
+    family_reps = dict(a.family_reps)
+    rows = run(families, a.quick, a.ratio, a.reps, a.clock, dict(a.size), a.toma_hook,
+               a.threads, family_reps)
+    result = {"machine": machine_info(),
+              "config": {"commit": commit(), "comfyui": os.environ.get("COMFYUI_PATH"),
+                         "command": "python -m bench.dit_families " + " ".join(
+                             sys.argv[1:] if argv is None else argv),
+                         "clock": a.clock, "threads": torch.get_num_threads(),
+                         "reps": a.reps, "family_reps": family_reps, "ratio": a.ratio,
+                         "quick": a.quick, "sizes": {n: FAMILIES[n][2 if a.quick else 1]
+                                                     for n in families} | dict(a.size)},
+              "notes": notes(a.clock, a.reps, family_reps), "rows": rows}
+    result["targets"] = targets(rows, a.ratio)
+    text = report(result)
+    print(text)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=1, default=str))
+        a.out.with_suffix(".md").write_text(text)
+        print(f"JSON: {a.out} (Markdown beside it) at {datetime.datetime.now():%H:%M}")
 
 
 if __name__ == "__main__":

@@ -8,44 +8,68 @@ its node defaults (tile_count 0) unless `tiles` / `frames` say otherwise, and a 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import importlib
 
-# bench family -> (families module name, its BlockKind argument names in the bench's args)
+import torch
+
+# bench family -> the pack's families module that describes it
 FAMILIES = {"wan22_5b": "wan", "wan14b": "wan", "qwen_image": "qwen_image",
             "sd35_large": "sd3", "z_image": "lumina"}
 
 
+class MergedBlock:
+    """One family's block through ToMA's replace patch: call it with a fresh full-length
+    argument dict (as `case.args()` makes it) for what `case.original_block` returns.
+
+    Its plan is built on construction and kept, as the blocks of a group reuse their group's
+    plan; build_plan() builds it again (to time it) and returns it. merged_tokens: the image
+    tokens the block runs on."""
+
+    def __init__(self, family: str, case, ratio: float, tokens_per_region: int | None = None,
+                 frames: int | None = None) -> None:
+        from toma_pack.nodes.dit_patch import DiTToMA
+        from toma_pack.nodes.options import make_options
+        from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
+
+        module = importlib.import_module(f"toma_pack.nodes.families.{FAMILIES[family]}")
+        spec = module.description((1, 2, 2))
+        if tokens_per_region is not None:
+            spec = dataclasses.replace(spec, tokens_per_region=tokens_per_region)
+        if frames is not None:
+            spec = dataclasses.replace(spec, frames_per_region=frames)
+        kind = spec.kinds[0]
+        if kind.hook == "object":   # the bench hands Z-Image's layer arguments by dit names
+            kind = dataclasses.replace(kind, stream="img", pe="pe", mask="mask")
+        self.case, self.kind = case, kind
+        self.state = ToMAState(make_options(ratio, skip_blocks="none", recompute_every=1000),
+                               spec.name)
+        self.call = ModelCall(RunState(1000), grid=case.grid,
+                              data={"txt_len": case.text_tokens})
+        self.toma = DiTToMA(self.state, spec, {(kind.key, 0): 0})
+        self.patch = self.toma.replace_patch(kind, 0, None)
+        self.extra = {"original_block": case.original_block}
+        self.merged_tokens = self.build_plan().merged_tokens
+
+    def __call__(self, args: dict) -> dict:
+        with self.state.model_call(self.call):
+            return self.patch(args, self.extra)
+
+    def build_plan(self):
+        """Forget the plan and build it again from the case's inputs; returns the MergePlan."""
+        self.call.run.clear_plans()
+        with torch.inference_mode(), self.state.model_call(self.call):
+            found = self.toma.plan_for(self.kind, 0, self.case.args(), {}, self.call)
+        if found is None:
+            raise RuntimeError(f"{self.case.family}: ToMA left the block unmerged "
+                               f"(see the run's notices: {self.state.notices})")
+        return found[0]
+
+
 def hook(family: str, case, ratio: float, tokens_per_region: int | None = None,
-         frames: int | None = None) -> Callable[[dict], dict] | None:
-    """run(args) -> the merged block's output for `case` (a dit_families.BlockCase), its plan
-    built here; None for a family this does not know. tokens_per_region / frames: other
-    regions than the family's default (bench/dit_tiles.py)."""
-    import importlib
-
-    from toma_pack.nodes.dit_patch import DiTToMA
-    from toma_pack.nodes.options import make_options
-    from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
-
+         frames: int | None = None) -> MergedBlock | None:
+    """The merged block for `case` (a dit_families.BlockCase), its plan built; None for a
+    family this does not know. tokens_per_region / frames: other regions than the family's
+    default (bench/dit_tiles.py)."""
     if family not in FAMILIES:
         return None
-    module = importlib.import_module(f"toma_pack.nodes.families.{FAMILIES[family]}")
-    spec = module.description((1, 2, 2))
-    if tokens_per_region is not None:
-        spec = dataclasses.replace(spec, tokens_per_region=tokens_per_region)
-    if frames is not None:
-        spec = dataclasses.replace(spec, frames_per_region=frames)
-    kind = spec.kinds[0]
-    if kind.hook == "object":       # the bench hands Z-Image's layer arguments by dit names
-        kind = dataclasses.replace(kind, stream="img", pe="pe", mask="mask")
-    state = ToMAState(make_options(ratio, skip_blocks="none", recompute_every=1000),
-                      spec.name)
-    call = ModelCall(RunState(1000), grid=case.grid, data={"txt_len": case.text_tokens})
-    patch = DiTToMA(state, spec, {(kind.key, 0): 0}).replace_patch(kind, 0, None)
-    extra = {"original_block": case.original_block}
-
-    def run(args: dict) -> dict:
-        with state.model_call(call):
-            return patch(args, extra)
-
-    run(case.args())            # builds the plan the timed calls reuse
-    return run
+    return MergedBlock(family, case, ratio, tokens_per_region, frames)
