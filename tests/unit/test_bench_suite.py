@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import bench.__main__ as suite
-from bench import common, kernels, unet_blocks
+from bench import common, dit_families, kernels, unet_blocks
 from bench.baselines import ToMeSD, tomesd_matching
 from bench.common import Timing, interleaved, speedup, versus_lower_bound
 from bench.config import ROOT, default_config
@@ -269,6 +269,118 @@ def test_versus_lower_bound_pairs_repetitions_and_flags() -> None:
     row = {}
     versus_lower_bound(row, Timing((0.0105, 0.021, 0.0126)), bound)
     assert row["vs_lb"] == pytest.approx(1.05) and "flag" not in row
+
+
+# ------------------------------------------------------------ DiT families (no ComfyUI)
+
+
+def _tiny_dit_case() -> dit_families.BlockCase:
+    """A residual linear "block" on 16 image tokens (grid 1 x 4 x 4), depth 10."""
+    block = fill_weights(torch.nn.Linear(8, 8), seed=2)
+    x = torch.randn(1, 16, 8, generator=torch.Generator().manual_seed(1))
+
+    def args(keep: int | None = None) -> dict:
+        return {"img": x[:, :keep or 16].clone()}
+
+    def original(a: dict) -> dict:
+        return {"img": a["img"] + block(a["img"])}
+
+    return dit_families.BlockCase("wan14b", block, (1, 4, 4), 0, 10, args, original,
+                                  lambda out: out["img"])
+
+
+class _PairMerge:
+    """Stands in for the hook's merged block: token pairs averaged, the block's update of each
+    pair copied back to both."""
+
+    merged_tokens = 8
+
+    def __init__(self, case: dit_families.BlockCase) -> None:
+        self.case, self.builds = case, 0
+
+    def __call__(self, a: dict) -> dict:
+        x = a["img"]
+        pairs = x.reshape(1, 8, 2, 8).mean(2)
+        update = self.case.original_block({"img": pairs})["img"] - pairs
+        return {"img": x + update.repeat_interleave(2, dim=1)}
+
+    def build_plan(self) -> None:
+        self.builds += 1
+
+
+def test_dit_rows_time_every_variant_and_measure_the_update_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """plain / lower bound (on ToMA's merged count) / toma, each with its spread and range on
+    the given clock; err_update against the update computed here; the plan build timed."""
+    clock = FakeClock()
+    monkeypatch.setattr(common, "now", clock)
+    case = _tiny_dit_case()
+    merged = _PairMerge(case)
+    with torch.inference_mode():
+        rows, found = dit_families.bench_case(case, 0.5, 3, "cpu", merged)
+    assert set(clock.clocks) == {"cpu"} and merged.builds == 3
+    assert [r["variant"] for r in rows] == ["plain", "lower bound", "toma"]
+    assert [r["image_tokens"] for r in rows] == [16, 8, 8]
+    assert all(r["reps"] == 3 and r["spread"] == 0.0 and "note" not in r for r in rows)
+    assert all(len(t.times) == 3 for t in found.values())
+    toma = rows[2]
+    # fake clock: 1 s per call, so ToMA equals its bound (not below it: no flag)
+    assert toma["vs_lb"] == 1.0 and "flag" not in toma and toma["plan_ms"] == 1e3
+    x = case.args()["img"]
+    with torch.no_grad():
+        plain = case.original_block(case.args())["img"] - x
+        update = merged(case.args())["img"] - x
+    assert toma["err_update"] == pytest.approx(float((update - plain).norm() / plain.norm()),
+                                               rel=1e-6)
+    assert toma["err_update"] > 0.01            # the pair merge really changes the update
+    with torch.inference_mode():
+        few, _ = dit_families.bench_case(case, 0.5, 2, "cpu", merged)
+    assert all("fewer than 3" in r["note"] for r in few)
+
+
+def test_dit_projection_per_repetition_with_skips_and_plan() -> None:
+    """blocks-only model: skip plain blocks + the rest merged + one plan build, per repetition,
+    against the same projection of the lower bound."""
+    found = {"plain": Timing((10.0, 12.0, 11.0)), "toma": Timing((5.0, 6.5, 5.5)),
+             "lower bound": Timing((4.5, 6.0, 5.0))}
+    rows = [{"family": "wan14b", "variant": "toma", "ratio": 0.5, "plan_ms": 100.0}]
+    row = dit_families.project(rows, found, depth=10, skip=2)
+    p, t, b = (found[k].times for k in ("plain", "toma", "lower bound"))
+    plain = [10 * p[i] for i in range(3)]
+    toma = [2 * p[i] + 8 * t[i] + 0.1 for i in range(3)]
+    bound = [2 * p[i] + 8 * b[i] for i in range(3)]
+    assert row["ms"] == pytest.approx(1e3 * sorted(toma)[1])
+    assert row["speedup"] == pytest.approx(sorted(plain)[1] / sorted(toma)[1])
+    pairs = [plain[i] / toma[i] for i in range(3)]
+    assert (row["speedup_lo"], row["speedup_hi"]) == (pytest.approx(min(pairs)),
+                                                      pytest.approx(max(pairs)))
+    assert row["vs_lb"] == pytest.approx(sorted(toma[i] / bound[i] for i in range(3))[1])
+    assert row["lb_speedup"] == pytest.approx(sorted(plain)[1] / sorted(bound)[1])
+    assert dit_families.project(rows[:0], found, 10, 2) is None
+
+
+def test_dit_projection_skips_what_the_node_skips() -> None:
+    from toma_pack.nodes.options import make_options
+
+    skipped = make_options().skip_blocks.for_kinds([("", 40)])[0]
+    assert dit_families.default_skipped(40) == len(skipped) == 5      # "d0-4, s0-4": 0-4
+
+
+def test_dit_targets_say_what_was_missed() -> None:
+    rows = [{"family": "wan14b", "variant": "toma", "ratio": 0.5, "vs_lb": 1.2},
+            {"family": "wan14b", "variant": "projected model: 40 blocks, 5 unmerged",
+             "ratio": 0.5, "speedup": 1.7},
+            {"family": "qwen_image", "variant": "toma", "ratio": 0.5, "vs_lb": 1.05},
+            {"family": "qwen_image", "variant": "projected model: 60 blocks, 5 unmerged",
+             "ratio": 0.5, "speedup": 1.7}]
+    found = {t["target"]: t for t in dit_families.targets(rows, 0.5)}
+    assert len(found) == 3                       # no video target for an image family
+    bound = found["wan14b: ToMA block within 10% of its lower bound (vs_lb <= 1.10)"]
+    assert bound["met"] is False and bound["why"] == "missed: 1.2 against <= 1.1 (9.1% over)"
+    video = found["wan14b: projected whole-model speedup >= 2.2 (video, CPU)"]
+    assert video["met"] is False and video["why"] == "missed: 1.7 against >= 2.2 (22.7% short)"
+    assert found["qwen_image: ToMA block within 10% of its lower bound (vs_lb <= 1.10)"]["met"]
+    assert dit_families.targets(rows, 0.75) == []    # the targets are set at ratio 0.5
 
 
 # -------------------------------------------------------------------- report and targets
