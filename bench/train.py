@@ -163,6 +163,9 @@ def train(layout: str, phases: list[Phase], seed: int, lr: float, ema_decay: flo
         "comfyui": os.environ.get("COMFYUI_PATH"), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "init": None if init is None else str(init),
     }
+    if init is not None and init.with_suffix(".json").is_file():
+        # The run these weights came from (its own "prior" chains further back), for the card.
+        record["prior"] = json.loads(init.with_suffix(".json").read_text())
     record["held_out_untrained"] = untrained or held_out_loss(fixture, x_eval, l_eval, seed)
     log.warning("untrained held-out loss at %d: %s", eval_latent, record["held_out_untrained"])
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
