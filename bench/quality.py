@@ -114,7 +114,9 @@ def variants(layout: str, side: int, quick: bool = False) -> list[Variant]:
                 continue          # the defaults' row
             out.append(Variant(f"ToMA {scope} r{r}", "toma", _toma(ratio=r, merge_scope=scope),
                                {"ratio": r, "merge_scope": scope}))
-    tiles = (16, 256) if layout == "sdxl" else (16, 64)
+    # the defaults' neighbours: tiles of about 64 tokens are 64 + 16 tiles on SDXL's levels at
+    # the evaluation size, 16 on Flux's 1024 tokens (256 was Flux's fixed default before)
+    tiles = (16, 256) if layout == "sdxl" else (64, 256)
     out += [Variant(f"ToMA tiles {t}", "toma", _toma(tile_count=t), {"tile_count": t})
             for t in tiles]
     out.append(Variant("ToMA tau 100", "toma", _toma(tau=100.0), {"tau": 100.0}))
@@ -142,9 +144,9 @@ def _from_latent(fixture: qm.Fixture, x: torch.Tensor) -> torch.Tensor:
 
 
 def sample(patcher, fixture: qm.Fixture, labels: torch.Tensor, side: int,
-           steps: int = STEPS) -> torch.Tensor:
+           steps: int = STEPS, cfg: float = 1.0) -> torch.Tensor:
     """One sample per label (one batch, seed SEED) of a side x side latent, in model space
-    [n, C, side, side]."""
+    [n, C, side, side]; negative: the null class."""
     import comfy.sample
 
     channels = fixture.model.latent_format.latent_channels
@@ -152,7 +154,7 @@ def sample(patcher, fixture: qm.Fixture, labels: torch.Tensor, side: int,
     positive = fixture.conditioning(labels, side, side)
     negative = fixture.conditioning(torch.full_like(labels, -1), side, side)
     noise = comfy.sample.prepare_noise(latent, SEED)
-    out = comfy.sample.sample(patcher, noise, steps, 1.0, "euler", "normal", positive, negative,
+    out = comfy.sample.sample(patcher, noise, steps, cfg, "euler", "normal", positive, negative,
                               latent, disable_pbar=True, seed=SEED)
     return _from_latent(fixture, out)
 
