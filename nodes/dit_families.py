@@ -137,9 +137,15 @@ def zero_timestep_frames(mask: object, frames: int) -> int:
     return count
 
 
-def timestep_zero_refs(arguments: dict, default_method: object) -> bool:
-    """Whether the call's reference latents use "index_timestep_zero" (method from the call,
-    else the model's default read now)."""
+def timestep_zero_guard(call, arguments: dict, default_method: object) -> str | None:
+    """Leaves the call unmerged (and says why) when its reference latents use
+    "index_timestep_zero" (method from the call, else the model's default read now): the model
+    then modulates token spans it fixes before the blocks run, which a merged sequence would
+    shift."""
     refs = arguments.get("ref_latents")
     method = arguments.get("ref_latents_method") or default_method
-    return refs is not None and len(refs) > 0 and method == "index_timestep_zero"
+    if refs is None or len(refs) == 0 or method != "index_timestep_zero":
+        return None
+    call.mergeable = False
+    return ("references with 'index_timestep_zero' modulate fixed token spans; those model calls "
+            "run unmerged")

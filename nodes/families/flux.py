@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..dit_families import BlockKind, Family, latent_grid, set_grid, timestep_zero_refs
+from ..dit_families import BlockKind, Family, latent_grid, set_grid, timestep_zero_guard
 
 KINDS = (BlockKind("double_block", "double_blocks", "d", "before", mask="attn_mask"),
          BlockKind("single_block", "single_blocks", "s", "stream_before", txt=None,
@@ -34,12 +34,9 @@ def family(diffusion_model) -> Family | None:
         call runs unmerged (said once, in the log and the stats line)."""
         set_grid(call, latent_grid(arguments.get("x"), patch))
         params = getattr(getattr(base_model, "diffusion_model", None), "params", None)
-        if timestep_zero and timestep_zero_refs(arguments,
-                                                getattr(params, "default_ref_method", None)):
-            call.mergeable = False
-            return ("references with 'index_timestep_zero' modulate fixed token spans; those "
-                    "model calls run unmerged")
-        return None
+        if not timestep_zero:
+            return None
+        return timestep_zero_guard(call, arguments, getattr(params, "default_ref_method", None))
 
     return description(patch, describe)
 

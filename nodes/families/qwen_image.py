@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..dit_families import BlockKind, Family, latent_grid, set_grid, timestep_zero_refs
+from ..dit_families import BlockKind, Family, latent_grid, set_grid, timestep_zero_guard
 
 KINDS = (BlockKind("double_block", "transformer_blocks", "", "before"),)
 
@@ -27,12 +27,9 @@ def family(diffusion_model) -> Family | None:
         index where the image ends, fixed before the blocks run: those calls run unmerged."""
         set_grid(call, latent_grid(arguments.get("x"), patch))
         model = getattr(base_model, "diffusion_model", None)
-        if timestep_zero and timestep_zero_refs(arguments,
-                                                getattr(model, "default_ref_method", None)):
-            call.mergeable = False
-            return ("references with 'index_timestep_zero' modulate fixed token spans; those "
-                    "model calls run unmerged")
-        return None
+        if not timestep_zero:
+            return None
+        return timestep_zero_guard(call, arguments, getattr(model, "default_ref_method", None))
 
     return description(patch, describe)
 
