@@ -88,3 +88,11 @@ def test_no_invented_addresses():
     install = section("## Installation")
     assert not re.search(r"https?://", install), install
     assert "not in the Comfy Registry" in install
+
+
+def test_every_file_the_readme_links_exists():
+    # A figure's source must be there to check: an earlier README quoted a deleted result file.
+    linked = set(re.findall(r"\]\(((?!https?:|#)[^)\s]+)\)", README))
+    assert any(path.startswith("bench/results/") for path in linked)
+    missing = sorted(path for path in linked if not (ROOT / path).exists())
+    assert not missing, missing
