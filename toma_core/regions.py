@@ -97,7 +97,7 @@ class Regions:
         return self.index.to(device)
 
 
-def _even_sizes(total: int, parts: int) -> tuple[int, ...]:
+def even_sizes(total: int, parts: int) -> tuple[int, ...]:
     """Split `total` into `parts` sizes differing by at most one (larger ones first)."""
     base, extra = divmod(total, parts)
     return tuple(base + 1 if i < extra else base for i in range(parts))
@@ -132,7 +132,7 @@ def make_regions(h: int, w: int, mode: RegionMode = "tile", tile_count: int = 64
         rows, cols = 1, 1
     else:
         raise ValueError(f"region mode must be one of {REGION_MODES}, got {mode!r}")
-    row_sizes, col_sizes = _even_sizes(h, rows), _even_sizes(w, cols)
+    row_sizes, col_sizes = even_sizes(h, rows), even_sizes(w, cols)
     if len(set(row_sizes)) == 1 and len(set(col_sizes)) == 1:
         return Regions(h, w, rows, cols, row_sizes, col_sizes, None, None, None)
     return _ragged(h, w, row_sizes, col_sizes)

@@ -3,9 +3,13 @@
 Video tokens are laid out frame by frame, each frame row-major (t, h, w), i.e. as a (t*h) x w
 grid whose rows are the frames' rows one after another. A region is a box of `frames` frames x
 (about) a tile of the frame; every frame is cut into the same tiles, and frames into slabs of
-`frames` frames (the last slab may be shorter). Regions are ordered slab by slab, so a plan's
-merged tokens come out slab-major: with one frame per slab every frame keeps the same number of
-merged tokens, in frame order (what models that modulate each frame separately need).
+`frames` frames, some deeper where the frame count is not a multiple (t // frames slabs whose
+depths differ by at most one). Never a shorter slab: every region keeps the same number of
+destinations, at most the smallest region's size, so one thin slab would make every other region
+merge harder than the ratio asks (31 frames in slabs of 2 and one of 1 kept 41% of the tokens at
+ratio 0.5). Regions are ordered slab by slab, so a plan's merged tokens come out slab-major:
+with one frame per slab every frame keeps the same number of merged tokens, in frame order
+(what models that modulate each frame separately need).
 
 With one frame per slab and even tiles the regions are a plain 2-D tiling of the (t*h) x w grid
 and `Regions` keeps its view-only fast path; otherwise index tables move the tokens.
@@ -16,32 +20,28 @@ from __future__ import annotations
 
 import torch
 
-from .regions import RegionMode, Regions, make_regions
+from .regions import RegionMode, Regions, even_sizes, make_regions
 
 
 def make_regions_3d(t: int, h: int, w: int, mode: RegionMode = "tile", tile_count: int = 64,
                     frames: int = 1) -> Regions:
     """Partition a t x h x w token grid; the result describes a (t*h) x w grid.
 
-    Each frame is partitioned like `make_regions(h, w, mode, tile_count)`; regions span
-    `frames` consecutive frames (slabs of at most `frames`, the last one shorter).
+    Each frame is partitioned like `make_regions(h, w, mode, tile_count)`; regions span the
+    consecutive frames of a slab: t // `frames` slabs (one when t < `frames`) of depths that
+    differ by at most one, the deeper ones first.
     """
     if t < 1 or frames < 1:
         raise ValueError(f"frames must be at least 1, got t={t}, frames={frames}")
     plane = make_regions(h, w, mode, tile_count)
     if t == 1:
         return plane
-    slabs = _sizes(t, frames)
+    slabs = even_sizes(t, max(1, t // frames))
     if len(slabs) == t and plane.even:
         # one frame per slab, even tiles: a 2-D tiling of the (t*h) x w grid
         return Regions(t * h, w, t * plane.rows, plane.cols, plane.row_sizes * t, plane.col_sizes,
                        None, None, None)
     return _boxes(t, h, w, slabs, plane)
-
-
-def _sizes(total: int, part: int) -> tuple[int, ...]:
-    """`total` cut into parts of `part` (the last one shorter)."""
-    return tuple(min(part, total - start) for start in range(0, total, part))
 
 
 def _boxes(t: int, h: int, w: int, slabs: tuple[int, ...], plane: Regions) -> Regions:
