@@ -338,6 +338,29 @@ def test_dit_rows_time_every_variant_and_measure_the_update_error(
     assert all("fewer than 3" in r["note"] for r in few)
 
 
+def test_dit_toma_row_off_its_ratio_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merged count far from (1 - ratio) x tokens (a thin last frame slab once kept 41% at
+    ratio 0.5) makes the row's speedup one of another ratio: flagged, not a result."""
+    monkeypatch.setattr(common, "now", FakeClock())
+    case = _tiny_dit_case()
+    merged = _PairMerge(case)                              # 16 -> 8 tokens
+    with torch.inference_mode():
+        at_half, _ = dit_families.bench_case(case, 0.5, 3, "cpu", merged)
+        at_quarter, _ = dit_families.bench_case(case, 0.25, 3, "cpu", merged)
+    assert "flag" not in at_half[2]
+    assert "asks for 12" in at_quarter[2]["flag"] and "-33.3%" in at_quarter[2]["flag"]
+    merged.merged_tokens = 6                               # says 6 where 0.5 asks for 8
+    with torch.inference_mode():
+        rows, found = dit_families.bench_case(case, 0.5, 3, "cpu", merged)
+    model = dit_families.project(rows, found, depth=10, skip=2)
+    assert "asks for 8" in rows[2]["flag"]
+    assert model["flag"] == rows[2]["flag"]               # the model is made of that block
+    judged = dit_families.targets([rows[2], model], 0.5)
+    assert len(judged) == 2 and all(t["met"] is None for t in judged)   # neither met nor missed
+    assert dit_families.off_ratio(13440, 27280, 0.5) is None     # 49.3%: the slab fix
+    assert dit_families.off_ratio(11200, 27280, 0.5)              # 41%: before it
+
+
 def test_dit_projection_per_repetition_with_skips_and_plan() -> None:
     """blocks-only model: skip plain blocks + the rest merged + one plan build, per repetition,
     against the same projection of the lower bound."""
