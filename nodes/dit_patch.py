@@ -128,8 +128,10 @@ def unmerge_output(plan: MergePlan, x: torch.Tensor, out: torch.Tensor, before: 
     and after the grid are taken from `out` as they are.
     x [B, offset + N + rest, C], out [B, offset + N' + rest, C] -> [B, offset + N + rest, C]."""
     n, m = plan.tokens, plan.merged_tokens
-    grid = x[:, offset:offset + n] + plan.unmerge(out[:, offset:offset + m] - before)
-    return torch.cat((out[:, :offset], grid, out[:, offset + m:]), dim=1)
+    # unmerge returns a new tensor: adding x's grid into it saves a full-length allocation, and
+    # splice copies nothing when the stream is only the grid (Flux's image stream)
+    grid = plan.unmerge(out[:, offset:offset + m] - before).add_(x[:, offset:offset + n])
+    return plan.splice(out, grid, offset, m)
 
 
 # The patch ---------------------------------------------------------------------------------------

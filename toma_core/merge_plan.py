@@ -133,7 +133,7 @@ class MergePlan:
         sources = _take(x, w.src_ids, prefix)                       # [..., R*(S-k), C]
         weights = self._heads(w.merge_src, x).expand(*lead, r, k, s - k)
         merged.view(-1, k, c).baddbmm_(weights.reshape(-1, k, s - k), sources.view(-1, s - k, c))
-        return self._splice(x, merged, prefix, n)
+        return self.splice(x, merged, prefix, n)
 
     def unmerge(self, y: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """Inverse of merge: y [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C]."""
@@ -144,7 +144,7 @@ class MergePlan:
         blocks = grid.unflatten(-2, (self.regions.count, self.k))       # [..., R, k, C]
         if w.unmerge_dense is not None:
             restored = self.regions.join(self._heads(w.unmerge_dense, y) @ blocks)
-            return self._splice(y, restored, prefix, m)
+            return self.splice(y, restored, prefix, m)
         sources = torch.matmul(self._heads(w.unmerge_src, y), blocks)   # [..., R, S-k, C]
         # Destinations come back unchanged (their rows of P^T are one-hot): one gather from
         # [y | sources] puts every grid token, and y's prefix and suffix rows, in place.
@@ -158,11 +158,13 @@ class MergePlan:
         x [B, prefix + N + suffix, C]; fn maps the merged sequence to one of the same shape.
         """
         merged = self.merge(x, prefix)
-        return x + self.unmerge(fn(merged) - merged, prefix)
+        # unmerge returns a new tensor: adding x into it saves a full-length allocation
+        return self.unmerge(fn(merged) - merged, prefix).add_(x)
 
     @staticmethod
-    def _splice(x: torch.Tensor, grid: torch.Tensor, prefix: int, n: int) -> torch.Tensor:
-        """x with its grid part [prefix, prefix + n) replaced by `grid`."""
+    def splice(x: torch.Tensor, grid: torch.Tensor, prefix: int, n: int) -> torch.Tensor:
+        """x with its grid part [prefix, prefix + n) replaced by `grid` (`grid` itself, not a
+        copy, when x is only the grid)."""
         if prefix == 0 and x.shape[-2] == n:
             return grid
         return torch.cat((x[..., :prefix, :], grid, x[..., prefix + n:, :]), dim=-2)
