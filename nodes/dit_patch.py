@@ -128,9 +128,8 @@ def unmerge_output(plan: MergePlan, x: torch.Tensor, out: torch.Tensor, before: 
     and after the grid are taken from `out` as they are.
     x [B, offset + N + rest, C], out [B, offset + N' + rest, C] -> [B, offset + N + rest, C]."""
     n, m = plan.tokens, plan.merged_tokens
-    # unmerge returns a new tensor: adding x's grid into it saves a full-length allocation, and
+    grid = plan.unmerge_onto(out[:, offset:offset + m] - before, x[:, offset:offset + n])
     # splice copies nothing when the stream is only the grid (Flux's image stream)
-    grid = plan.unmerge(out[:, offset:offset + m] - before).add_(x[:, offset:offset + n])
     return plan.splice(out, grid, offset, m)
 
 

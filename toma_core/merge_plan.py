@@ -158,8 +158,15 @@ class MergePlan:
         x [B, prefix + N + suffix, C]; fn maps the merged sequence to one of the same shape.
         """
         merged = self.merge(x, prefix)
-        # unmerge returns a new tensor: adding x into it saves a full-length allocation
-        return self.unmerge(fn(merged) - merged, prefix).add_(x)
+        return self.unmerge_onto(fn(merged) - merged, x, prefix)
+
+    def unmerge_onto(self, update: torch.Tensor, base: torch.Tensor,
+                     prefix: int = 0) -> torch.Tensor:
+        """base + unmerge(update, prefix); base [B, prefix + N + suffix, C]."""
+        full = self.unmerge(update, prefix)
+        # unmerge returns a new tensor: adding base into it saves a full-length allocation
+        # (unless the dtypes differ, where base + full promotes and in place would not)
+        return full.add_(base) if full.dtype == base.dtype else base + full
 
     @staticmethod
     def splice(x: torch.Tensor, grid: torch.Tensor, prefix: int, n: int) -> torch.Tensor:

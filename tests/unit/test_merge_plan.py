@@ -516,3 +516,16 @@ def test_weights_without_self_source_rejected() -> None:
     with pytest.raises(ValueError, match="own only source"):
         MergePlan(plan.regions, plan.k, plan.dest_slots, plan.dest_tokens, broken,
                   plan.unmerge_w)
+
+
+def test_unmerge_onto_adds_the_base_and_keeps_its_dtype_promotion():
+    """base + unmerge(update): bit-identical to the out-of-place sum, and a float32 base with a
+    bfloat16 update still gives float32 (the in-place shortcut only where dtypes match)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 64, 8, generator=g)
+    plan = build_plan(x, 8, 8, 0.5, tile_count=4)
+    update = torch.randn(2, plan.merged_tokens, 8, generator=g)
+    assert torch.equal(plan.unmerge_onto(update, x), x + plan.unmerge(update))
+    mixed = plan.unmerge_onto(update.bfloat16(), x)
+    assert mixed.dtype == torch.float32
+    assert torch.equal(mixed, x + plan.unmerge(update.bfloat16()))
