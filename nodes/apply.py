@@ -51,6 +51,8 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
     state = ToMAState(options, family if family == "unet" else family.name, node_id)
     patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY,
                                  plain_function(state.outer_sample_wrapper))
+    patched.add_wrapper_with_key(WrappersMP.SAMPLER_SAMPLE, WRAPPER_KEY,
+                                 plain_function(state.sampler_sample_wrapper))
     patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                  plain_function(state.apply_model_wrapper))
     if family == "unet":

@@ -125,16 +125,20 @@ def describe_plain(patch: tuple[int, int, int]) -> Callable[[ModelCall, object, 
     return describe
 
 
-def zero_timestep_frames(mask: object, frames: int) -> int:
+def zero_timestep_frames(call: ModelCall, mask: object, frames: int) -> int:
     """Leading latent frames a denoise mask [B|1, C|1, T, H, W] keeps entirely (all zero):
-    image-to-video conditioning frames. 0 without such a mask."""
+    image-to-video conditioning frames. 0 without such a mask. Reading the mask needs the host,
+    so it is read once per run and batch identity (the mask does not change within a run)."""
     if not torch.is_tensor(mask) or mask.dim() != 5 or mask.shape[2] != frames:
         return 0
-    kept = (mask.float().abs().amax(dim=(0, 1, 3, 4)) == 0).tolist()
-    count = 0
-    while count < len(kept) and kept[count]:
-        count += 1
-    return count
+    key = ("zero_timestep_frames", call.identity, tuple(mask.shape))
+    if key not in call.run.memo:
+        kept = (mask.float().abs().amax(dim=(0, 1, 3, 4)) == 0).tolist()
+        count = 0
+        while count < len(kept) and kept[count]:
+            count += 1
+        call.run.memo[key] = count
+    return call.run.memo[key]
 
 
 def timestep_zero_guard(call, arguments: dict, default_method: object) -> str | None:

@@ -30,10 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from ..toma_core import MergePlan, build_plan
-from ..toma_core.regions3d import make_regions_3d
+from ..toma_core import MergePlan, build_plan, make_regions
 from .dit_families import BlockKind, Family
 from .run_state import ModelCall, ToMAState, patch_forward
 
@@ -112,25 +110,18 @@ def merge_mask(plan: MergePlan, mask: torch.Tensor | None, dims: tuple[int, ...]
     return out
 
 
-def regroup_frame_rows(rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """Per-frame modulation rows [B, F, ...] for a sequence whose frames now hold `counts`
-    tokens each: every frame's row repeated count / g times, g = gcd(counts), so that a model
-    spreading R rows evenly over the sequence (Wan's repeat_e: g tokens per row) gives each
-    token its own frame's row."""
-    g = math.gcd(*counts)
-    repeats = torch.tensor([c // g for c in counts], device=rows.device)
-    return rows.repeat_interleave(repeats, dim=1)
-
-
-def unmerge_output(plan: MergePlan, x: torch.Tensor, out: torch.Tensor, before: torch.Tensor,
-                   offset: int) -> torch.Tensor:
-    """Full-length block output: grid = x's grid + unmerge(out's grid - before); tokens before
-    and after the grid are taken from `out` as they are.
-    x [B, offset + N + rest, C], out [B, offset + N' + rest, C] -> [B, offset + N + rest, C]."""
-    n, m = plan.tokens, plan.merged_tokens
-    grid = plan.unmerge_onto(out[:, offset:offset + m] - before, x[:, offset:offset + n])
-    # splice copies nothing when the stream is only the grid (Flux's image stream)
-    return plan.splice(out, grid, offset, m)
+def regroup_frame_rows(rows: torch.Tensor, kept: int, per_kept: int,
+                       per_frame: int) -> torch.Tensor:
+    """Per-frame modulation rows [B, F, ...] for a sequence whose first `kept` frames hold
+    `per_kept` tokens each and the other frames `per_frame` each: every frame's row repeated
+    count / g times, g = gcd of the counts, so that a model spreading R rows evenly over the
+    sequence (Wan's repeat_e: g tokens per row) gives each token its own frame's row. Integer
+    repeats only: no repeat count is read back from the device."""
+    g = math.gcd(per_kept, per_frame) if kept else per_frame
+    moved = rows[:, kept:].repeat_interleave(per_frame // g, dim=1)
+    if not kept:
+        return moved
+    return torch.cat((rows[:, :kept].repeat_interleave(per_kept // g, dim=1), moved), dim=1)
 
 
 # The patch ---------------------------------------------------------------------------------------
@@ -153,94 +144,93 @@ class DiTToMA:
                    run: Callable[[dict], dict]) -> dict:
         """Run one block call, merged when it should be; args / run's result are the block's
         arguments / outputs by name (the "dit" patch form)."""
-        call = self.state.current()
         options = args.get("transformer_options") or {}
+        call = self.state.call_of(options)
         txt = args.get(kind.txt) if kind.txt else None
         if call is not None and torch.is_tensor(txt):
             call.data["txt_len"] = txt.shape[1]     # for single-stream blocks after these
         found = self.plan_for(kind, index, args, options, call)
         if found is None:
             return run(args)
-        plan, lay, per_frame = found
-        merged_args = self.merged_args(kind, plan, lay, args, options, call, per_frame)
+        plan, lay, per_frame, key = found
+        merged_args, base = self.merged_args(kind, plan, lay, args, options, call, per_frame,
+                                             key)
         if self.attention is not None and kind.letter == "d":
             return self.attention.run(index, plan, merged_args, run)
-        stream = args[kind.stream]
-        merged = merged_args[kind.stream]
-        before = merged[:, lay.offset:lay.offset + plan.merged_tokens].clone()
         out = run(merged_args)
-        return {**out, kind.stream: self.restore(plan, stream, out[kind.stream], merged, before,
-                                                 lay.offset)}
+        return {**out, kind.stream: self.restore(call, plan, out[kind.stream],
+                                                 merged_args[kind.stream], base, lay.offset)}
 
     def plan_for(self, kind: BlockKind, index: int, args: dict, options: dict,
-                 call: ModelCall | None) -> tuple[MergePlan, Layout, bool] | None:
-        """(plan, layout, per-frame rows) for this block call, or None to run it unchanged."""
+                 call: ModelCall | None) -> tuple[MergePlan, Layout, bool, tuple] | None:
+        """(plan, layout, per-frame rows, plan key) for this block call, or None to run it
+        unchanged."""
         layer = f"{kind.letter}{index}"
         grid = call.grid if call is not None and call.mergeable else None
         tokens_n = math.prod(grid) if grid else 0
         level = "x".join(map(str, grid[1:] if grid and grid[0] == 1 else grid or ("?",)))
 
         def unmerged() -> None:
-            self.state.record(layer, level, tokens_n, None, None)
+            self.state.record(call, layer, level, tokens_n, None)
 
         stream = args.get(kind.stream)
         group = self.groups.get((kind.key, index))
-        if (group is None or not tokens_n or options.get(MERGED_FLAG)
+        if (group is None or not tokens_n or not call.active or options.get(MERGED_FLAG)
                 or not torch.is_tensor(stream) or stream.dim() != 3):
             return unmerged()
         lay = layout(kind, args, call, options)
         if (lay is None or stream.shape[1] < lay.offset + tokens_n
-                or not self.fits(kind, args, lay, layer, options)):
+                or not self.fits(call, kind, args, lay, layer, options)):
             return unmerged()
-        per_frame = self.per_frame_rows(kind, args, call, stream, layer)
+        per_frame = self.per_frame_rows(call, kind, args, stream, layer)
         if per_frame is None:
-            return unmerged()
-        step = self.state.active_step(options)
-        if step is None:
             return unmerged()
         frames = 1 if per_frame else self.family.frames_per_region
         key = (kind.key, group, grid, lay.offset, stream.shape[0], frames)
-        part = stream[:, lay.offset:lay.offset + tokens_n]
-        plan = self.state.plan(key, step, lambda: self.build(part, grid, frames))
-        self.state.record(layer, level, tokens_n, plan, step)
-        return None if plan is None else (plan, lay, per_frame)
+        plan = self.state.plan(call, key, lambda: self.build(call, stream, lay.offset, grid,
+                                                             frames))
+        self.state.record(call, layer, level, tokens_n, plan)
+        return None if plan is None else (plan, lay, per_frame, key)
 
-    def build(self, part: torch.Tensor, grid: tuple[int, int, int],
-              frames: int) -> MergePlan | None:
-        """A plan for grid tokens part [B, t*h*w, C] from their layer-normed features; regions
-        `frames` frames deep, tile_count tiles per frame (0: the family's default)."""
+    def build(self, call: ModelCall, stream: torch.Tensor, offset: int,
+              grid: tuple[int, int, int], frames: int) -> MergePlan | None:
+        """A plan for the t*h*w grid tokens of stream [B, L, C] from row `offset`, from their
+        layer-normed features; regions `frames` frames deep, tile_count tiles per frame (0: the
+        family's default)."""
         o = self.state.options
         t, h, w = grid
         tiles = o.tile_count or max(
             1, round(h * w * min(frames, t) / self.family.tokens_per_region))
-        regions = make_regions_3d(t, h, w, o.region, tiles, frames)
-        return build_plan(F.layer_norm(part.float(), part.shape[-1:]), t * h, w, o.ratio,
-                          tau=o.tau, unmerge=o.unmerge, batch=o.batch_policy, regions=regions)
+        regions = make_regions(h, w, o.region, tiles, t=t, frames=frames)
+        return build_plan(stream, t * h, w, o.ratio, regions=regions, tau=o.tau,
+                          unmerge=o.unmerge, batch=o.batch_policy, offset=offset, center=True,
+                          tables=self.state.tables(call, regions, stream.device))
 
-    def fits(self, kind: BlockKind, args: dict, lay: Layout, layer: str, options: dict) -> bool:
+    def fits(self, call: ModelCall, kind: BlockKind, args: dict, lay: Layout, layer: str,
+             options: dict) -> bool:
         """Whether positional rows and mask line up with the sequence, and no other pack's
         in-block patch reads tokens by their grid position (else the block runs unmerged)."""
         pe = args.get(kind.pe) if kind.pe else None
         if torch.is_tensor(pe) and pe.shape[token_axis(pe)] != lay.seq_len:
-            self.state.notice(f"positional rows {tuple(pe.shape)} do not match the "
-                              f"{lay.seq_len}-token sequence; block {layer} and others like it "
-                              f"run unmerged")
+            self.state.note(call, f"positional rows {tuple(pe.shape)} do not match the "
+                                  f"{lay.seq_len}-token sequence; block {layer} and others like "
+                                  f"it run unmerged")
             return False
         mask = args.get(kind.mask) if kind.mask else None
         if torch.is_tensor(mask) and not mask_fits(mask, kind.mask_dims, lay.seq_len):
-            self.state.notice(f"attention mask {tuple(mask.shape)} does not span the "
-                              f"{lay.seq_len}-token sequence; block {layer} and others like it "
-                              f"run unmerged")
+            self.state.note(call, f"attention mask {tuple(mask.shape)} does not span the "
+                                  f"{lay.seq_len}-token sequence; block {layer} and others like "
+                                  f"it run unmerged")
             return False
         foreign = [p for p in self.family.foreign_patches if (options.get("patches") or {}).get(p)]
         if foreign:
-            self.state.notice(f"other nodes patch inside {self.family.label} blocks "
-                              f"({', '.join(foreign)}) and read tokens by grid position: those "
-                              f"blocks run unmerged")
+            self.state.note(call, f"other nodes patch inside {self.family.label} blocks "
+                                  f"({', '.join(foreign)}) and read tokens by grid position: "
+                                  f"those blocks run unmerged")
             return False
         return True
 
-    def per_frame_rows(self, kind: BlockKind, args: dict, call: ModelCall,
+    def per_frame_rows(self, call: ModelCall, kind: BlockKind, args: dict,
                        stream: torch.Tensor, layer: str) -> bool | None:
         """Whether the block modulates each frame with its own row (then regions are one frame
         deep); None when those rows cannot be lined up with a merged sequence."""
@@ -250,43 +240,62 @@ class DiTToMA:
         t, h, w = call.grid
         frames = call.data.get("protected_frames", 0) + t
         if rows.shape[1] != frames or stream.shape[1] != frames * h * w:
-            self.state.notice(f"per-frame modulation ({rows.shape[1]} rows) does not line up "
-                              f"with {frames} frames of tokens; block {layer} and others like it "
-                              f"run unmerged")
+            self.state.note(call, f"per-frame modulation ({rows.shape[1]} rows) does not line "
+                                  f"up with {frames} frames of tokens; block {layer} and others "
+                                  f"like it run unmerged")
             return None
         return True
 
     def merged_args(self, kind: BlockKind, plan: MergePlan, lay: Layout, args: dict,
-                    options: dict, call: ModelCall, per_frame: bool) -> dict:
-        """The block's arguments for the merged sequence (the stream stays whole when only the
-        attention merges: the attention helper merges it inside the block)."""
-        out = dict(args)
+                    options: dict, call: ModelCall, per_frame: bool,
+                    key: tuple) -> tuple[dict, torch.Tensor | None]:
+        """The block's arguments for the merged sequence, and plan.begin's base for the
+        stream's unmerge (None, and the stream whole, when only the attention merges: the
+        attention helper merges it inside the block). Positional rows, masks and frame rows
+        are the same for every block of a group in a call: merged once, kept in call.data."""
+        out, base = dict(args), None
         if self.attention is None or kind.letter != "d":
-            out[kind.stream] = plan.merge(args[kind.stream], lay.offset)
+            out[kind.stream], base = plan.begin(args[kind.stream], lay.offset)
         pe = args.get(kind.pe) if kind.pe else None
         if torch.is_tensor(pe):
-            out[kind.pe] = plan.merge_positions(pe, token_axis(pe), lay.seq_start)
+            out[kind.pe] = self.once(call, ("pe", key), pe, lambda: plan.merge_positions(
+                pe, token_axis(pe), lay.seq_start))
         mask = args.get(kind.mask) if kind.mask else None
         if torch.is_tensor(mask):
-            out[kind.mask] = merge_mask(plan, mask, kind.mask_dims, lay.seq_start, lay.seq_len)
+            out[kind.mask] = self.once(call, ("mask", key), mask, lambda: merge_mask(
+                plan, mask, kind.mask_dims, lay.seq_start, lay.seq_len))
         if per_frame:
             t, h, w = call.grid
-            kept = call.data.get("protected_frames", 0)
-            out[kind.frame_rows] = regroup_frame_rows(
-                args[kind.frame_rows], [h * w] * kept + [plan.merged_tokens // t] * t)
+            rows = args[kind.frame_rows]
+            out[kind.frame_rows] = self.once(call, ("frames", key), rows, lambda:
+                                             regroup_frame_rows(
+                                                 rows, call.data.get("protected_frames", 0),
+                                                 h * w, plan.merged_tokens // t))
         out["transformer_options"] = merged_options(options, lay.seq_start,
                                                     plan.tokens - plan.merged_tokens)
-        return out
+        return out, base
 
-    def restore(self, plan: MergePlan, x: torch.Tensor, out: torch.Tensor, merged: torch.Tensor,
-                before: torch.Tensor, offset: int) -> torch.Tensor:
-        """unmerge_output, unless the block returned something else than a merged sequence (a
-        caching pack answering from its cache): that is passed on as it is."""
+    @staticmethod
+    def once(call: ModelCall, key: tuple, source: torch.Tensor,
+             make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """make() for this source tensor, made once per call and key (the blocks of a group get
+        the same positional rows, mask and modulation rows) and again if the source differs."""
+        kept = call.data.get(key)
+        if kept is None or kept[0] is not source:
+            kept = (source, make())
+            call.data[key] = kept
+        return kept[1]
+
+    def restore(self, call: ModelCall, plan: MergePlan, out: torch.Tensor,
+                merged: torch.Tensor, base: torch.Tensor, offset: int) -> torch.Tensor:
+        """The full-length stream from the block's output on the merged one (plan.finish),
+        unless the block returned something else than a merged sequence (a caching pack
+        answering from its cache): that is passed on as it is."""
         if out.shape[:2] != merged.shape[:2]:
-            self.state.notice(f"a block returned {out.shape[1]} tokens for a merged input of "
-                              f"{merged.shape[1]}; its output is passed on unchanged")
+            self.state.note(call, f"a block returned {out.shape[1]} tokens for a merged input of "
+                                  f"{merged.shape[1]}; its output is passed on unchanged")
             return out
-        return unmerge_output(plan, x, out, before, offset)
+        return plan.finish(out, base, offset)
 
     # The two patch forms -------------------------------------------------------------------------
     def replace_patch(self, kind: BlockKind, index: int, previous: Callable | None) -> Callable:

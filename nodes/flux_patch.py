@@ -36,11 +36,14 @@ class AttentionCall:
 
 
 class AttentionScope:
-    """The img_attn hooks of one ToMA node; their per-call state lives in the thread's
-    ModelCall, so concurrent calls never see each other's plans."""
+    """The img_attn hooks of one ToMA node. A double block running in this scope leaves its
+    plan here, under its index and device, for the hooks inside it (which see no
+    transformer_options); two calls of one block on one device never overlap, and calls on
+    other devices (v0.33's per-GPU threads) have their own entries."""
 
     def __init__(self, state: ToMAState) -> None:
         self.state = state
+        self.entries: dict[tuple[int, torch.device], AttentionCall] = {}
 
     def install(self, model, diffusion_model: torch.nn.Module, indices: list[int]) -> None:
         """Object patches on img_attn.qkv and img_attn.proj of the double blocks `indices`
@@ -54,23 +57,18 @@ class AttentionScope:
     def run(self, index: int, plan: MergePlan, merged_args: dict,
             run: Callable[[dict], dict]) -> dict:
         """Run double block `index` with only its image attention merged."""
-        entries = self.state.current().data.setdefault("attention", {})
-        entries[index] = AttentionCall(plan)
+        key = (index, plan.merge_w.device)
+        self.entries[key] = AttentionCall(plan)
         try:
             return run(merged_args)
         finally:
-            entries.pop(index)
-
-    def entry(self, index: int) -> AttentionCall | None:
-        """Double block `index`'s plan in this thread's model call, if it runs in this scope."""
-        call = self.state.current()
-        return None if call is None else call.data.get("attention", {}).get(index)
+            self.entries.pop(key, None)
 
     def qkv_forward(self, index: int, original: Callable) -> Callable:
         """img_attn.qkv: project merged image tokens [B, N + refs, C] -> [B, N' + refs, 3C]."""
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            entry = self.entry(index)
+            entry = self.entries.get((index, x.device))
             if entry is None or entry.merged or x.shape[1] < entry.plan.tokens:
                 return original(x, *args, **kwargs)
             entry.merged = True
@@ -83,7 +81,7 @@ class AttentionScope:
         Unmerge rows sum to 1, so unmerging after the projection equals unmerging before it."""
 
         def forward(y: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            entry = self.entry(index)
+            entry = self.entries.get((index, y.device))
             out = original(y, *args, **kwargs)
             return out if entry is None or not entry.merged else entry.plan.unmerge(out)
 

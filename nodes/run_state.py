@@ -4,15 +4,20 @@ ComfyUI shares patch objects between clones of a model, and v0.33 can evaluate t
 of one step in a thread pool (one thread per GPU), so nothing mutable lives on the patch objects:
 
 - Per run (the pattern of ComfyUI's EasyCache): the OUTER_SAMPLE wrapper clones the guider's
-  model_options for that run, puts a fresh RunState (plan caches, counters) in its
-  transformer_options under this node's key, and puts the original options back in `finally`,
-  reporting what was merged. Every model call of the run, on any thread, finds it there.
-- Per call: the APPLY_MODEL wrapper runs on the thread that evaluates the model, so it opens a
-  ModelCall (the run, the device, the batch's identity, what the family reads from the inputs)
-  on a per-thread stack; the blocks of that call, on the same thread, read the top of it.
-  A model called outside a sampler gets a throwaway run for that one call.
-- Plans are kept per device and keyed on the batch's identity (cond uuids and cond/uncond
-  order), so calls of the same shape from different conds, areas or hook groups never share one.
+  model_options for that run, puts a fresh RunState (plans, counters) in its transformer_options
+  under this node's key, and puts the original options back in `finally`, reporting what was
+  merged. Every model call of the run, on any thread, finds it there.
+- Steps: the SAMPLER_SAMPLE wrapper hands the sampler a callback that tells the run when a step
+  is done (a host int, once per step however many model evaluations the step takes), and the
+  schedule's length. The step is never read back from the device.
+- Per call: the APPLY_MODEL wrapper runs on the host before the diffusion model (and outside the
+  graph when ComfyUI's TorchCompileModel compiles the diffusion model). It decides everything
+  that needs the host: the step, whether merging is on, whether plans are due, the batch's
+  identity (cond uuids, cond/uncond order, context window, device), what the family reads from
+  the inputs. It hands the blocks a ModelCall in the call's transformer_options. The blocks (run
+  inside the model, traced by dynamo under torch.compile) only read that and append to its lists:
+  no locks, thread-locals, clocks or host reads of device values there. After the call the
+  wrapper adds what they recorded to the run.
 """
 
 from __future__ import annotations
@@ -23,20 +28,16 @@ import threading
 import time
 import types
 import uuid
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
 
-from ..toma_core import MergePlan, PlanCache, step_index
+from ..toma_core import MergePlan, PlanSchedule, Regions, RegionTables
 from .options import ToMAOptions
 from .ui_stats import send_stats
 
 log = logging.getLogger("ToMA")
-
-# ModelCall.step before the first block asked for it
-UNSET = object()
 
 
 def plain_function(method: Callable) -> Callable:
@@ -78,50 +79,75 @@ def call_arguments(executor, args: tuple, kwargs: dict) -> dict:
     return arguments
 
 
+def with_argument(executor, args: tuple, kwargs: dict, name: str,
+                  value: object) -> tuple[tuple, dict]:
+    """(args, kwargs) of the same wrapped call with argument `name` set to `value`, where it was
+    passed (by keyword when it was not passed at all)."""
+    try:
+        params = list(inspect.signature(executor.original).parameters)
+    except (TypeError, ValueError):
+        params = []
+    if name not in kwargs and name in params and params.index(name) < len(args):
+        i = params.index(name)
+        return (*args[:i], value, *args[i + 1:]), kwargs
+    return args, {**kwargs, name: value}
+
+
+def compiling() -> bool:
+    """Whether torch.compile is tracing this code (then host-only work is left out)."""
+    check = getattr(torch.compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
 class RunState:
-    """One sampling run: plan caches (one per device) and counters, safe to share by threads."""
+    """One sampling run: its plans (per call identity), step, index tables and counters.
+
+    The sampler's thread and, on v0.33, one thread per GPU use it: the wrappers (host code)
+    update it under `lock`; blocks never touch it but for the index tables, a dict whose
+    setdefault is atomic."""
 
     def __init__(self, recompute_every: int) -> None:
-        self.recompute_every = recompute_every
-        self.caches: dict[torch.device | None, PlanCache] = {}
-        self.steps_total = 0
+        self.schedule = PlanSchedule(recompute_every)
+        self.step = 0                # steps the sampler has finished
+        self.steps_total = 0         # the schedule's steps (0: unknown)
+        self.steps_reported = 0      # sampler callbacks seen
+        self.model_calls = 0
+        self.builds = 0
+        self.build_seconds: float | None = None
         self.started = time.perf_counter()
         self.layers_seen: set = set()
         self.layers_merged: set = set()
         self.steps_merged: set = set()
         self.levels: dict = {}
+        self.memo: dict = {}         # what a family reads once per run (see Family.describe)
+        self.tables: dict[tuple[Regions, torch.device | None], RegionTables] = {}
         self.lock = threading.Lock()
 
-    def cache(self, device: torch.device | None) -> PlanCache:
-        """The plan cache of `device`: only the thread driving that device uses it."""
+    def step_done(self, step: int) -> None:
+        """The sampler finished step `step` (0-based): later calls belong to the next one."""
         with self.lock:
-            if device not in self.caches:
-                self.caches[device] = PlanCache(self.recompute_every)
-            return self.caches[device]
-
-    @property
-    def builds(self) -> int:
-        return sum(c.builds for c in self.caches.values())
-
-    @property
-    def build_seconds(self) -> float:
-        return sum(c.build_seconds for c in self.caches.values())
+            self.step = max(self.step, step + 1)
+            self.steps_reported += 1
 
     def clear_plans(self) -> None:
         """Forget every plan (benchmarks time a plan build this way)."""
-        for cache in self.caches.values():
-            cache.clear()
+        self.schedule.clear()
 
 
 @dataclass
 class ModelCall:
-    """One model call on one thread: what every block of the call shares.
+    """One model call: what the host decided for it, and what its blocks share and record.
 
-    identity: cond uuids and cond/uncond order of the batch (part of every plan key);
+    identity: what plans are kept under (cond uuids, cond/uncond order, context window, device);
     grid: the family's token grid of this call ((h, w) or (t, h, w)), None where it has none;
     mergeable: False when the family found an input merging would break (see its notes);
-    step: the sampling step, worked out once per call (None: no merging in this call);
-    data: what the family's patches share within the call (e.g. text length, hook state).
+    step: the sampling step; merging: whether this call merges (ratio, start/end_percent) -- the
+    blocks read only this flag, never the step: under torch.compile a value read in the graph
+    is guarded on, and a step would recompile the model every step;
+    plans: key -> plan (or None: nothing to merge) for this identity; empty when the plans are
+    due, so the first block of each level or group builds one;
+    data: what the family's patches share within the call (e.g. text length, merged positions);
+    records / notes: appended by blocks, added to the run after the call.
     """
 
     run: RunState
@@ -129,8 +155,20 @@ class ModelCall:
     identity: tuple = ()
     grid: tuple[int, ...] | None = None
     mergeable: bool = True
-    step: object = UNSET
+    step: int = 0
+    merging: bool = False
+    plans: dict = field(default_factory=dict)
     data: dict = field(default_factory=dict)
+    records: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    timed: bool = False          # plan builds are timed (eager CPU: free and accurate there)
+    plan_seconds: float = 0.0
+    plans_before: int = 0        # plans kept from earlier calls (the rest are built in this one)
+
+    @property
+    def active(self) -> bool:
+        """Whether this call merges at all."""
+        return self.merging and self.mergeable
 
 
 # family hook: fills call.grid / data / mergeable from apply_model's arguments; returns why the
@@ -139,24 +177,27 @@ Describe = Callable[[ModelCall, object, dict], str | None]
 
 
 class ToMAState:
-    """Options, notices and the per-thread call stack of one ToMA node; runs live elsewhere."""
+    """Options and notices of one ToMA node; runs and calls live in transformer_options."""
 
     def __init__(self, options: ToMAOptions, family: str, node_id: str | None = None) -> None:
         self.options = options
         self.family = family
         self.node_id = node_id
-        # transformer_options key of this node's RunState during a run
+        # transformer_options keys of this node's RunState during a run and ModelCall in a call
         self.key = f"toma_run_{uuid.uuid4().hex[:12]}"
+        self.call_key = f"{self.key}_call"
         self.describe: Describe | None = None
         self.notices: list[str] = []   # said once per node, shown in every run's stats
-        self._local = threading.local()
+        self._lock = threading.Lock()
 
     def notice(self, message: str) -> None:
         """Tell the user once (log warning, and a note in the stats line of every run) about
         something ToMA did differently from what was asked, e.g. a scope fallback."""
-        if message not in self.notices:
+        with self._lock:
+            if message in self.notices:
+                return
             self.notices.append(message)
-            log.warning("ToMA: %s", message)
+        log.warning("ToMA: %s", message)
 
     # Runs ------------------------------------------------------------------------------------
     def new_run(self) -> RunState:
@@ -178,93 +219,129 @@ class ToMAState:
             guider.model_options = original
             self._report(run)
 
+    def sampler_sample_wrapper(self, executor: Callable, *args, **kwargs):
+        """WrappersMP.SAMPLER_SAMPLE: the run learns the schedule's length and, through the
+        sampler's step callback (ComfyUI's samplers call it once per finished step), each step
+        as a host int. A callback that was there keeps being called."""
+        arguments = call_arguments(executor, args, kwargs)
+        extra = arguments.get("extra_args") or {}
+        run = ((extra.get("model_options") or {}).get("transformer_options") or {}).get(self.key)
+        sigmas = arguments.get("sigmas")
+        if not isinstance(run, RunState):
+            return executor(*args, **kwargs)
+        if torch.is_tensor(sigmas):
+            run.steps_total = max(int(sigmas.shape[-1]) - 1, 1)
+        previous = arguments.get("callback")
+
+        def callback(step, *rest, **more):
+            run.step_done(int(step))
+            if previous is not None:
+                return previous(step, *rest, **more)
+            return None
+
+        args, kwargs = with_argument(executor, args, kwargs, "callback", callback)
+        return executor(*args, **kwargs)
+
     def apply_model_wrapper(self, executor: Callable, *args, **kwargs):
-        """WrappersMP.APPLY_MODEL: open this thread's ModelCall for the blocks of the call."""
+        """WrappersMP.APPLY_MODEL: decide this call on the host and hand its ModelCall to the
+        blocks in the call's transformer_options."""
         arguments = call_arguments(executor, args, kwargs)
         options = arguments.get("transformer_options") or {}
         x = arguments.get("x", args[0] if args else None)
         run = options.get(self.key)
-        call = ModelCall(run if isinstance(run, RunState) else self.new_run(),
-                         x.device if torch.is_tensor(x) else None,
-                         (tuple(options.get("uuids") or ()),
-                          tuple(options.get("cond_or_uncond") or ())))
+        call = self.open_call(run if isinstance(run, RunState) else self.new_run(), x, options)
         if self.describe is not None:
             why = self.describe(call, executor.class_obj, arguments)
             if why:
                 self.notice(why)
-        with self.model_call(call):
-            return executor(*args, **kwargs)
-
-    @contextmanager
-    def model_call(self, call: ModelCall) -> Iterator[ModelCall]:
-        """Make `call` this thread's current model call inside the block."""
-        stack = self._stack()
-        stack.append(call)
+        args, kwargs = with_argument(executor, args, kwargs, "transformer_options",
+                                     {**options, self.call_key: call})
         try:
-            yield call
+            return executor(*args, **kwargs)
         finally:
-            stack.pop()
+            self.close_call(call)
 
-    def current(self) -> ModelCall | None:
-        """This thread's innermost model call, or None outside one."""
-        stack = self._stack()
-        return stack[-1] if stack else None
+    def open_call(self, run: RunState, x: object, options: dict) -> ModelCall:
+        """A ModelCall for the run's current step: merging on or off (ratio, start/end_percent),
+        and the plans of its identity, fresh when due."""
+        device = x.device if torch.is_tensor(x) else None
+        window = options.get("context_window")
+        identity = (tuple(options.get("uuids") or ()), tuple(options.get("cond_or_uncond") or ()),
+                    tuple(getattr(window, "index_list", None) or ()), device)
+        call = ModelCall(run, device, identity, timed=device is not None and device.type == "cpu")
+        with run.lock:
+            run.model_calls += 1
+            step = run.step
+            fraction = step / run.steps_total if run.steps_total else 0.0
+            o = self.options
+            call.step = step
+            if o.ratio > 0 and o.start_percent <= fraction < o.end_percent:
+                call.merging = True
+                call.plans, _ = run.schedule.plans(identity, step)
+        call.plans_before = len(call.plans)
+        return call
 
-    def _stack(self) -> list[ModelCall]:
-        stack = getattr(self._local, "calls", None)
-        if stack is None:
-            stack = self._local.calls = []
-        return stack
-
-    # Per-call decisions ------------------------------------------------------------------------
-    def active_step(self, transformer_options: dict) -> int | None:
-        """The sampling step of this thread's model call when merging is on for it, else None.
-
-        The step comes from the call's sigma within the sampler's schedule, so every model call
-        at one noise level (CFG halves; Heun's corrector, which evaluates at the next step's
-        sigma, and that step's first call) gets the same answer (see step_index); it is worked
-        out once per call (one host read of sigma).
-        """
-        call = self.current()
-        if call is None or self.options.ratio == 0:
-            return None
-        if call.step is UNSET:
-            call.step = self._step(call.run, transformer_options)
-        return call.step
-
-    def _step(self, run: RunState, transformer_options: dict) -> int | None:
-        schedule = transformer_options.get("sample_sigmas")
-        sigmas = transformer_options.get("sigmas")
-        step = 0
-        if schedule is not None and sigmas is not None:
-            step = step_index(float(sigmas.flatten()[0]), schedule)
-            run.steps_total = max(len(schedule) - 1, 1)
-        fraction = step / run.steps_total if run.steps_total else 0.0
-        if not self.options.start_percent <= fraction < self.options.end_percent:
-            return None
-        return step
-
-    def plan(self, key: Hashable, step: int,
-             build: Callable[[], MergePlan | None]) -> MergePlan | None:
-        """The plan under `key` for this thread's call (its device's cache, keyed on its batch
-        identity too), rebuilt on the recompute schedule."""
-        call = self.current()
-        return call.run.cache(call.device).get((key, call.identity), step, build)
-
-    def record(self, layer: Hashable, level: str, tokens: int, plan: MergePlan | None,
-               step: int | None) -> None:
-        """Count one layer call for the run's summary."""
-        call = self.current()
-        if call is None:
-            return
+    def close_call(self, call: ModelCall) -> None:
+        """Add what the call's blocks recorded to its run; say their notes once."""
         run = call.run
         with run.lock:
-            run.layers_seen.add(layer)
-            if plan is None or step is None:
-                return
-            run.layers_merged.add(layer)
-            run.steps_merged.add(step)
-            run.levels[level] = (tokens, plan.merged_tokens)
+            for layer, level, tokens, merged in call.records:
+                run.layers_seen.add(layer)
+                if merged is None:
+                    continue
+                run.layers_merged.add(layer)
+                run.steps_merged.add(call.step)
+                run.levels[level] = (tokens, merged)
+            run.builds += len(call.plans) - call.plans_before
+            if call.timed:
+                run.build_seconds = (run.build_seconds or 0.0) + call.plan_seconds
+        for note in dict.fromkeys(call.notes):
+            self.notice(note)
+
+    # Inside the model's blocks -----------------------------------------------------------------
+    def call_of(self, options: dict) -> ModelCall | None:
+        """The ModelCall of the model call these block options belong to (None outside one)."""
+        call = options.get(self.call_key)
+        return call if isinstance(call, ModelCall) else None
+
+    @staticmethod
+    def plan(call: ModelCall, key: Hashable,
+             build: Callable[[], MergePlan | None]) -> MergePlan | None:
+        """The plan under `key` in this call's plans, built by build() when missing."""
+        if key not in call.plans:
+            if call.timed and not compiling():
+                start = time.perf_counter()
+                call.plans[key] = build()
+                call.plan_seconds += time.perf_counter() - start
+            else:
+                call.plans[key] = build()
+        return call.plans[key]
+
+    @staticmethod
+    def tables(call: ModelCall | None, regions: Regions,
+               device: torch.device | None) -> RegionTables:
+        """The index tables of `regions` on `device`: kept for the run, except under
+        torch.compile, where the graph builds them (a kept dict would be guarded on)."""
+        if call is None or compiling():
+            return regions.tables(device)
+        found = call.run.tables.get((regions, device))
+        if found is None:
+            found = call.run.tables.setdefault((regions, device), regions.tables(device))
+        return found
+
+    @staticmethod
+    def record(call: ModelCall | None, layer: Hashable, level: str, tokens: int,
+               plan: MergePlan | None) -> None:
+        """Count one layer call for the run's summary (plan None: it ran unmerged)."""
+        if call is not None:
+            call.records.append((layer, level, tokens,
+                                 None if plan is None else plan.merged_tokens))
+
+    @staticmethod
+    def note(call: ModelCall | None, message: str) -> None:
+        """A notice from inside the model: said once after the call (see `notice`)."""
+        if call is not None:
+            call.notes.append(message)
 
     # Reporting ---------------------------------------------------------------------------------
     def summary(self, run: RunState) -> dict:
@@ -276,14 +353,18 @@ class ToMAState:
             "layers_total": len(run.layers_seen),
             "steps_merged": len(run.steps_merged),
             "steps_total": run.steps_total,
-            "planning_s": run.build_seconds,
+            "plans_built": run.builds,
             "sampling_s": time.perf_counter() - run.started,
             "levels": [{"name": name, "tokens": n, "merged_tokens": m}
                        for name, (n, m) in sorted(run.levels.items())],
         }
+        if run.build_seconds is not None:
+            stats["planning_s"] = run.build_seconds
         notes = list(self.notices)
         if not run.layers_merged:
             notes.append("nothing merged: no layer had enough tokens in the active steps")
+        if run.model_calls and run.steps_total > 1 and not run.steps_reported:
+            notes.append("the sampler reported no steps, so plans were built once for the run")
         if notes:
             stats["note"] = "; ".join(notes)
         return stats
@@ -293,8 +374,9 @@ class ToMAState:
         if self.options.verbose:
             levels = ", ".join(f"{lv['name']}: {lv['tokens']}->{lv['merged_tokens']} tokens"
                                for lv in stats["levels"]) or "none"
-            log.info("ToMA run: %s; %d/%d layers and %d/%d steps merged; %d plans built in "
-                     "%.3f s of %.2f s sampling", levels, stats["layers_merged"],
-                     stats["layers_total"], stats["steps_merged"], stats["steps_total"],
-                     run.builds, stats["planning_s"], stats["sampling_s"])
+            planning = (f" in {stats['planning_s']:.3f} s" if "planning_s" in stats else "")
+            log.info("ToMA run: %s; %d/%d layers and %d/%d steps merged; %d plans built%s of "
+                     "%.2f s sampling", levels, stats["layers_merged"], stats["layers_total"],
+                     stats["steps_merged"], stats["steps_total"], run.builds, planning,
+                     stats["sampling_s"])
         send_stats(self.node_id, stats)

@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..toma_core import MergePlan, build_plan
-from .run_state import ToMAState, patch_forward
+from ..toma_core import MergePlan, build_plan, make_regions
+from .run_state import ModelCall, ToMAState, patch_forward
 from .unet_neighbours import Neighbours, is_toma, mark, neighbours
 
 log = logging.getLogger("ToMA")
@@ -58,17 +58,19 @@ class UNetToMA:
             return round(latent_w / w) <= self.largest_level_ds
         return h * w >= (AUTO_MIN_TOKENS if levels == "auto" else MIN_TOKENS)
 
-    def scope_for(self, options: dict, near: Neighbours) -> str | None:
+    def scope_for(self, call: ModelCall | None, options: dict,
+                  near: Neighbours) -> str | None:
         """"block" or "attention" for this block call, or None to run it unmerged."""
+        note = self.state.note
         if near.attn1_replace is not None:
-            self.state.notice(f"another node replaces self-attention in some blocks "
-                              f"({near.attn1_replace}): ToMA leaves those blocks unmerged")
+            note(call, f"another node replaces self-attention in some blocks "
+                       f"({near.attn1_replace}): ToMA leaves those blocks unmerged")
             return None
         shape, latent = options.get("activations_shape"), options.get("original_shape")
         if near.tome and shape is not None and latent is not None \
                 and list(shape[-2:]) == list(latent[-2:]):
-            self.state.notice("ComfyUI's TomePatchModel merges the full-resolution level: ToMA "
-                              "leaves that level to it")
+            note(call, "ComfyUI's TomePatchModel merges the full-resolution level: ToMA leaves "
+                       "that level to it")
             return None
         if self.scope == "attention":
             return "attention"
@@ -76,12 +78,12 @@ class UNetToMA:
             return "block"
         kinds = ", ".join(near.patches)
         if self.scope == "block":
-            self.state.notice(f"merge_scope block: other nodes' patches inside transformer blocks "
-                              f"({kinds}) see merged tokens; auto or attention scope keeps them "
-                              f"on the full grid")
+            note(call, f"merge_scope block: other nodes' patches inside transformer blocks "
+                       f"({kinds}) see merged tokens; auto or attention scope keeps them on the "
+                       f"full grid")
             return "block"
-        self.state.notice(f"merge_scope auto: attention scope where other nodes patch inside "
-                          f"transformer blocks ({kinds}), so that they see every token")
+        note(call, f"merge_scope auto: attention scope where other nodes patch inside "
+                   f"transformer blocks ({kinds}), so that they see every token")
         return "attention"
 
     def plan_for(self, x: torch.Tensor, options: dict,
@@ -92,23 +94,28 @@ class UNetToMA:
         features(): the normed tokens the plan is built from (called only when one is due).
         """
         shape = options.get("activations_shape")
-        layer = (tuple(options.get("block") or ()), options.get("block_index", 0))
         if shape is None or x.dim() != 3:
             return None
+        call = self.state.call_of(options)
+        layer = (tuple(options.get("block") or ()), options.get("block_index", 0))
         h, w = int(shape[-2]), int(shape[-1])
         level = f"{h}x{w}"
-        step = self.state.active_step(options)
         latent = options.get("original_shape") or shape
-        if step is None or x.shape[1] != h * w or not self.merges_level(h, w, int(latent[-1])):
-            self.state.record(layer, level, h * w, None, None)
+        if (call is None or not call.active or x.shape[1] != h * w
+                or not self.merges_level(h, w, int(latent[-1]))):
+            self.state.record(call, layer, level, h * w, None)
             return None
         o = self.state.options
-        key = ("unet", h, w, x.shape[0], tuple(options.get("cond_or_uncond") or ()))
         tiles = o.tile_count or max(1, round(h * w / TOKENS_PER_TILE))
-        plan = self.state.plan(key, step, lambda: build_plan(
-            features(), h, w, o.ratio, mode=o.region, tile_count=tiles, tau=o.tau,
-            unmerge=o.unmerge, batch=o.batch_policy))
-        self.state.record(layer, level, h * w, plan, step)
+        regions = make_regions(h, w, o.region, tiles)
+
+        def build() -> MergePlan | None:
+            return build_plan(features(), h, w, o.ratio, regions=regions, tau=o.tau,
+                              unmerge=o.unmerge, batch=o.batch_policy,
+                              tables=self.state.tables(call, regions, x.device))
+
+        plan = self.state.plan(call, ("unet", h, w, x.shape[0]), build)
+        self.state.record(call, layer, level, h * w, plan)
         return plan
 
     def leave(self, options: dict) -> None:
@@ -117,7 +124,7 @@ class UNetToMA:
         if shape is not None:
             h, w = int(shape[-2]), int(shape[-1])
             layer = (tuple(options.get("block") or ()), options.get("block_index", 0))
-            self.state.record(layer, f"{h}x{w}", h * w, None, None)
+            self.state.record(self.state.call_of(options), layer, f"{h}x{w}", h * w, None)
 
     # Scope "attention": a fresh attn1 patch pair per block call ----------------------------------
     def with_attention_pair(self, options: dict) -> dict:
@@ -160,7 +167,8 @@ class UNetToMA:
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             options = _call_options(args, kwargs)
-            scope = self.scope_for(options, neighbours(options, foreign_forward))
+            scope = self.scope_for(self.state.call_of(options), options,
+                                   neighbours(options, foreign_forward))
             if scope == "block":
                 plan = self.plan_for(x, options, lambda: block.norm1(x))
                 if plan is not None:

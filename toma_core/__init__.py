@@ -1,12 +1,15 @@
 """ToMA (Token Merge with Attention) as plain PyTorch: no ComfyUI import.
 
-regions            -- partition of a token grid into tiles, stripes or one global region
+regions            -- partition of a token grid (tiles, stripes, one region; frame slabs for
+                      video) and its index tables on a device
 facility_location  -- batched greedy destination selection
-merge_plan         -- soft assignment, merge (M x) and unmerge (P^T y), positional rows
-plan_cache         -- reuse of plans across layers and sampling steps
+plan_op            -- destinations and weights of every region as one operator
+triton_plan        -- that operator as one Triton kernel on CUDA
+merge_plan         -- merge (M x) and unmerge (U y) as gathers and batched matmuls, positional rows
+plan_schedule      -- when plans are due again, on the recompute schedule
 """
 
-from .facility_location import coverage, greedy_facility_location, normalized, similarity
+from .facility_location import gram_similarity, greedy_facility_location
 from .merge_plan import (
     BATCH_POLICIES,
     UNMERGE_METHODS,
@@ -14,11 +17,11 @@ from .merge_plan import (
     build_plan,
     destinations_per_region,
 )
-from .plan_cache import PlanCache, step_index
-from .regions import REGION_MODES, Regions, make_regions, tile_grid
+from .plan_schedule import PlanSchedule
+from .regions import REGION_MODES, Regions, RegionTables, make_regions, tile_grid
 
 __all__ = [
-    "BATCH_POLICIES", "REGION_MODES", "UNMERGE_METHODS", "MergePlan", "PlanCache", "Regions",
-    "build_plan", "coverage", "destinations_per_region", "greedy_facility_location",
-    "make_regions", "normalized", "similarity", "step_index", "tile_grid",
+    "BATCH_POLICIES", "REGION_MODES", "UNMERGE_METHODS", "MergePlan", "PlanSchedule",
+    "RegionTables", "Regions", "build_plan", "destinations_per_region", "gram_similarity",
+    "greedy_facility_location", "make_regions", "tile_grid",
 ]

@@ -10,35 +10,17 @@ every region of every batch item.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-
-
-def normalized(x: torch.Tensor) -> torch.Tensor:
-    """L2-normalised float32 copy of features x [..., C] (cosine similarity is a dot product)."""
-    return F.normalize(x.float(), dim=-1, eps=1e-6)
-
-
-def similarity(xn: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Cosine similarity inside each region: xn [..., S, C] normalised -> [..., S, S].
-
-    Pad slots (valid False, [R, S]) get similarity -1 to everything, i.e. 0 after the shift:
-    they add nothing to any coverage.
-    """
-    sim = xn @ xn.transpose(-1, -2)
-    if valid is not None:
-        pad = ~(valid[..., :, None] & valid[..., None, :])
-        sim = sim.masked_fill(pad, -1.0)
-    return sim
 
 
 def gram_similarity(x: torch.Tensor, valid: torch.Tensor | None = None,
                     eps: float = 1e-6) -> torch.Tensor:
     """Cosine similarity inside each region from raw features: x [..., S, C] -> [..., S, S].
 
-    The same values as `similarity(normalized(x), valid)` up to float rounding, but without the
-    normalised copy of x: the float32 Gram matrix X X^T scaled by the inverse norms read off its
-    diagonal (norms below `eps` count as `eps`, as in `normalized`). Features are expected to be
-    normalised hidden states (entries far below 1e18), so their squared norms fit in float32.
+    The float32 Gram matrix X X^T scaled by the inverse norms read off its diagonal (norms
+    below `eps` count as `eps`), so no normalised copy of x is made. Pad slots (valid False,
+    [R, S]) get similarity -1 to everything, i.e. 0 after the shift: they add nothing to any
+    coverage. Features are expected to be normalised hidden states (entries far below 1e18), so
+    their squared norms fit in float32.
     """
     x = x.float()
     gram = x @ x.transpose(-1, -2)
@@ -53,16 +35,15 @@ def greedy_facility_location(sim: torch.Tensor, k: int,
                              valid: torch.Tensor | None = None) -> torch.Tensor:
     """Pick k destinations per region greedily.
 
-    sim [..., S, S] shifted-free cosine similarity (see `similarity`); valid [R, S] or None.
+    sim [..., S, S] cosine similarity (see `gram_similarity`); valid [R, S] or None.
     Returns picks [..., k] (slot indices, distinct within a region, in pick order).
-    Ties go to the lowest slot index, so the result is deterministic.
+    Ties go to the lowest slot index, so the result is deterministic. k must not exceed the
+    valid slots of the smallest region (the caller knows it from the partition; checking it
+    here would read the mask back to the host).
     """
     s = sim.shape[-1]
     if not 1 <= k <= s:
         raise ValueError(f"k must be in [1, {s}], got {k}")
-    if valid is not None and k > (fewest := int(valid.sum(-1).min())):
-        raise ValueError(f"k must be at most {fewest} (valid slots in the smallest region), "
-                         f"got {k}")
     cover = torch.zeros(sim.shape[:-1], dtype=sim.dtype, device=sim.device)   # [..., S]
     blocked = torch.zeros(sim.shape[:-1], dtype=torch.bool, device=sim.device)
     if valid is not None:
@@ -80,9 +61,3 @@ def greedy_facility_location(sim: torch.Tensor, k: int,
         picks.append(pick)
     return torch.cat(picks, -1)
 
-
-def coverage(sim: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
-    """f(D) of the shifted objective for picks [..., k] in sim [..., S, S] -> [...]."""
-    s = sim.shape[-1]
-    rows = (sim + 1.0).gather(-2, picks.unsqueeze(-1).expand(*picks.shape, s))
-    return rows.max(-2).values.sum(-1)

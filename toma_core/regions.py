@@ -1,13 +1,16 @@
-"""Partition of an h x w token grid into merge regions (tiles, row stripes or one global region).
+"""Partition of a t x h x w token grid into merge regions: boxes of frames x tile rows x tile cols.
 
-Tokens are in row-major order (a UNet's flattened feature map, Flux's image tokens). Every token
-belongs to exactly one region. Regions are laid out as a padded [R, S] table so that selection and
-merging run as one batched tensor op over all regions:
+Tokens are in frame-major, row-major order (a UNet's flattened feature map and Flux's image tokens
+are one frame, t = 1; video is frame by frame). Every token belongs to exactly one region. Along
+each axis the grid is cut into parts whose sizes differ by at most one (the larger ones first),
+so a region is a box and regions are laid out as a padded [R, S] table: S slots per region, the
+largest box's size; smaller boxes have pad slots, marked invalid, that never count nor get picked.
+Regions are ordered slab by slab, then tile row, then tile column; slots inside a box frame by
+frame, row by row.
 
-- When the grid divides evenly into equal regions, moving tokens into region layout is a view
-  (`x.view(...)`) plus the one permute-copy that batched matmuls need; no index tensors.
-- Otherwise region sides differ by at most one token; the table is padded to the largest region
-  and moved with a gather, pad slots marked invalid so they never count nor get picked.
+`Regions` is host metadata only (Python ints): cheap to build, hashable, the same on every
+device. `RegionTables` holds the index tensors merge and unmerge gather with, built on the target
+device from those ints with device ops (no host-to-device copy, no host sync), static in shape.
 """
 
 from __future__ import annotations
@@ -24,77 +27,172 @@ REGION_MODES: tuple[str, ...] = ("tile", "stripe", "global")
 
 @dataclass(frozen=True)
 class Regions:
-    """R regions of an h x w grid, each padded to S slots.
+    """R regions of a t x h x w grid, each padded to S slots.
 
-    rows, cols: how many regions along each grid side (stripes: cols == 1; global: 1 x 1).
-    row_sizes, col_sizes: token extent of each region row / column (sum to h / w).
-    index: [R, S] token index of each slot (pad slots point at token 0), or None when even.
-    valid: [R, S] bool, False at pad slots, or None when even.
-    inverse: [N] flat slot (r * S + s) holding each token, or None when even.
+    slab_sizes, row_sizes, col_sizes: extent of each part along t, h and w (they sum to t, h, w).
     """
 
+    t: int
     h: int
     w: int
-    rows: int
-    cols: int
+    slab_sizes: tuple[int, ...]
     row_sizes: tuple[int, ...]
     col_sizes: tuple[int, ...]
-    index: torch.Tensor | None
-    valid: torch.Tensor | None
-    inverse: torch.Tensor | None
+
+    @property
+    def tokens(self) -> int:
+        """N, the grid's tokens."""
+        return self.t * self.h * self.w
 
     @property
     def count(self) -> int:
         """Number of regions R."""
-        return self.rows * self.cols
+        return len(self.slab_sizes) * len(self.row_sizes) * len(self.col_sizes)
 
     @property
     def size(self) -> int:
         """Slots per region S (the largest region)."""
-        return max(self.row_sizes) * max(self.col_sizes)
+        return max(self.slab_sizes) * max(self.row_sizes) * max(self.col_sizes)
 
     @property
     def min_size(self) -> int:
         """Tokens in the smallest region."""
-        return min(self.row_sizes) * min(self.col_sizes)
+        return min(self.slab_sizes) * min(self.row_sizes) * min(self.col_sizes)
 
     @property
     def even(self) -> bool:
-        """True when all regions have the same shape (zero-index fast path)."""
-        return self.index is None
+        """True when all regions have the same shape (no pad slots)."""
+        return self.size == self.min_size
 
-    def to(self, device: torch.device) -> Regions:
-        """The same partition with its index tensors on `device`."""
-        if self.even or self.index.device == device:
-            return self
-        return Regions(self.h, self.w, self.rows, self.cols, self.row_sizes, self.col_sizes,
-                       self.index.to(device), self.valid.to(device), self.inverse.to(device))
+    def tables(self, device: torch.device | str | None = None) -> RegionTables:
+        """The index tensors of this partition on `device` (see RegionTables)."""
+        return RegionTables(self, device)
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
-        """Grid tokens into region layout: x [..., N, C] -> [..., R, S, C]."""
-        lead, c = x.shape[:-2], x.shape[-1]
-        if self.even:
-            a, b = self.row_sizes[0], self.col_sizes[0]
-            x = x.reshape(*lead, self.rows, a, self.cols, b, c)
-            return x.transpose(-4, -3).reshape(*lead, self.count, a * b, c)
-        out = x.index_select(-2, self.index.reshape(-1))
-        return out.reshape(*lead, self.count, self.size, c)
+        """Grid tokens into region layout: x [..., N, C] -> [..., R, S, C] (pad slots hold
+        token 0)."""
+        slots = self.tables(x.device).slots
+        return x.index_select(-2, slots.reshape(-1)).unflatten(-2, slots.shape)
 
     def join(self, x: torch.Tensor) -> torch.Tensor:
         """Inverse of split: x [..., R, S, C] -> [..., N, C] (pad slots dropped)."""
-        lead, c = x.shape[:-3], x.shape[-1]
-        if self.even:
-            a, b = self.row_sizes[0], self.col_sizes[0]
-            x = x.reshape(*lead, self.rows, self.cols, a, b, c)
-            return x.transpose(-4, -3).reshape(*lead, self.h * self.w, c)
-        return x.reshape(*lead, self.count * self.size, c).index_select(-2, self.inverse)
+        tables = self.tables(x.device)
+        flat = tables.token_region * self.size + tables.token_slot
+        return x.flatten(-3, -2).index_select(-2, flat)
 
-    def token_ids(self, device: torch.device | None = None) -> torch.Tensor:
-        """[R, S] grid index of each slot (pad slots: 0)."""
-        if self.even:
-            ids = torch.arange(self.h * self.w, device=device).view(1, self.h * self.w, 1)
-            return self.split(ids)[0, ..., 0]
-        return self.index.to(device)
+
+class RegionTables:
+    """Index tensors of one partition on one device, built there with device ops.
+
+    slots [R, S]: grid token of each slot (pad slots: token 0); valid [R, S] bool, False at pad
+    slots, or None when the regions are even; token_region [N], token_slot [N]: where each grid
+    token sits. The batched gather indices merge and unmerge use are made once per batch size
+    and offset and kept here (this object lives as long as its owner keeps it: a sampling run).
+    """
+
+    def __init__(self, regions: Regions, device: torch.device | str | None) -> None:
+        self.regions = regions
+        r = regions
+        slab, row, col = (_parts(n, sizes, device)
+                          for n, sizes in ((r.t, r.slab_sizes), (r.h, r.row_sizes),
+                                           (r.w, r.col_sizes)))
+        # [parts_t, parts_h, parts_w, depth, height, width]: coordinates of every slot of every box
+        f = _along(slab.start, slab.offsets, 0)
+        y = _along(row.start, row.offsets, 1)
+        x = _along(col.start, col.offsets, 2)
+        inside = (_along(slab.size, slab.offsets, 0, test=True)
+                  & _along(row.size, row.offsets, 1, test=True)
+                  & _along(col.size, col.offsets, 2, test=True))
+        count, size = r.count, r.size
+        shape = (len(r.slab_sizes), len(r.row_sizes), len(r.col_sizes),
+                 max(r.slab_sizes), max(r.row_sizes), max(r.col_sizes))
+        token = ((f * r.h + y) * r.w + x).expand(shape).reshape(count, size)
+        if r.even:
+            self.slots, self.valid = token, None
+        else:
+            self.valid = inside.expand(shape).reshape(count, size)
+            self.slots = torch.where(self.valid, token, 0)
+        # per token: its region and slot, [t, h, w] flattened
+        parts = (len(r.row_sizes), len(r.col_sizes))
+        tf, ty, tx = (slab.part.view(-1, 1, 1), row.part.view(1, -1, 1), col.part.view(1, 1, -1))
+        of, oy, ox = (slab.offset.view(-1, 1, 1), row.offset.view(1, -1, 1),
+                      col.offset.view(1, 1, -1))
+        self.token_region = ((tf * parts[0] + ty) * parts[1] + tx).flatten()
+        self.token_slot = ((of * shape[4] + oy) * shape[5] + ox).flatten()
+        self._merge: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._unmerge: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def merge_index(self, batch: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(items [B*R, 1], tokens [B*R, S]): x[items, tokens] takes a stream x [B, L, C] whose
+        grid starts at `offset` into region layout [B*R, S, C] in one gather."""
+        key = (batch, offset)
+        found = self._merge.get(key)
+        if found is None:
+            r = self.regions.count
+            items = torch.arange(batch, device=self.slots.device).repeat_interleave(r).view(-1, 1)
+            tokens = (self.slots + offset).repeat(batch, 1)
+            found = (items, tokens)
+            if not _compiling():
+                self._merge[key] = found
+        return found
+
+    def unmerge_index(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows [B, N], slots [N]): y[rows, slots] takes region layout y [B*R, S, C] back to
+        grid order [B, N, C] in one gather."""
+        found = self._unmerge.get(batch)
+        if found is None:
+            r = self.regions.count
+            items = torch.arange(batch, device=self.slots.device).view(-1, 1) * r
+            found = (items + self.token_region, self.token_slot)
+            if not _compiling():
+                self._unmerge[batch] = found
+        return found
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """One axis cut into parts: per part start and size [P], per slot offset [A] (A: the
+    largest part); per coordinate its part and offset in it [total]."""
+
+    start: torch.Tensor
+    size: torch.Tensor
+    offsets: torch.Tensor
+    part: torch.Tensor
+    offset: torch.Tensor
+
+
+def _parts(total: int, sizes: tuple[int, ...], device: torch.device | str | None) -> _Axis:
+    """Device tensors for an axis of `total` cut into `sizes` (as even_sizes makes them)."""
+    parts = len(sizes)
+    base, extra = divmod(total, parts)
+    if sizes != even_sizes(total, parts):
+        raise ValueError(f"part sizes {sizes} are not an even split of {total}")
+    i = torch.arange(parts, device=device)
+    start = i * base + i.clamp(max=extra)
+    size = base + (i < extra).long()
+    c = torch.arange(total, device=device)
+    boundary = extra * (base + 1)
+    part = torch.where(c < boundary, c // (base + 1), extra + (c - boundary).clamp_min(0) // base)
+    offset = c - (part * base + part.clamp(max=extra))
+    return _Axis(start, size, torch.arange(max(sizes), device=device), part, offset)
+
+
+def _along(per_part: torch.Tensor, offsets: torch.Tensor, axis: int,
+           test: bool = False) -> torch.Tensor:
+    """Broadcast [P] x [A] of one axis to [Pt, Ph, Pw, At, Ah, Aw] (size 1 on the other axes):
+    start + offset (the coordinate), or with test, offset < size (the slot is inside)."""
+    shape_p = [1, 1, 1, 1, 1, 1]
+    shape_a = [1, 1, 1, 1, 1, 1]
+    shape_p[axis], shape_a[3 + axis] = -1, -1
+    p, a = per_part.view(shape_p), offsets.view(shape_a)
+    return a < p if test else p + a
+
+
+def _compiling() -> bool:
+    """Whether torch.compile is tracing: then index tensors are rebuilt in the graph (inductor
+    folds them) instead of cached in a Python dict the compiled code would guard on."""
+    check = getattr(torch.compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
 
 
 def even_sizes(total: int, parts: int) -> tuple[int, ...]:
@@ -116,14 +214,21 @@ def tile_grid(h: int, w: int, tile_count: int) -> tuple[int, int]:
     return rows, cols
 
 
-def make_regions(h: int, w: int, mode: RegionMode = "tile", tile_count: int = 64) -> Regions:
-    """Partition an h x w grid.
+def make_regions(h: int, w: int, mode: RegionMode = "tile", tile_count: int = 64,
+                 t: int = 1, frames: int = 1) -> Regions:
+    """Partition a t x h x w grid (t = 1: an image).
 
-    mode "tile": about `tile_count` tiles; "stripe": `tile_count` bands of whole rows (at most h);
-    "global": one region holding every token.
+    mode "tile": about `tile_count` tiles per frame; "stripe": `tile_count` bands of whole rows
+    (at most h); "global": one region per slab holding all of its tokens. Frames are cut into
+    t // `frames` slabs (one when t < `frames`) of depths that differ by at most one: never a
+    thinner last slab, since every region keeps the same number of destinations (at most the
+    smallest region's size) and one thin slab would make every other region merge harder than
+    the ratio asks.
     """
-    if h < 1 or w < 1:
-        raise ValueError(f"token grid must be at least 1x1, got {h}x{w}")
+    if h < 1 or w < 1 or t < 1:
+        raise ValueError(f"token grid must be at least 1x1, got {t}x{h}x{w}")
+    if frames < 1:
+        raise ValueError(f"frames per region must be at least 1, got {frames}")
     if mode == "tile":
         rows, cols = tile_grid(h, w, tile_count)
     elif mode == "stripe":
@@ -132,26 +237,5 @@ def make_regions(h: int, w: int, mode: RegionMode = "tile", tile_count: int = 64
         rows, cols = 1, 1
     else:
         raise ValueError(f"region mode must be one of {REGION_MODES}, got {mode!r}")
-    row_sizes, col_sizes = even_sizes(h, rows), even_sizes(w, cols)
-    if len(set(row_sizes)) == 1 and len(set(col_sizes)) == 1:
-        return Regions(h, w, rows, cols, row_sizes, col_sizes, None, None, None)
-    return _ragged(h, w, row_sizes, col_sizes)
-
-
-def _ragged(h: int, w: int, row_sizes: tuple[int, ...], col_sizes: tuple[int, ...]) -> Regions:
-    """Padded index tables for regions whose sides differ by one token."""
-    a, b = max(row_sizes), max(col_sizes)
-    r0 = torch.tensor((0,) + row_sizes).cumsum(0)
-    c0 = torch.tensor((0,) + col_sizes).cumsum(0)
-    dy, dx = torch.arange(a), torch.arange(b)
-    y = r0[:-1, None, None, None] + dy[None, None, :, None]          # [rows, 1, a, 1]
-    x = c0[None, :-1, None, None] + dx[None, None, None, :]          # [1, cols, 1, b]
-    ok = (dy[None, None, :, None] < torch.tensor(row_sizes)[:, None, None, None]) & (
-        dx[None, None, None, :] < torch.tensor(col_sizes)[None, :, None, None])
-    count, size = len(row_sizes) * len(col_sizes), a * b
-    valid = ok.expand(len(row_sizes), len(col_sizes), a, b).reshape(count, size)
-    index = torch.where(valid, (y * w + x).reshape(count, size), 0)
-    inverse = torch.empty(h * w, dtype=torch.long)
-    inverse[index[valid]] = torch.arange(count * size).view(count, size)[valid]
-    return Regions(h, w, len(row_sizes), len(col_sizes), row_sizes, col_sizes,
-                   index, valid, inverse)
+    return Regions(t, h, w, even_sizes(t, max(1, t // frames)), even_sizes(h, rows),
+                   even_sizes(w, cols))

@@ -36,7 +36,7 @@ def family(diffusion_model) -> Family | None:
             grid = (grid[0] + extra[0], grid[1], grid[2])
         ref = (diffusion_model.ref_conv is not None
                and arguments.get("reference_latent") is not None and grid is not None)
-        kept = zero_timestep_frames(arguments.get("denoise_mask"), grid[0]) if grid else 0
+        kept = zero_timestep_frames(call, arguments.get("denoise_mask"), grid[0]) if grid else 0
         set_grid(call, grid, prefix=grid[1] * grid[2] if ref else 0, protect_frames=kept)
 
     return description(patch, describe)

@@ -1,0 +1,137 @@
+"""A plan's destinations and weights for every region at once, as one operator.
+
+    picks, dest, merge_w, unmerge_w = plan_weights(stream, offset, slots, valid, k, tau, center,
+                                                   dtype)
+
+stream [B, L, C]: the grid's tokens are rows offset + slots[r, s] ([R, S], pad slots marked False
+in valid [R, S], or valid None). For each region: cosine similarity of its tokens' features in
+float32 (center: features minus their mean over C first, which gives the cosine similarity of
+layer-normed features), k destinations by greedy facility location, P = softmax over
+destinations of tau * cos(dest, token) with each destination its own only source, then
+    merge_w   = P row-normalised   [B*R, k, S]
+    unmerge_w = P^T                [B*R, S, k]
+in `dtype` (the activations' dtype, what merge and unmerge multiply with); picks [B, R, k] are
+slots and dest [B, R*k] their grid tokens, in pick order (the merged sequence's order). The
+shapes are the ones merge and unmerge use, so nothing is reshaped after the call.
+
+Why one operator: the greedy is k sequential steps of several small ops each (k = 32 for the
+default 64-token regions at ratio 0.5), which on a GPU are as many kernel launches per plan;
+behind one operator it is one launch (a Triton kernel on CUDA, `triton_plan.py`), one node
+torch.compile treats as opaque (no graph break, no unrolled loop) and one op to count. On the
+CPU, and on CUDA without Triton, the operator runs `plan_weights_reference`, the same steps as
+plain torch ops.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from .facility_location import gram_similarity, greedy_facility_location
+
+log = logging.getLogger("ToMA")
+
+OP_NAME = "comfy_toma::plan_weights"
+# (picks, dest, merge_w, unmerge_w)
+PlanTensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tensor,
+                           valid: torch.Tensor | None, k: int, tau: float, center: bool,
+                           dtype: torch.dtype) -> PlanTensors:
+    """The operator in plain torch ops (shapes in the module docstring)."""
+    b, (r, s) = stream.shape[0], slots.shape
+    x = stream.index_select(1, (slots + offset).flatten()).view(b, r, s, -1).float()
+    if center:
+        x = x - x.mean(-1, keepdim=True)
+    sim = gram_similarity(x, valid)                                    # [B, R, S, S]
+    picks = greedy_facility_location(sim, k, valid)                    # [B, R, k]
+    p = assignment(sim, picks, tau, valid)                             # [B, R, k, S]
+    merge_w = (p / p.sum(-1, keepdim=True)).to(dtype).view(b * r, k, s)
+    unmerge_w = p.transpose(-1, -2).to(dtype, memory_format=torch.contiguous_format)
+    dest = slots.expand(b, r, s).gather(-1, picks).view(b, r * k)
+    return picks, dest, merge_w, unmerge_w.view(b * r, s, k)
+
+
+def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
+               valid: torch.Tensor | None) -> torch.Tensor:
+    """P [..., k, S]: softmax over destinations of tau * cos(dest, token); tau = inf is hard.
+
+    sim [..., S, S] is the region's cosine similarity (float32), so the scores are its rows at
+    the picks; softmax subtracts the column max, so any tau is stable. Pad slot columns are zero.
+    """
+    scores = sim.gather(-2, picks.unsqueeze(-1).expand(*picks.shape, sim.shape[-1]))
+    if math.isinf(tau):
+        best = scores.argmax(-2, keepdim=True)
+        p = torch.zeros_like(scores).scatter_(-2, best, 1.0)
+    else:
+        p = torch.softmax(scores.mul_(tau), dim=-2)
+    # A destination is its own source: keep that exact so no merged token is ever empty.
+    is_dest = torch.zeros(sim.shape[:-1], dtype=torch.bool, device=sim.device)
+    is_dest.scatter_(-1, picks, True)                                      # [..., S]
+    p.masked_fill_(is_dest.unsqueeze(-2), 0.0).scatter_(-1, picks.unsqueeze(-1), 1.0)
+    if valid is not None:
+        p.mul_(valid.unsqueeze(-2))
+    return p
+
+
+def _empty_like_outputs(stream: torch.Tensor, slots: torch.Tensor, k: int,
+                        dtype: torch.dtype) -> PlanTensors:
+    b, (r, s) = stream.shape[0], slots.shape
+    return (stream.new_empty((b, r, k), dtype=torch.long),
+            stream.new_empty((b, r * k), dtype=torch.long),
+            stream.new_empty((b * r, k, s), dtype=dtype),
+            stream.new_empty((b * r, s, k), dtype=dtype))
+
+
+def _cuda_kernel(stream: torch.Tensor, offset: int, slots: torch.Tensor,
+                 valid: torch.Tensor | None, k: int, tau: float, center: bool,
+                 dtype: torch.dtype) -> PlanTensors:
+    """CUDA: the Triton kernel where it applies, else the reference ops."""
+    from . import triton_plan
+
+    if triton_plan.applies(slots.shape[1], k, tau):
+        try:
+            return triton_plan.plan_weights(stream, offset, slots, valid, k, tau, center, dtype)
+        except Exception as exc:  # a Triton that cannot build the kernel here: stay correct
+            triton_plan.disable(exc)
+    return plan_weights_reference(stream, offset, slots, valid, k, tau, center, dtype)
+
+
+def _register():
+    """The operator, registered once per process (a second copy of the pack reuses it)."""
+    namespace, name = OP_NAME.split("::")
+    existing = getattr(getattr(torch.ops, namespace), name, None) if hasattr(
+        torch.ops, namespace) else None
+    if existing is not None:
+        return existing
+    if not hasattr(torch.library, "custom_op"):   # torch < 2.4: plain functions
+        return None
+
+    @torch.library.custom_op(OP_NAME, mutates_args=())
+    def op(stream: torch.Tensor, offset: int, slots: torch.Tensor, valid: torch.Tensor | None,
+           k: int, tau: float, center: bool, dtype: torch.dtype) -> PlanTensors:
+        return plan_weights_reference(stream, offset, slots, valid, k, tau, center, dtype)
+
+    op.register_fake(lambda stream, offset, slots, valid, k, tau, center, dtype:
+                     _empty_like_outputs(stream, slots, k, dtype))
+    op.register_kernel("cuda")(_cuda_kernel)
+    return getattr(getattr(torch.ops, namespace), name)
+
+
+_OP = _register()
+
+
+def plan_weights(stream: torch.Tensor, offset: int, slots: torch.Tensor,
+                 valid: torch.Tensor | None, k: int, tau: float, center: bool = False,
+                 dtype: torch.dtype | None = None) -> PlanTensors:
+    """(picks, dest, merge_w, unmerge_w) for the grid in `stream` (module docstring)."""
+    dtype = stream.dtype if dtype is None else dtype
+    if _OP is None:
+        if stream.is_cuda:
+            return _cuda_kernel(stream, offset, slots, valid, k, tau, center, dtype)
+        return plan_weights_reference(stream, offset, slots, valid, k, tau, center, dtype)
+    return _OP(stream, offset, slots, valid, k, float(tau), center, dtype)
+

@@ -1,0 +1,53 @@
+"""When plans are built again: the recompute schedule, decided on the host before a model call.
+
+Plans are kept per identity (batch layout, device, context window: calls that must never share a
+plan) in a dict that the model call's blocks fill (one plan per level or block group). A call at
+sampling step `step` gets a fresh, empty dict when its identity has none yet, when its plans were
+built `recompute_every` or more steps ago, or when `step` is earlier than the latest step they
+served (a new run, even one that comes back to the very step they were built at); otherwise it
+gets the kept dict and its blocks reuse what is in it. Steps come from the sampler on the host
+(never from counting model calls, never from reading the noise level back from the device), so
+CFG, samplers that evaluate the model several times per step and repeated runs all see the same
+schedule, and the decision costs the device nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Entry:
+    plans: dict = field(default_factory=dict)
+    step: int = 0    # step the plans were built at
+    seen: int = 0    # latest step they served
+
+
+class PlanSchedule:
+    """Plan dicts by identity, handed out fresh every `recompute_every` steps."""
+
+    def __init__(self, recompute_every: int = 1) -> None:
+        if recompute_every < 1:
+            raise ValueError(f"recompute_every must be >= 1, got {recompute_every}")
+        self.recompute_every = recompute_every
+        self._entries: dict[Hashable, _Entry] = {}
+
+    def due(self, identity: Hashable, step: int) -> bool:
+        """Whether a call of `identity` at `step` builds its plans anew."""
+        entry = self._entries.get(identity)
+        return (entry is None or step < entry.seen
+                or step - entry.step >= self.recompute_every)
+
+    def plans(self, identity: Hashable, step: int) -> tuple[dict, bool]:
+        """(the plan dict for a call of `identity` at `step`, whether it is fresh)."""
+        fresh = self.due(identity, step)
+        if fresh:
+            self._entries[identity] = _Entry({}, step, step)
+        entry = self._entries[identity]
+        entry.seen = step
+        return entry.plans, fresh
+
+    def clear(self) -> None:
+        """Forget every plan."""
+        self._entries.clear()
