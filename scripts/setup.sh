@@ -8,7 +8,7 @@
 #   .cache/venvs/<version>/     the same for each older tree (`scripts/venv-for.sh <version>`)
 #
 # TORCH_SPEC overrides the torch requirement (default: the CPU build 2.13.0).
-# Debian's chromium is installed with apt-get when missing and we are root (the frontend tests).
+# The Debian packages the tests need are installed with apt-get when missing and we are root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -82,9 +82,18 @@ for version in "${trees[@]}" ""; do  # "" last: .venv
   fi
 done
 
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "setup: installing Debian chromium (frontend tests)"
+# Debian packages the tests need: chromium (the frontend tests) and mate-backgrounds (the
+# photographs of the quality section, bench/quality_data.py). Installed with apt-get when one is
+# missing and we are root; otherwise the tests that need them fail and say which is missing.
+DEBIAN_PACKAGES=(chromium mate-backgrounds)
+missing=()
+for package in "${DEBIAN_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing Debian packages: ${missing[*]}"
   quiet apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq chromium
+  DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq "${missing[@]}"
 fi
 echo "setup: ok ($("$ROOT/.venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

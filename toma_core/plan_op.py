@@ -50,7 +50,7 @@ def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tenso
     picks = greedy_facility_location(sim, k, valid)                    # [B, R, k]
     p = assignment(sim, picks, tau, valid)                             # [B, R, k, S]
     merge_w = (p / p.sum(-1, keepdim=True)).to(dtype).view(b * r, k, s)
-    unmerge_w = p.transpose(-1, -2).to(dtype, memory_format=torch.contiguous_format)
+    unmerge_w = p.transpose(-1, -2).to(dtype).contiguous()
     dest = slots.expand(b, r, s).gather(-1, picks).view(b, r * k)
     return picks, dest, merge_w, unmerge_w.view(b * r, s, k)
 

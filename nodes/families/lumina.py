@@ -8,6 +8,7 @@ import math
 import torch
 
 from ..dit_families import BlockKind, Family, latent_grid, set_grid
+from ..run_state import ModelCall
 
 KINDS = (BlockKind("layer", "layers", "", "stream_before", stream="x", txt=None, pe="freqs_cis",
                    mask="x_mask", mask_dims=(-1,), hook="object"),)
@@ -35,7 +36,7 @@ def family(diffusion_model) -> Family | None:
         if not torch.is_tensor(context):
             call.mergeable = False
             return None
-        text = text_length(context, arguments, diffusion_model)
+        text = text_length(call, context, arguments, diffusion_model)
         if text is None:
             call.mergeable = False
             return ("the items of a batch have texts of different lengths (ComfyUI before 0.8 "
@@ -51,15 +52,20 @@ def description(patch: tuple[int, int, int], describe=None) -> Family:
     return Family("lumina", "Lumina 2 / Z-Image", KINDS, patch, describe)
 
 
-def text_length(context: torch.Tensor, arguments: dict, diffusion_model) -> int | None:
+def text_length(call: ModelCall, context: torch.Tensor, arguments: dict,
+                diffusion_model) -> int | None:
     """Tokens in front of the image in the blocks' sequence, None when items differ. NextDiT
     without `pad_tokens_multiple` (ComfyUI before 0.8) cuts each item's text to its own length:
-    its attention mask's count, else `num_tokens`."""
+    its attention mask's count (read on the host once per run and batch identity: the text does
+    not change within a run), else `num_tokens`."""
     if not hasattr(diffusion_model, "pad_tokens_multiple"):
         mask = arguments.get("attention_mask")
         if torch.is_tensor(mask):
-            lengths = mask.sum(dim=-1).flatten().unique()
-            return int(lengths[0]) if len(lengths) == 1 else None
+            key = ("text_length", call.identity, tuple(mask.shape))
+            if key not in call.run.memo:
+                lengths = mask.sum(dim=-1).flatten().unique()
+                call.run.memo[key] = int(lengths[0]) if len(lengths) == 1 else None
+            return call.run.memo[key]
         return int(arguments.get("num_tokens", context.shape[1]))
     multiple = diffusion_model.pad_tokens_multiple
     return math.ceil(context.shape[1] / multiple) * multiple if multiple else context.shape[1]

@@ -74,6 +74,16 @@ SDXL_UNET_CONFIG: dict[str, Any] = {
     "use_temporal_resblock": False,
 }
 
+# SDXL's real block structure at the tiny width: transformer depths 2 and 10 at its two
+# attention levels and 10 in the middle, 70 transformer blocks (what ToMA patches and counts).
+SDXL_REAL_DEPTHS: dict[str, Any] = {
+    "transformer_depth": [0, 0, 2, 2, 10, 10],
+    "transformer_depth_middle": 10,
+    "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
+}
+# Flux.1's block structure (19 double + 38 single blocks) at the tiny width.
+FLUX_REAL_DEPTHS: dict[str, Any] = {"depth": 19, "depth_single_blocks": 38}
+
 # Tiny Flux: 2 double + 2 single blocks, 4 heads of 16 (RoPE axes 4+6+6), 16 latent channels.
 FLUX_CONTEXT_DIM = 64
 FLUX_POOLED_DIM = 32
@@ -347,20 +357,23 @@ def _patcher(model_config: Any, seed: int) -> ModelPatcher:
     return comfy.model_patcher.ModelPatcher(model, load_device=CPU, offload_device=CPU)
 
 
-def tiny_sdxl_patcher(seed: int = 0) -> ModelPatcher:
-    """A ~5M-parameter SDXL-layout UNet (comfy.supported_models.SDXL), fp32, seeded weights."""
+def tiny_sdxl_patcher(seed: int = 0, real_depths: bool = False) -> ModelPatcher:
+    """A ~5M-parameter SDXL-layout UNet (comfy.supported_models.SDXL), fp32, seeded weights;
+    real_depths: SDXL's 70 transformer blocks (SDXL_REAL_DEPTHS) instead of the tiny depths."""
     ensure_comfy()
     import comfy.supported_models
 
-    config = comfy.supported_models.SDXL(dict(SDXL_UNET_CONFIG))
+    config = comfy.supported_models.SDXL(
+        {**SDXL_UNET_CONFIG, **(SDXL_REAL_DEPTHS if real_depths else {})})
     # BASE.__init__ overlays unet_extra_config (num_head_channels 64, for the real width 320).
     config.unet_config["num_head_channels"] = SDXL_UNET_CONFIG["num_head_channels"]
     config.unet_config["num_heads"] = -1
     return _patcher(config, seed)
 
 
-def tiny_flux_patcher(seed: int = 0) -> ModelPatcher:
-    """A tiny Flux (comfy.supported_models.Flux): hidden 64, 4 heads, 2+2 blocks, fp32."""
+def tiny_flux_patcher(seed: int = 0, real_depths: bool = False) -> ModelPatcher:
+    """A tiny Flux (comfy.supported_models.Flux): hidden 64, 4 heads, 2+2 blocks (real_depths:
+    Flux.1's 19+38, FLUX_REAL_DEPTHS), fp32."""
     ensure_comfy()
     import comfy.ldm.flux.model
     import comfy.supported_models
@@ -368,7 +381,8 @@ def tiny_flux_patcher(seed: int = 0) -> ModelPatcher:
     # FluxParams grows across versions (txt_ids_dims, global_modulation, ...): pass only the
     # fields this version has; the rest keep their defaults.
     fields = {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)}
-    params = {k: v for k, v in FLUX_PARAMS.items() if k in fields}
+    params = {k: v for k, v in {**FLUX_PARAMS, **(FLUX_REAL_DEPTHS if real_depths else {})}.items()
+              if k in fields}
     config = comfy.supported_models.Flux({"image_model": "flux", **params})
     return _patcher(config, seed)
 

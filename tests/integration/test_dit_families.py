@@ -20,7 +20,6 @@ import types
 
 import pytest
 import torch
-import torch.nn.functional as F
 from test_tiny_models import assert_absent, sample_args
 from tiny_models import FAMILIES, TEXT_TOKENS, available, inputs, tiny_patcher, token_grid
 
@@ -28,8 +27,7 @@ import comfy_harness as ch
 from toma_pack.nodes.apply import apply_toma
 from toma_pack.nodes.dit_families import REGION_TOKENS, VIDEO_REGION_FRAMES
 from toma_pack.nodes.options import make_options
-from toma_pack.toma_core import build_plan
-from toma_pack.toma_core.regions3d import make_regions_3d
+from toma_pack.toma_core import build_plan, make_regions
 
 RATIO = 0.5
 PROTECTED_FRAMES = {"wan22_5b_i2v": 1, "hunyuan_video_i2v_v2": 1}
@@ -160,9 +158,8 @@ def expected_plan(name: str, outer: torch.Tensor, offset: int, grid: tuple[int, 
     if name == "wan22_5b_i2v":
         frames = 1
     tiles = max(1, round(h * w * min(frames, t) / REGION_TOKENS))
-    part = outer[:, offset:offset + t * h * w]
-    return build_plan(F.layer_norm(part.float(), part.shape[-1:]), t * h, w, RATIO,
-                      regions=make_regions_3d(t, h, w, "tile", tiles, frames))
+    return build_plan(outer, t * h, w, RATIO, offset=offset, center=True,
+                      regions=make_regions(h, w, "tile", tiles, t=t, frames=frames))
 
 
 # Tests ------------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import logging
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import comfy_harness as ch
 from toma_pack.nodes.apply import apply_toma
@@ -137,9 +136,8 @@ def plan_from(outer_args: dict, kind: str, h: int, w: int, ratio: float):
     """The plan ToMA should have built from a group's first block input (independently)."""
     img = outer_args["img"]
     prefix = 0 if kind == "double" else TEXT_TOKENS
-    grid = img[:, prefix:prefix + h * w]
-    return build_plan(F.layer_norm(grid.float(), grid.shape[-1:]), h, w, ratio,
-                      tile_count=default_tiles(h, w))
+    return build_plan(img, h, w, ratio, tile_count=default_tiles(h, w), offset=prefix,
+                      center=True)
 
 
 # One recorded run shared by several tests ------------------------------------------------------
@@ -302,9 +300,10 @@ def test_batch_two_with_cfg_keeps_items_apart(flux):
     assert both.shape == (2, 16, *LATENT)
     assert torch.equal(both[0], swapped[0])              # measured: bit-identical
     assert rel_err(swapped[1], both[1]) > 0.6            # measured 1.205
-    # other batch sizes round differently (measured 1.5e-3 on v0.3.64, 1.1e-3 on v0.8.0,
-    # 5e-7 on v0.33.0)
-    assert rel_err(both[:1], alone) < 2.2e-3
+    # other batch sizes round the model's own matmuls differently (1e-6 in the block outputs),
+    # and that is enough to swap a destination between two near-identical tokens, which moves
+    # its RoPE row: measured 4.4e-3 on v0.3.64, 5.7e-3 on v0.8.0, 5.6e-3 on v0.33.0, bound x2
+    assert rel_err(both[:1], alone) < 1.2e-2
 
 
 @pytest.mark.parametrize("latent", [(13, 17), (9, 4)])
@@ -386,13 +385,15 @@ def test_unfit_mask_leaves_blocks_unmerged_with_one_warning(flux, caplog):
     g = torch.Generator().manual_seed(0)
     args = {"img": torch.randn(1, 80, 64, generator=g), "txt": torch.randn(1, 8, 64, generator=g),
             "vec": torch.randn(1, 64), "pe": torch.randn(1, 1, 88, 8, 2, 2),
-            "attn_mask": torch.zeros(1, 7, 88), "transformer_options": {}}
-    with caplog.at_level(logging.WARNING, logger="ToMA"), \
-            state.model_call(ModelCall(RunState(5), grid=(1, 8, 10))):
+            "attn_mask": torch.zeros(1, 7, 88)}
+    call = ModelCall(RunState(5), grid=(1, 8, 10), merging=True)
+    args["transformer_options"] = {state.call_key: call}
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
         patch(args, {"original_block": original})
         patch(args, {"original_block": original})
         args["attn_mask"] = torch.zeros(1, 1, 88)        # key-padding form: gathered, merged
         patch(args, {"original_block": original})
+        state.close_call(call)       # what the APPLY_MODEL wrapper does after the call
     assert seen == [80, 80, 40]
     warnings = [r for r in caplog.records if "attention mask" in r.getMessage()]
     assert len(warnings) == 1
@@ -409,16 +410,16 @@ def patch_flux(model, state) -> None:
 
 @contextlib.contextmanager
 def _direct(flux, scope: str = "block", grid: tuple[int, int] = (8, 10)):
-    """patch_flux on a clone, with a model call of an h x w grid open on this thread (what
-    run_state's APPLY_MODEL wrapper does around a real model call): yields (model, call)."""
+    """patch_flux on a clone and a model call of an h x w grid (what run_state's APPLY_MODEL
+    wrapper makes for a real model call): yields (model, call, the transformer_options that
+    hand the call to the blocks)."""
     from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
 
     state = ToMAState(make_options(RATIO, skip_blocks="none", merge_scope=scope), "flux")
     model = flux.clone()
     patch_flux(model, state)
-    call = ModelCall(RunState(5), grid=(1, *grid), data={"txt_len": TEXT_TOKENS})
-    with state.model_call(call):
-        yield model, call
+    call = ModelCall(RunState(5), grid=(1, *grid), merging=True, data={"txt_len": TEXT_TOKENS})
+    yield model, call, {state.call_key: call}
 
 
 def _inputs(flux, refs: int = 0):
@@ -445,11 +446,11 @@ def test_single_block_unmerges_only_the_update(flux):
         return {"img": block(a["img"], vec=a["vec"], pe=a["pe"], attn_mask=a["attn_mask"],
                              transformer_options={})}
 
-    with torch.no_grad(), _direct(flux) as (model, _):
+    with torch.no_grad(), _direct(flux) as (model, _, options):
         patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
             ("single_block", 0)]
         out = patch({"img": x.clone(), "vec": vec, "pe": pe, "attn_mask": None,
-                     "transformer_options": {}}, {"original_block": original})["img"]
+                     "transformer_options": options}, {"original_block": original})["img"]
         plan = plan_from({"img": x}, "single", 8, 10, RATIO)
         merged = plan.merge(x, TEXT_TOKENS)
         ran = block(merged.clone(), vec=vec, pe=plan.merge_positions(pe, 2, TEXT_TOKENS))
@@ -457,9 +458,10 @@ def test_single_block_unmerges_only_the_update(flux):
     assert out.shape == x.shape
     assert torch.equal(out[:, :t], ran[:, :t])                   # text: the block's output
     assert torch.equal(out[:, t + 80:], ran[:, t + m:])           # references likewise
-    # measured bit-identical
-    assert torch.equal(out[:, t:t + 80],
-                       x[:, t:t + 80] + plan.unmerge(ran[:, t:t + m] - merged[:, t:t + m]))
+    expected = x[:, t:t + 80] + plan.unmerge(ran[:, t:t + m] - merged[:, t:t + m])
+    # the same sum in another order (the base x - U merge(x) is taken before the block):
+    # measured 4.8e-7 at |x| <= 4 on v0.8.0, bound x3
+    assert (out[:, t:t + 80] - expected).abs().max() <= 1.5e-6
 
 
 @pytest.mark.parametrize("scope", ["block", "attention"])
@@ -479,7 +481,7 @@ def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
                 delattr(getattr(block.img_attn, name), "forward")
         return {"img": i, "txt": t}
 
-    with torch.no_grad(), _direct(flux, scope) as (model, call):
+    with torch.no_grad(), _direct(flux, scope) as (model, call, options):
         if scope == "attention":      # what ComfyUI's object patches do while the model runs
             for name in ("qkv", "proj"):
                 key = f"diffusion_model.double_blocks.0.img_attn.{name}.forward"
@@ -487,7 +489,8 @@ def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
         patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
             ("double_block", 0)]
         out = patch({"img": img.clone(), "txt": txt.clone(), "vec": vec, "pe": pe,
-                     "attn_mask": None, "transformer_options": {}}, {"original_block": original})
+                     "attn_mask": None, "transformer_options": options},
+                    {"original_block": original})
         plain_img, plain_txt = block(img=img.clone(), txt=txt.clone(), vec=vec, pe=pe)
         plan = plan_from({"img": img}, "double", 8, 10, RATIO)
     assert out["img"].shape == img.shape and out["txt"].shape == txt.shape
@@ -500,8 +503,9 @@ def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
         m = plan.merged_tokens
         assert torch.equal(out["txt"], ran_txt)
         assert torch.equal(out["img"][:, 80:], ran_img[:, m:])
-        assert torch.equal(out["img"][:, :80],            # measured bit-identical
-                           img[:, :80] + plan.unmerge(ran_img[:, :m] - merged[:, :m]))
+        expected = img[:, :80] + plan.unmerge(ran_img[:, :m] - merged[:, :m])
+        # measured 9.5e-7 on v0.8.0 (see the single block), bound x3
+        assert (out["img"][:, :80] - expected).abs().max() <= 3e-6
     # both scopes stay near the plain block on these row-smooth tokens: measured 0.300 (block),
     # 0.296 (attention) relative to the block's update, on all three versions (with 2 x 2
     # tiles, before the default became one region of about 64 tokens: 0.176, 0.166), x1.5
@@ -526,11 +530,11 @@ def test_real_resolutions_through_a_single_block(flux, grid):
         seen.append(a["img"].shape[1])
         return {"img": block(a["img"], vec=a["vec"], pe=a["pe"])}
 
-    with torch.no_grad(), _direct(flux, grid=grid) as (model, _):
+    with torch.no_grad(), _direct(flux, grid=grid) as (model, _, options):
         patch = model.model_options["transformer_options"]["patches_replace"]["dit"][
             ("single_block", 1)]
         out = patch({"img": x, "vec": torch.randn(1, 64, generator=g), "pe": pe,
-                     "attn_mask": None, "transformer_options": {}},
+                     "attn_mask": None, "transformer_options": options},
                     {"original_block": original})["img"]
     merged = expected_merged(h, w, RATIO)
     assert seen == [TEXT_TOKENS + merged]

@@ -15,7 +15,6 @@ import torch
 import comfy_harness as ch
 from toma_pack.nodes import ToMA, ToMAAdvanced
 from toma_pack.nodes import run_state as run_state_module
-from toma_pack.toma_core import step_index
 
 LAYERS = 17
 
@@ -158,21 +157,25 @@ def test_plans_follow_the_sigma_schedule_not_call_counts(sdxl, stats, caplog):
     assert stats[-1]["steps_merged"] == 4 and stats[-1]["steps_total"] == 4
 
 
-def test_heun_corrector_counts_as_the_next_step(sdxl):
-    """What toma_core.step_index says of ComfyUI's Heun: its corrector evaluates at the next
-    step's sigma, so over 4 steps (the last one an Euler step, its next sigma is 0) the model
-    calls count as steps 0, 1, 1, 2, 2, 3, 3."""
+def test_steps_come_from_the_sampler_on_the_host(sdxl):
+    """ToMA's step of each model call is the count of step callbacks the sampler has made,
+    never the noise level read back from the device. ComfyUI's Heun calls back after each
+    step's first evaluation, so its corrector (evaluated at the next step's sigma) counts with
+    the next step, and its last step is a single Euler evaluation: over 4 steps the calls
+    belong to steps 0, 1, 1, 2, 2, 3, 3."""
+    from comfy.patcher_extension import WrappersMP
+
+    patched = advanced(sdxl)
     steps = []
 
-    def record(n, context, value, extra_options):
-        if tuple(extra_options["block"]) == ("input", 4):   # once per model call
-            sigma = float(extra_options["sigmas"][0])
-            steps.append(step_index(sigma, extra_options["sample_sigmas"]))
-        return n, context, value
+    def record(executor, *args, **kwargs):
+        dicts = [a for a in (*args, *kwargs.values()) if isinstance(a, dict)]
+        steps.extend(v.step for d in dicts for v in d.values()
+                     if isinstance(v, run_state_module.ModelCall))
+        return executor(*args, **kwargs)
 
-    model = sdxl.clone()
-    model.set_model_attn1_patch(record)
-    run(model, sampler="heun", steps=4, cfg=1.0)
+    patched.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "record", record)
+    run(patched, sampler="heun", steps=4, cfg=1.0)
     assert steps == [0, 1, 1, 2, 2, 3, 3]
 
 
