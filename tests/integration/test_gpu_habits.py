@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from op_counts import OpCounter
+from test_tiny_models import assert_absent
 from tiny_models import available, inputs, tiny_patcher
 
 import comfy_harness as ch
@@ -116,7 +117,7 @@ def test_no_host_syncs_transformer_families(name):
     host (the frames to protect), before the first call's blocks: that read is a .tolist() a
     dispatch mode cannot see, and it is the only one."""
     if not available(name):
-        pytest.skip(f"{name} is not in this ComfyUI (test_tiny_models checks its absence)")
+        return assert_absent(name)
     plain_model = tiny_patcher(name)
     from tiny_models import family
 
