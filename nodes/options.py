@@ -33,17 +33,21 @@ class SkipBlocks:
 
     def for_kinds(self, kinds: list[tuple[str, int]]) -> list[frozenset[int]]:
         """The skipped indices of each block kind of a model, given as (letter, depth) pairs:
-        [("d", doubles), ("s", singles)], or [("", blocks)] for one kind of block, where "d",
-        "s" and bare indices all name its blocks (so the default "d0-4, s0-4" leaves blocks
-        0-4 alone). Raises ValueError for indices past the depth or a notation the model
-        cannot have."""
-        if len(kinds) == 1 and kinds[0][0] == "":
-            picked, depth = self.plain | self.double | self.single, kinds[0][1]
+        [("d", doubles), ("s", singles)], or [("", blocks)] for one kind of block. A model with
+        one kind of block (or a kind with no blocks, as HunyuanVideo 1.5's 0 single blocks)
+        takes "d", "s" and bare indices all as naming its blocks, so the default "d0-4, s0-4"
+        leaves its blocks 0-4 alone. Raises ValueError for indices past the depth or a notation
+        the model cannot have."""
+        present = [(letter, depth) for letter, depth in kinds if depth > 0]
+        if len(present) <= 1:
+            letter, depth = present[0] if present else ("", 0)
+            picked = self.plain | self.double | self.single
             beyond = sorted(i for i in picked if i >= depth)
             if beyond:
                 raise ValueError(f"skip_blocks: {beyond[0]} is past this model's depth "
                                  f"({depth} blocks, 0-{depth - 1})")
-            return [picked]
+            return [picked if depth > 0 and name == letter else frozenset()
+                    for name, depth in kinds]
         if self.plain:
             raise ValueError(f"skip_blocks: this model has double and single blocks; write "
                              f"d<i> or s<i>, e.g. {DEFAULT_SKIP_BLOCKS!r}")

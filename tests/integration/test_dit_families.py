@@ -370,3 +370,28 @@ def test_hunyuan_video_reference_latent_never_merges():
         assert a["img"].shape[1] < b["img"].shape[1]
         checked += head >= 0
     assert checked == len(inner) > 0
+
+
+def test_default_widgets_on_hunyuan_video15_as_comfyui_builds_it():
+    """HunyuanVideo 1.5 comes with double blocks only (54, and 0 single blocks): the ToMA
+    node's default skip_blocks ("d0-4, s0-4") is valid there, leaves blocks 0-4 alone and merges
+    the rest. It used to refuse the model: "s0 is past this model's depth (0 single blocks,
+    s0-s-1)"."""
+    if not available("hunyuan_video15"):
+        return assert_absent("hunyuan_video15")
+    model = tiny_patcher("hunyuan_video15", depth=8, depth_single_blocks=0)
+    assert len(model.model.diffusion_model.single_blocks) == 0
+    x = inputs("hunyuan_video15", model, 1, 6, 8, 3)
+    lengths = []
+    recorder = model.clone()
+
+    def record(args, extra):
+        lengths.append(args["img"].shape[1])
+        return extra["original_block"](args)
+
+    for i in range(8):
+        recorder.set_model_patch_replace(record, "dit", "double_block", i)
+    toma = apply_toma(recorder, make_options())
+    ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=1.0, noise_mask=x.noise_mask)
+    full = lengths[0]
+    assert lengths[:5] == [full] * 5 and all(n < full for n in lengths[5:8])

@@ -348,8 +348,9 @@ def available_families() -> list[str]:
 
 
 # Building ---------------------------------------------------------------------------------------
-def tiny_patcher(name: str, seed: int = 0) -> ModelPatcher:
-    """A ModelPatcher around the family's tiny model (fp32, CPU, weights from `seed`).
+def tiny_patcher(name: str, seed: int = 0, **overrides: Any) -> ModelPatcher:
+    """A ModelPatcher around the family's tiny model (fp32, CPU, weights from `seed`);
+    `overrides` replace unet_config entries (e.g. depths).
 
     Raises ValueError when the imported ComfyUI lacks the family.
     """
@@ -358,7 +359,7 @@ def tiny_patcher(name: str, seed: int = 0) -> ModelPatcher:
     import comfy.supported_models
 
     fam = family(name)
-    config = getattr(comfy.supported_models, fam.config)(fam.unet_config())
+    config = getattr(comfy.supported_models, fam.config)({**fam.unet_config(), **overrides})
     patcher = _patcher(config, seed)
     _fill_buffers(patcher.model, seed)
     return patcher

@@ -142,7 +142,7 @@ def test_choice_error_lists_the_choices():
         make_options(merge_scope="model")
 
 
-# skip_blocks on models with one kind of block (H1, issue 13) ------------------------------------
+# skip_blocks on models with one kind of block ----------------------------------------------------
 def test_bare_indices_name_the_blocks_of_one_kind_models():
     skip = parse_skip_blocks("0-2, 7")
     assert skip.plain == {0, 1, 2, 7} and not skip.double and not skip.single
@@ -159,3 +159,16 @@ def test_one_kind_notation_errors():
         parse_skip_blocks("0-7").for_kinds([("", 5)])
     with pytest.raises(ValueError, match="this model has double and single blocks"):
         parse_skip_blocks("0-4").for_kinds([("d", 19), ("s", 38)])
+
+
+def test_a_kind_with_no_blocks_is_no_kind():
+    """HunyuanVideo 1.5 as ComfyUI builds it: 54 double blocks, 0 single blocks. The default
+    leaves double blocks 0-4 alone (it used to raise "s0 is past this model's depth (0 single
+    blocks, s0-s-1)"), and messages name the one kind it has."""
+    hv15 = [("d", 54), ("s", 0)]
+    assert parse_skip_blocks(DEFAULT_SKIP_BLOCKS).for_kinds(hv15) == [set(range(5)), set()]
+    assert parse_skip_blocks("0-2").for_kinds(hv15) == [{0, 1, 2}, set()]
+    assert parse_skip_blocks("none").for_kinds(hv15) == [set(), set()]
+    with pytest.raises(ValueError, match=r"skip_blocks: 60 is past this model's depth "
+                                         r"\(54 blocks, 0-53\)"):
+        parse_skip_blocks("s60").for_kinds(hv15)
