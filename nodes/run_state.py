@@ -214,10 +214,20 @@ class ToMAState:
         run = self.new_run()
         guider.model_options.setdefault("transformer_options", {})[self.key] = run
         try:
-            return executor(*args, **kwargs)
+            out = executor(*args, **kwargs)
+            self.check_finite(out)
+            return out
         finally:
             guider.model_options = original
             self._report(run)
+
+    def check_finite(self, samples: object) -> None:
+        """Say so when a run's samples hold NaN or inf (fp16 overflow, a broken LoRA): ToMA
+        merged them as they came, as the unmerged model would have carried them. One read on
+        the host per run, after sampling (never inside a model call)."""
+        if torch.is_tensor(samples) and not bool(torch.isfinite(samples).all()):
+            self.notice("the model produced non-finite values (NaN or inf); ToMA passed them "
+                        "through as the unmerged model does")
 
     def sampler_sample_wrapper(self, executor: Callable, *args, **kwargs):
         """WrappersMP.SAMPLER_SAMPLE: the run learns the schedule's length and, through the

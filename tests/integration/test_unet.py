@@ -7,6 +7,7 @@ The tiny model has attention at latent/2 and latent/4 (like SDXL): with a 64x64 
 from __future__ import annotations
 
 import copy
+import math
 import logging
 
 import pytest
@@ -230,3 +231,19 @@ def test_hires_fix_second_pass_at_a_new_size(sdxl, stats):
     second = ch.sample(patched, upscaled, positive, negative, steps=2, denoise=0.5)
     assert second.shape == (2, 4, 72, 72) and torch.isfinite(second).all()
     assert [lv["name"] for lv in stats[-1]["levels"]] == ["18x18", "36x36"]
+
+
+def test_non_finite_hidden_states_pass_through_with_one_warning(caplog):
+    """Hidden states with inf and NaN (fp16 overflow, a broken LoRA; here one weight of the
+    first ResBlock set to inf) reach the merged levels: ToMA merges them as they come and the
+    run ends as the unmerged one does, with non-finite samples, and says so once. It used to
+    raise "merge weights must keep each destination its own only source"."""
+    model = ch.tiny_sdxl_patcher()
+    with torch.no_grad():
+        model.model.diffusion_model.input_blocks[1][0].in_layers[2].weight[0, 0, 0, 0] = math.inf
+    plain = run(model, steps=2)
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        out = run(advanced(model), steps=2)
+    assert not torch.isfinite(plain).all() and not torch.isfinite(out).all()
+    warnings = [r for r in caplog.records if "non-finite" in r.getMessage()]
+    assert len(warnings) == 1
