@@ -35,6 +35,7 @@ import datetime
 import json
 import logging
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -296,6 +297,10 @@ def report(result: dict[str, Any]) -> str:
              f"{', quick' if result['config']['quick'] else ''})", "",
              ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
              f"commit: {result['config'].get('commit')}", ""]
+    if result["config"].get("command"):
+        lines += [f"command: `{result['config']['command']}`"
+                  + (f" with COMFYUI_PATH={result['config']['comfyui']}"
+                     if result["config"].get("comfyui") else ""), ""]
     for name, sec in result["sections"].items():
         lines += [f"## {name}", ""]
         if sec.get("measured_on"):
@@ -363,7 +368,9 @@ def main(argv: list[str] | None = None) -> None:
                    "quick": cfg.quick, "comfyui": os.environ.get("COMFYUI_PATH") if comfy
                    else None, "batch": cfg.batch, "commit": commit(),
                    "warmup": cfg.warmup, "reps": cfg.reps, "clock": cfg.clock,
-                   "threads": torch.get_num_threads(), "sections": names},
+                   "threads": torch.get_num_threads(), "sections": names,
+                   "command": " ".join(["python -m bench", *(sys.argv[1:] if argv is None
+                                                            else argv)])},
         "sections": sections,
     }
     result["targets"] = targets(sections)
