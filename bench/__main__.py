@@ -95,6 +95,12 @@ def _quality(cfg: BenchConfig) -> dict[str, Any]:
     return {**quality.run(cfg), "columns": list(quality.COLUMNS)}
 
 
+def _gpu_model(cfg: BenchConfig) -> dict[str, Any]:
+    from . import gpu_model
+
+    return gpu_model.run(cfg)
+
+
 def _dit(cfg: BenchConfig) -> dict[str, Any]:
     from . import dit_families
 
@@ -135,6 +141,11 @@ SECTIONS: dict[str, Section] = {
                          "Qwen-Image, SD3.5, Z-Image): plain, ToMA, lower bound, projected "
                          "model (about 2 h of CPU at full size)",
                    comfy_only=True, quick=False),
+    "gpu-model": Section(_gpu_model, "bench/gpu_model.py: one model call of SDXL, Flux.1 dev "
+                                     "and Wan 2.1 14B at real size projected on an H200, "
+                                     "unmerged and ToMA, computing nothing (meta tensors; "
+                                     "about 1.5 min on 2 cores, the same with --quick)",
+                         comfy_only=True),
 }
 
 
