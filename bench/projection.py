@@ -49,8 +49,9 @@ raises UnknownValueError. bench/gpu_model.py validates these answers by running 
 for real under the same recorder and comparing the op lists.
 
 `project(ops, gpu)` turns an op list into time: each launching op takes its roofline time
-max(FLOPs / peak FLOP/s of its dtype, bytes / bandwidth) (fused attention at
-`attention_efficiency` of the peak) plus `launch_s`, summed ("serial"); and the same ops on an
+max(FLOPs / peak FLOP/s of its dtype, bytes / bandwidth) (at `efficiency` of both peaks, fused
+attention at `attention_efficiency` of the FLOP peak on top) plus `launch_s`, summed ("serial");
+and the same ops on an
 asynchronous queue ("queued"), where the host issues a launch every `launch_s`, the GPU runs
 each kernel once it is issued and the previous one is done, and the host waits for the GPU at
 every sync.
@@ -105,14 +106,16 @@ class DeviceMismatchError(RuntimeError):
 @dataclass(frozen=True)
 class GPU:
     """A GPU as a roofline: peak FLOP/s of matrix products by dtype name (e.g. "bfloat16"),
-    memory bandwidth in bytes/s, seconds per kernel launch, and the fraction of the peak fused
-    attention reaches. `fallback_dtype`'s peak serves dtypes missing from `peak_flops`."""
+    memory bandwidth in bytes/s, seconds per kernel launch; the fraction of both peaks every
+    kernel reaches (`efficiency`) and, on top, the fraction of the FLOP peak fused attention
+    reaches. `fallback_dtype`'s peak serves dtypes missing from `peak_flops`."""
 
     name: str
     peak_flops: Mapping[str, float]
     bandwidth: float
     launch_s: float
     attention_efficiency: float = 1.0
+    efficiency: float = 1.0
     fallback_dtype: str = "float32"
 
     def peak(self, dtype: str) -> float:
@@ -155,7 +158,7 @@ def op_seconds(op: Op, gpu: GPU) -> float:
     if not op.launches or op.host:
         return 0.0
     peak = gpu.peak(op.dtype) * (gpu.attention_efficiency if op.kind == "attention" else 1.0)
-    return max(op.flops / peak, (op.read + op.written) / gpu.bandwidth)
+    return max(op.flops / peak, (op.read + op.written) / gpu.bandwidth) / gpu.efficiency
 
 
 @dataclass(frozen=True)

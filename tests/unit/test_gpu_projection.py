@@ -61,8 +61,11 @@ def test_dtype_peaks_and_attention_efficiency() -> None:
     unknown = Op("mm", "matmul", flops=100, launches=1, dtype="int64")   # fp32's peak serves
     attention = Op("fused_attention", "attention", flops=100, launches=1)
     half = GPU("toy", TOY.peak_flops, TOY.bandwidth, TOY.launch_s, attention_efficiency=0.5)
+    slow = GPU("toy", TOY.peak_flops, TOY.bandwidth, TOY.launch_s, efficiency=0.25)
+    memory = Op("add", read=20, launches=1)
     assert op_seconds(fp32, TOY) == 10.0 and op_seconds(unknown, TOY) == 10.0
     assert op_seconds(attention, TOY) == 1.0 and op_seconds(attention, half) == 2.0
+    assert op_seconds(fp32, slow) == 40.0 and op_seconds(memory, slow) == 8.0
 
 
 def test_queued_timeline_hides_launches_until_a_sync() -> None:
