@@ -35,6 +35,7 @@ import datetime
 import json
 import logging
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -94,6 +95,12 @@ def _quality(cfg: BenchConfig) -> dict[str, Any]:
     return {**quality.run(cfg), "columns": list(quality.COLUMNS)}
 
 
+def _gpu_model(cfg: BenchConfig) -> dict[str, Any]:
+    from . import gpu_model
+
+    return gpu_model.run(cfg)
+
+
 def _dit(cfg: BenchConfig) -> dict[str, Any]:
     from . import dit_families
 
@@ -134,6 +141,11 @@ SECTIONS: dict[str, Section] = {
                          "Qwen-Image, SD3.5, Z-Image): plain, ToMA, lower bound, projected "
                          "model (about 2 h of CPU at full size)",
                    comfy_only=True, quick=False),
+    "gpu-model": Section(_gpu_model, "bench/gpu_model.py: one model call of SDXL, Flux.1 dev "
+                                     "and Wan 2.1 14B at real size projected on an H200, "
+                                     "unmerged and ToMA, computing nothing (meta tensors; "
+                                     "about 1.5 min on 2 cores, the same with --quick)",
+                         comfy_only=True),
 }
 
 
@@ -296,6 +308,10 @@ def report(result: dict[str, Any]) -> str:
              f"{', quick' if result['config']['quick'] else ''})", "",
              ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
              f"commit: {result['config'].get('commit')}", ""]
+    if result["config"].get("command"):
+        lines += [f"command: `{result['config']['command']}`"
+                  + (f" with COMFYUI_PATH={result['config']['comfyui']}"
+                     if result["config"].get("comfyui") else ""), ""]
     for name, sec in result["sections"].items():
         lines += [f"## {name}", ""]
         if sec.get("measured_on"):
@@ -363,7 +379,9 @@ def main(argv: list[str] | None = None) -> None:
                    "quick": cfg.quick, "comfyui": os.environ.get("COMFYUI_PATH") if comfy
                    else None, "batch": cfg.batch, "commit": commit(),
                    "warmup": cfg.warmup, "reps": cfg.reps, "clock": cfg.clock,
-                   "threads": torch.get_num_threads(), "sections": names},
+                   "threads": torch.get_num_threads(), "sections": names,
+                   "command": " ".join(["python -m bench", *(sys.argv[1:] if argv is None
+                                                            else argv)])},
         "sections": sections,
     }
     result["targets"] = targets(sections)

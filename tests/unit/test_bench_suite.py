@@ -471,6 +471,9 @@ def test_results_default_to_an_ignored_folder(monkeypatch: pytest.MonkeyPatch,
     assert result["machine"]["cpu"] == common.cpu_model()
     assert result["sections"]["tiny"]["measured_on"].startswith(common.cpu_model())
     assert re.fullmatch(r"[0-9a-f]{7,}(\+changes)?", result["config"]["commit"])
+    assert result["config"]["command"] == "python -m bench --sections tiny --device cpu"
+    assert "command: `python -m bench --sections tiny --device cpu`" in \
+        written[0].with_suffix(".md").read_text()
 
 
 # ---------------------------------------------------------------- one helper for each job

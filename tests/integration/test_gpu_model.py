@@ -1,0 +1,68 @@
+"""bench/gpu_model.py through real ComfyUI: the projection's recording of a model call matches
+the call run for real (small models of the three families), and a full-size Flux.1 call on
+meta tensors has the FLOPs of the hand count and merges the tokens the ratio asks for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import comfy_harness as ch
+from bench import gpu_model
+from bench.projection import CallRecorder, project
+
+
+@pytest.fixture(autouse=True)
+def sdpa():
+    """SDPA attention, as bench.config.setup_comfy picks for the suite (the GPU default)."""
+    with ch.attention_backend("sdpa"):
+        yield
+    ch.unload_models()
+
+
+@pytest.mark.parametrize(("name", "setting"), [(n, s) for n, s in gpu_model.SETTINGS])
+def test_small_model_on_meta_runs_the_ops_it_runs_for_real(name: str,
+                                                           setting: gpu_model.Setting) -> None:
+    """Same op list (names, shapes, dtypes, who issued them), FLOPs and peak device bytes on
+    meta tensors as for real, unmerged and with ToMA: the shadows and the assumed answers send
+    the code down the path real values do, and the attribution does not depend on values."""
+    result = gpu_model.validate_small(name, setting)
+    for variant in ("plain", "toma"):
+        part = result[variant]
+        assert part["same_ops"], part.get("first_difference")
+        assert part["flops_meta"] == part["flops_real"] > 0
+        assert part["peak_meta"] == part["peak_real"] > 0
+    assert result["plain"]["toma_ops_meta"] == 0 < result["toma"]["toma_ops_meta"]
+
+
+def test_full_size_flux_call_projects_from_its_real_ops() -> None:
+    spec = gpu_model.MODELS["flux"]
+    base = gpu_model.build_patcher(spec)
+    window = gpu_model.install_window(base)
+    plain = gpu_model.record(base, window, spec)
+    assert gpu_model.compute_flops(plain.ops) == gpu_model.hand_flops(spec)
+    assert gpu_model.detection_mismatches(spec, base) == []
+    setting = gpu_model.Setting("test", {"ratio": 0.5})
+    merged = gpu_model.record(gpu_model.toma(base, setting), window, spec)
+    # 512 text + 2048 of the 4096 image tokens in the merged blocks
+    assert gpu_model.attention_length(plain.ops) == 4608
+    assert gpu_model.attention_length(merged.ops) == 512 + 2048
+    a, b = project(plain.ops, gpu_model.H200), project(merged.ops, gpu_model.H200)
+    assert b.flops < a.flops and 0 < b.toma < b.serial
+    assert all(not op.toma for op in plain.ops)
+    # the weights never left the meta device, and nothing of the call outlives it unmerged
+    assert all(p.is_meta for p in base.model.diffusion_model.parameters())
+    assert plain.kept_bytes == 0 < merged.kept_bytes
+
+
+def test_recording_needs_the_batch_the_gpu_would_run() -> None:
+    """SDXL with cfg > 1 runs cond and uncond as one batch-2 call (as on the H200)."""
+    spec = gpu_model.MODELS["sdxl"]
+    unet, latent, text, _ = gpu_model.SMALL["sdxl"]
+    base = gpu_model.build_patcher(spec, unet)
+    window = gpu_model.install_window(base)
+    rec = gpu_model.record_call(base, window, spec, CallRecorder(gpu_model.owner_dirs()),
+                                latent, text)
+    assert window.batch == 2 and rec.ops
+    assert torch.is_tensor(base.model.model_sampling.sigmas)
+    assert not base.model.model_sampling.sigmas.is_meta   # put back after the call
