@@ -252,6 +252,20 @@ def ensure_comfy() -> Path:
     return path
 
 
+def comfy_top_level_nodes() -> Any:
+    """ComfyUI's own top-level `nodes` module (nodes.py), which some comfy_extras modules import
+    (`import nodes`): this pack's folder also has a `nodes` package, which that import would
+    find first from the repository root. Loaded once by path under its own name."""
+    path = ensure_comfy() / "nodes.py"
+    module = sys.modules.get("nodes")
+    if module is None or Path(getattr(module, "__file__", "") or "").resolve() != path.resolve():
+        spec = importlib.util.spec_from_file_location("nodes", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["nodes"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
 def comfy_version_string(path: Path | None = None) -> str:
     """ComfyUI's version as written in its comfyui_version.py ("unknown" if absent)."""
     version_file = (path or ensure_comfy()) / "comfyui_version.py"

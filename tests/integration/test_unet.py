@@ -7,8 +7,8 @@ The tiny model has attention at latent/2 and latent/4 (like SDXL): with a 64x64 
 from __future__ import annotations
 
 import copy
-import math
 import logging
+import math
 
 import pytest
 import torch
