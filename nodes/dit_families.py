@@ -87,9 +87,6 @@ class Family:
     describe: Callable[[ModelCall, object, dict], str | None]
     tokens_per_region: int = REGION_TOKENS
     frames_per_region: int = 1
-    # transformer_options["patches"] kinds that run inside this family's blocks and read tokens
-    # by their grid position (not by img_slice): blocks carrying them run unmerged
-    foreign_patches: tuple[str, ...] = ()
     attention_scope: bool = False     # Flux's double blocks have ToMA's attention-only variant
 
 

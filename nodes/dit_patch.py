@@ -11,13 +11,26 @@ and every other token comes straight out of the block.
 
 - The grid (t, h, w) comes from the model call's latent (run_state's APPLY_MODEL wrapper hands
   the call's arguments to the family's `describe`); regions are tiles of each frame spanning a
-  few frames (toma_core.regions3d), one frame per region where the model modulates every frame
-  on its own.
+  few frames (toma_core.regions.make_regions), one frame per region where the model modulates
+  every frame on its own.
 - Destinations are chosen once per group of consecutive merged blocks of one kind, from the
   layer-normed grid tokens entering the group's first block, refreshed on the recompute_every
   schedule; blocks in skip_blocks run unchanged (and are counted).
-- Other packs' code inside a merged block sees transformer_options flagged as merged (a second
-  ToMA node leaves the sequence alone) with `img_slice` rewritten to the merged sequence.
+
+What other packs' code sees, decided on every block call from what ComfyUI hands the block:
+- Patches ComfyUI runs *inside* the block (attn1/attn2 patches and their output patches, the
+  middle patch: masks, regional prompts, MultiTalk's attention maps) may read tokens by grid
+  position (`grid_sizes`, the sequence length): such a block runs unmerged, and the user is
+  told once (unet_neighbours.in_block_patches; UNet blocks fall back to attention scope).
+- Another pack's "dit" replace patch or object patch of the block wraps the block: ToMA runs
+  it on the merged arguments, like the block itself.
+- An attention override (`optimized_attention_override`: a choice of attention kernel) gets
+  the merged queries, keys and values: attention does not care about the sequence's order.
+- In a merged block, transformer_options carry MERGED_FLAG (a second ToMA node leaves the
+  sequence alone; its value says where the merged grid is: start, tokens, merged_tokens, grid)
+  and `img_slice` rewritten to the merged sequence; grid descriptions such as `grid_sizes` and
+  `reference_image_num_tokens` still describe the unmerged input (references never merge).
+  Patches after a block and before the blocks (`double_block`, `post_input`) see full length.
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ import torch
 from ..toma_core import MergePlan, build_plan, make_regions
 from .dit_families import BlockKind, Family
 from .run_state import ModelCall, ToMAState, patch_forward
+from .unet_neighbours import in_block_patches
 
 log = logging.getLogger("ToMA")
 
@@ -78,14 +92,16 @@ def token_axis(pe: torch.Tensor) -> int:
     return 2 if pe.dim() > 2 and pe.shape[1] == 1 else 1
 
 
-def merged_options(options: dict, start: int, removed: int) -> dict:
-    """transformer_options for a block running on a merged sequence: flagged as merged, and
-    `img_slice` (the image part of the sequence, [start, end)) shortened by the `removed`
-    tokens when it holds the grid that starts at `start`."""
-    out = {**options, MERGED_FLAG: True}
+def merged_options(options: dict, start: int, plan: MergePlan,
+                   grid: tuple[int, ...]) -> dict:
+    """transformer_options for a block running on a merged sequence: MERGED_FLAG with where the
+    merged grid is, and `img_slice` (the image part of the sequence, [start, end)) shortened by
+    the tokens merged away when it holds the grid that starts at `start`."""
+    out = {**options, MERGED_FLAG: {"start": start, "tokens": plan.tokens,
+                                    "merged_tokens": plan.merged_tokens, "grid": grid}}
     span = options.get("img_slice")
     if span is not None and len(span) == 2 and span[0] <= start < span[1]:
-        out["img_slice"] = [span[0], span[1] - removed]
+        out["img_slice"] = [span[0], span[1] - (plan.tokens - plan.merged_tokens)]
     return out
 
 
@@ -222,11 +238,11 @@ class DiTToMA:
                                   f"{lay.seq_len}-token sequence; block {layer} and others like "
                                   f"it run unmerged")
             return False
-        foreign = [p for p in self.family.foreign_patches if (options.get("patches") or {}).get(p)]
+        foreign = in_block_patches(options)
         if foreign:
             self.state.note(call, f"other nodes patch inside {self.family.label} blocks "
-                                  f"({', '.join(foreign)}) and read tokens by grid position: "
-                                  f"those blocks run unmerged")
+                                  f"({', '.join(foreign)}); such patches may read tokens by "
+                                  f"their grid position, so those blocks run unmerged")
             return False
         return True
 
@@ -271,8 +287,7 @@ class DiTToMA:
                                              regroup_frame_rows(
                                                  rows, call.data.get("protected_frames", 0),
                                                  h * w, plan.merged_tokens // t))
-        out["transformer_options"] = merged_options(options, lay.seq_start,
-                                                    plan.tokens - plan.merged_tokens)
+        out["transformer_options"] = merged_options(options, lay.seq_start, plan, call.grid)
         return out, base
 
     @staticmethod

@@ -51,6 +51,14 @@ def is_comfy_tome(fn: object) -> bool:
             and str(getattr(fn, "__module__", "")).endswith("nodes_tomesd"))
 
 
+def in_block_patches(options: dict) -> list[str]:
+    """Kinds of other nodes' patches that ComfyUI runs inside a block in this call (ToMA's own
+    and ComfyUI's TomePatchModel aside), from the block's transformer_options."""
+    patches = options.get("patches") or {}
+    return [kind for kind in IN_BLOCK_PATCHES
+            if any(not (is_toma(p) or is_comfy_tome(p)) for p in patches.get(kind, ()))]
+
+
 def _name(fn: object) -> str:
     return str(getattr(fn, "__qualname__", None) or type(fn).__name__).split(".<locals>.")[-1]
 
@@ -76,8 +84,7 @@ def neighbours(options: dict, foreign_forward: bool) -> Neighbours:
     patches = options.get("patches") or {}
     # ComfyUI's ToMe is known: it acts only where the sequence is longer than half the latent's
     # pixels, i.e. at full resolution, which ToMA leaves to it; elsewhere merged tokens are fine.
-    kinds = [kind for kind in IN_BLOCK_PATCHES
-             if any(not (is_toma(p) or is_comfy_tome(p)) for p in patches.get(kind, ()))]
+    kinds = in_block_patches(options)
     if _replacement(options, "attn2") is not None:
         kinds.append("attn2 replacement")
     if foreign_forward:

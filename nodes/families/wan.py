@@ -14,9 +14,6 @@ from ..dit_families import (
 )
 
 KINDS = (BlockKind("double_block", "blocks", "", "none", frame_rows="vec"),)
-# Wan 0.33 calls attn1/attn2 patches after its attentions with the grid's (t, h, w) in
-# transformer_options["grid_sizes"] (MultiTalk reads attention maps by it)
-FOREIGN = ("attn1_patch", "attn2_patch")
 
 
 def family(diffusion_model) -> Family | None:
@@ -44,5 +41,4 @@ def family(diffusion_model) -> Family | None:
 
 def description(patch: tuple[int, int, int], describe=None) -> Family:
     """Wan's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("wan", "Wan", KINDS, patch, describe, frames_per_region=VIDEO_REGION_FRAMES,
-                  foreign_patches=FOREIGN)
+    return Family("wan", "Wan", KINDS, patch, describe, frames_per_region=VIDEO_REGION_FRAMES)
