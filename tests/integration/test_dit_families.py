@@ -24,6 +24,7 @@ from test_tiny_models import assert_absent, sample_args
 from tiny_models import FAMILIES, TEXT_TOKENS, available, inputs, tiny_patcher, token_grid
 
 import comfy_harness as ch
+from toma_pack.nodes import run_state
 from toma_pack.nodes.apply import apply_toma
 from toma_pack.nodes.dit_families import REGION_TOKENS, VIDEO_REGION_FRAMES
 from toma_pack.nodes.options import make_options
@@ -191,6 +192,27 @@ def test_ratio_zero_is_bit_identical(name):
     base = ch.sample(model, x.latent, x.positive, x.negative, **run)
     off = ch.sample(apply_toma(model, make_options(0.0)), x.latent, x.positive, x.negative, **run)
     assert torch.equal(off, base)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_installed_but_inactive_is_bit_identical(name, monkeypatch):
+    """Ratio 0 leaves the model unpatched, so its identity test runs no ToMA code; here every
+    patch is installed and runs (wrappers, block patches, the family's reading of the call) with
+    merging outside the active steps (start_percent 0.99 of 2 steps): still bit-identical."""
+    if not available(name):
+        return assert_absent(name)
+    model = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, model, batch, height, width, frames)
+    run = {"steps": 2, "cfg": cfg, "noise_mask": x.noise_mask}
+    base = ch.sample(model, x.latent, x.positive, x.negative, **run)
+    sent: list[dict] = []
+    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none", start_percent=0.99))
+    off = ch.sample(toma, x.latent, x.positive, x.negative, **run)
+    assert torch.equal(off, base)
+    # ToMA's block patches ran on every block, and merged none
+    assert sent[-1]["layers_total"] > 0 and sent[-1]["layers_merged"] == 0
 
 
 @pytest.mark.parametrize("name", NAMES)
