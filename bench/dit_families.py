@@ -89,8 +89,8 @@ log = logging.getLogger(__name__)
 
 RATIO = 0.5
 DEFAULT_HOOK = "bench.dit_toma:hook"
-VIDEO_TARGET = 2.2          # issue 13: projected whole-model speedup of video at ratio 0.5
-LB_TARGET = 1.10            # issue 13: ToMA within 10% of its lower bound
+VIDEO_TARGET = 2.2          # projected whole-model speedup of video at ratio 0.5
+LB_TARGET = 1.10            # ToMA within 10% of its lower bound
 COLUMNS = ("family", "variant", "ratio", "image_tokens", "text_tokens", "ms", "spread", "reps",
            "speedup", "speedup_lo", "speedup_hi", "vs_lb", "lb_speedup", "plan_ms",
            "err_update", "flag", "note")
@@ -429,7 +429,7 @@ def project(rows: list[dict], found: dict[str, Timing], depth: int, skip: int) -
 
 
 def targets(rows: list[dict], ratio: float) -> list[dict]:
-    """Issue 13's targets: ToMA within 10% of its lower bound on every family; video families
+    """The targets: ToMA within 10% of its lower bound on every family; video families
     at least 2.2x projected whole-model on CPU (both at ratio 0.5)."""
     out = []
     for row in rows:
@@ -527,7 +527,7 @@ def report(result: dict[str, Any]) -> str:
              f"command: `{result['config']['command']}`", "",
              f"ComfyUI: {result['config']['comfyui']}", ""]
     lines += [f"- {note}" for note in result["notes"]]
-    lines += ["", markdown_table(result["rows"], COLUMNS), "", "## Targets (issue 13)", ""]
+    lines += ["", markdown_table(result["rows"], COLUMNS), "", "## Targets", ""]
     lines += [markdown_table(result["targets"], ["target", "value", "met", "why"])
               if result["targets"] else "- none checked (no ToMA rows at ratio 0.5)"]
     flagged = [r for r in result["rows"] if r.get("flag")]

@@ -7,7 +7,7 @@ outer one installed after (it sees the block's real input). Where the family's b
 "dit" replace patches these are replace patches; Lumina 2 / Z-Image get object patches of the
 blocks' forward, like ToMA's own. The plan is rebuilt here from the outer input with toma_core,
 and the layout of each family's block input is written out here from ComfyUI's code
-(.cache/notes/families.md), independently of nodes/families/.
+(grid_place), independently of nodes/families/.
 
 A family this ComfyUI lacks is not skipped: the test asserts it is absent.
 """

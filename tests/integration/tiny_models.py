@@ -1,4 +1,4 @@
-"""Tiny random-weight models of ComfyUI's diffusion transformers (issue 13's families), built
+"""Tiny random-weight models of ComfyUI's diffusion transformers (the families ToMA supports), built
 from ComfyUI's own classes like comfy_harness.tiny_sdxl_patcher / tiny_flux_patcher.
 
 Each family is a `Family`: the comfy.supported_models config class it is built from (its
