@@ -174,11 +174,12 @@ def test_ratio_zero_is_bit_identical(flux, attention):
     assert torch.equal(off, base)
     # and merging does something, more of it the higher the ratio (the tiny model's tokens are
     # random, so even light merging moves the result a lot). Bounds here and below: measured on
-    # v0.3.64, v0.8.0 and v0.33.0 (same to 3 digits unless noted), upper bounds x1.5, lower
-    # bounds (merging did something) / 2.
+    # v0.3.64, v0.8.0 and v0.33.0 (same to 3 digits unless noted), x0.9 and x1.1 (the samples
+    # move when a near-tie between two destinations falls the other way: 1e-6 changes of a
+    # similarity are enough, see test_gpu_habits).
     errors = [rel_err(sample(apply_toma(flux, make_options(r, skip_blocks="none")), LATENT,
                              positive, negative), base) for r in (0.25, 0.75)]
-    assert 0.12 < errors[0] < errors[1] < 0.76           # measured 0.242, 0.507
+    assert 0.19 < errors[0] < 0.24 and 0.40 < errors[1] < 0.50   # measured 0.214, 0.453
 
 
 def test_attention_sees_merged_image_tokens_only_in_merged_blocks(recorded):
@@ -281,7 +282,8 @@ def test_attention_scope_merges_only_double_block_attention(flux):
                    LATENT, positive, negative, steps=1, cfg=1.0)
     assert torch.isfinite(out).all()
     # the MLPs of the double blocks at full length: closer to the plain model than whole blocks
-    assert 0.09 < rel_err(out, base) < rel_err(whole, base) < 0.38   # measured 0.181, 0.252
+    assert 0.137 < rel_err(out, base) < 0.168                # measured 0.153
+    assert 0.194 < rel_err(whole, base) < 0.237              # measured 0.215
 
 
 def test_batch_two_with_cfg_keeps_items_apart(flux):
@@ -344,7 +346,7 @@ def test_attention_mask_is_gathered_at_merged_positions(flux, attention):
     assert torch.equal(masks[0].reshape(expect.shape), expect)
     base = sample(flux, LATENT, positive, negative, steps=1, cfg=1.0)
     assert torch.isfinite(out).all()
-    assert 0.12 < rel_err(out, base) < 0.37              # measured 0.246
+    assert 0.185 < rel_err(out, base) < 0.227            # measured 0.206
 
 
 def test_skip_blocks_past_depth_is_a_clear_error(flux):
@@ -507,9 +509,8 @@ def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
         # measured 9.5e-7 on v0.8.0 (see the single block), bound x3
         assert (out["img"][:, :80] - expected).abs().max() <= 3e-6
     # both scopes stay near the plain block on these row-smooth tokens: measured 0.300 (block),
-    # 0.296 (attention) relative to the block's update, on all three versions (with 2 x 2
-    # tiles, before the default became one region of about 64 tokens: 0.176, 0.166), x1.5
-    assert float((out["img"] - plain_img).norm() / (plain_img - img).norm()) < 0.45
+    # 0.296 (attention) relative to the block's update, on all three versions, x1.1
+    assert float((out["img"] - plain_img).norm() / (plain_img - img).norm()) < 0.33
     assert not call.data.get("attention")             # no hook state left behind
 
 
@@ -554,9 +555,11 @@ class SpanPatches:
         self.output: list[tuple[int, int]] = []             # (rows found, rows expected)
         self.blocks: list[tuple[str, int, object]] = []      # (kind, img length, img_slice)
 
-    def install(self, model) -> None:
-        model.set_model_attn1_patch(self.attn1_patch)
-        model.set_model_attn1_output_patch(self.attn1_output_patch)
+    def install(self, model, in_block: bool = True) -> None:
+        """The block recorders, and with `in_block` the attention patches too."""
+        if in_block:
+            model.set_model_attn1_patch(self.attn1_patch)
+            model.set_model_attn1_output_patch(self.attn1_output_patch)
         for kind, depth in (("double", DOUBLES), ("single", SINGLES)):
             for i in range(depth):
                 model.set_model_patch_replace(self.block(kind), "dit", f"{kind}_block", i)
@@ -581,37 +584,55 @@ class SpanPatches:
         return patch
 
 
-def test_other_packs_see_the_merged_image_span(flux):
-    """In merged blocks, transformer_options' img_slice is the image part of the merged
-    sequence (text before it, image and reference tokens after): an attn1 patch and an
-    IP-Adapter-style output patch slicing by it get exactly the image rows. Flux calls
-    attn1 patches since ComfyUI 0.17 and sets img_slice for single blocks; before that no
-    span exists, and ToMA invents none."""
-    h, w = grid_of(*LATENT)
-    merged, refs = expected_merged(h, w, RATIO), 12
+def span_run(flux, in_block: bool) -> tuple[SpanPatches, torch.Tensor]:
+    """One step with a Kontext reference (12 tokens after the image), SpanPatches installed
+    before ToMA."""
     others = SpanPatches()
     model = flux.clone()
-    others.install(model)
+    others.install(model, in_block)
     toma = apply_toma(model, make_options(RATIO, skip_blocks=SKIP))
     ref = torch.randn(1, 16, *REF_LATENT, generator=torch.Generator().manual_seed(5))
     positive, negative = flux_conds(reference=ref)
-    out = sample(toma, LATENT, positive, negative, steps=1, cfg=1.0)
+    return others, sample(toma, LATENT, positive, negative, steps=1, cfg=1.0)
+
+
+def test_other_packs_see_the_merged_image_span(flux):
+    """In merged blocks, transformer_options' img_slice is the image part of the merged
+    sequence (text before it, image and reference tokens after): another pack's block patch
+    (ToMA hands it the merged arguments) finds exactly the merged image rows. Flux sets
+    img_slice for single blocks since ComfyUI 0.17; before that no span exists, and ToMA
+    invents none."""
+    h, w = grid_of(*LATENT)
+    merged, refs = expected_merged(h, w, RATIO), 12
+    others, out = span_run(flux, in_block=False)
     assert torch.isfinite(out).all()
     singles = [(n, span) for kind, n, span in others.blocks if kind == "single"]
     assert len(singles) == SINGLES
     if ch.comfy_version() < (0, 17):
-        assert others.attn1 == [] and others.output == []
         assert all(span is None for _, span in singles)
         return
     # single blocks: s0 and s1 merged; the span ends where the sequence ends
     assert singles == [(TEXT_TOKENS + merged + refs, [TEXT_TOKENS, TEXT_TOKENS + merged + refs])
                        ] * SINGLES
+
+
+def test_in_block_attention_patches_see_the_full_image(flux):
+    """Another pack's attn1 patch and IP-Adapter / PuLID-style output patch run inside the
+    blocks (ComfyUI 0.17+ calls them there) and may read tokens by position: every block that
+    carries them runs unmerged, so they see the full sequence and its full image span, and the
+    output patch finds exactly the image rows. Before 0.17 Flux does not call them."""
+    h, w = grid_of(*LATENT)
+    refs = 12
+    others, out = span_run(flux, in_block=True)
+    assert torch.isfinite(out).all()
+    full = TEXT_TOKENS + h * w + refs
+    assert [n for kind, n, _ in others.blocks if kind == "single"] == [full] * SINGLES
+    if ch.comfy_version() < (0, 17):
+        assert others.attn1 == [] and others.output == []
+        return
     assert len(others.attn1) == DOUBLES + SINGLES
     for block_type, length, span in others.attn1:
-        assert span == [TEXT_TOKENS, length], block_type
-    lengths = [length for _, length, _ in others.attn1]
-    full, short = TEXT_TOKENS + h * w + refs, TEXT_TOKENS + merged + refs
-    assert lengths == [full, short, short, short]         # d0 skipped
+        assert length == full and span == [TEXT_TOKENS, full], block_type
     assert all(found == expected for found, expected in others.output)
 
 
