@@ -74,4 +74,15 @@ def test_quality_section_runs(layout, tmp_path):
         assert rows[name]["mmd"] > 0 and rows[name]["dloss"] is not None
     assert rows["EasyCache 0.5"]["dloss"] is None           # one step: nothing to cache
     assert all(r["s"] > 0 for r in rows.values())
-    assert quality.targets(result["rows"], layout)
+    found = quality.targets(result["rows"], layout)
+    # the speed target first, then every metric against ToMeSD, ToDo and EasyCache (EasyCache's
+    # held-out loss is not applicable to a one-step run): each judged from this run's rows
+    metrics = len(quality.BETTER)
+    assert len(found) == 1 + 3 * metrics - 1
+    speed = rows["ToMA defaults"]["speedup"]
+    assert found[0]["met"] == (speed >= quality.TARGET_SPEEDUP[layout])
+    assert all(t["met"] in (True, False, "n/a") for t in found)
+    for t in found[1:]:
+        metric = t["target"].split("ToMA ")[1].split(" ")[0]
+        ours = rows["ToMA defaults"][metric]
+        assert t["value"].startswith(f"{quality._finite(ours) if metric == 'psnr' else ours:.4g}")

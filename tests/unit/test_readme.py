@@ -80,14 +80,24 @@ def test_the_template_category_named_in_the_readme_is_the_pack_s():
     assert f"*{category[folder]}*" in section("## Where the node goes")
 
 
-def test_no_invented_addresses():
-    # No public home yet: no URL or publisher id may claim one (pyproject.toml says what to add).
-    assert "PublisherId" not in PYPROJECT["tool"]["comfy"]
-    assert "urls" not in PYPROJECT["project"]
-    assert "Icon" not in PYPROJECT["tool"]["comfy"]
+def test_addresses_and_publisher_agree_with_the_installation_text():
+    """Publishing is one edit of pyproject.toml away (its header says which): until a repository
+    URL and a publisher id are both there, the README says the pack is not in the registry and
+    names no address; once they are, it must stop saying so and name the URL it installs from.
+    Either way no placeholder ("<...>") may stand in for them."""
+    comfy, project = PYPROJECT["tool"]["comfy"], PYPROJECT["project"]
+    url = (project.get("urls") or {}).get("Repository")
+    publisher = comfy.get("PublisherId")
+    for value in (url, publisher, comfy.get("Icon")):
+        assert value is None or (value.strip() and "<" not in value), value
     install = section("## Installation")
-    assert not re.search(r"https?://", install), install
-    assert "not in the Comfy Registry" in install
+    if url and publisher:
+        assert "not in the Comfy Registry" not in install and url in install
+    else:
+        assert "not in the Comfy Registry" in install
+        assert not re.search(r"https?://", install), install
+    icon = comfy.get("Icon")
+    assert icon is None or not icon.startswith("http") and (ROOT / icon).is_file(), icon
 
 
 def test_every_file_the_readme_links_exists():
