@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from toma_pack.toma_core import (
@@ -577,7 +578,7 @@ class Ops(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.names.append(func._overloadpacket.__name__)
-        self.devices |= {t.device.type for t in torch.utils._pytree.tree_leaves((args, out))
+        self.devices |= {t.device.type for t in pytree.tree_leaves((args, out))
                          if isinstance(t, torch.Tensor)}
         return out
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from toma_pack.toma_core import REGION_MODES, Regions, build_plan, make_regions, tile_grid
@@ -81,7 +82,7 @@ class OpLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        devices = {t.device.type for t in torch.utils._pytree.tree_leaves((args, kwargs, out))
+        devices = {t.device.type for t in pytree.tree_leaves((args, kwargs, out))
                    if isinstance(t, torch.Tensor)}
         self.ops.append((func._overloadpacket.__name__, devices))
         return out
