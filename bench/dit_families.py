@@ -380,7 +380,7 @@ def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
 
 # The most ToMA's merged count may stray from (1 - ratio) x tokens and still be "at this ratio":
 # equal destinations per region on ragged regions measured within 1.5% on real video grids
-# (tests/unit/test_regions3d.py); a thin last frame slab once kept 18% fewer than asked.
+# (tests/unit/test_regions.py); a thin last frame slab once kept 18% fewer than asked.
 RATIO_SLACK = 0.03
 
 

@@ -2,7 +2,8 @@
 
 The pack's own DiTToMA (nodes/dit_patch.py) with each family's description (nodes/families/),
 its node defaults (tile_count 0) unless `tiles` / `frames` say otherwise, and a model call
-(run_state.ModelCall) of the case's grid open around every block call, as sampling opens it.
+(run_state.ModelCall) of the case's grid in every block call's transformer_options, as sampling
+hands it to the blocks.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class MergedBlock:
                  frames: int | None = None) -> None:
         from toma_pack.nodes.dit_patch import DiTToMA
         from toma_pack.nodes.options import make_options
-        from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
+        from toma_pack.nodes.run_state import ModelCall, ToMAState
 
         module = importlib.import_module(f"toma_pack.nodes.families.{FAMILIES[family]}")
         spec = module.description((1, 2, 2))
@@ -43,7 +44,9 @@ class MergedBlock:
         self.case, self.kind = case, kind
         self.state = ToMAState(make_options(ratio, skip_blocks="none", recompute_every=1000),
                                spec.name)
-        self.call = ModelCall(RunState(1000), grid=case.grid,
+        # the model call the block runs in (sampling opens it in the APPLY_MODEL wrapper and
+        # hands it to the blocks in their transformer_options); its plans dict keeps the plan
+        self.call = ModelCall(self.state.new_run(), grid=case.grid, merging=True,
                               data={"txt_len": case.text_tokens})
         self.toma = DiTToMA(self.state, spec, {(kind.key, 0): 0})
         self.patch = self.toma.replace_patch(kind, 0, None)
@@ -51,14 +54,20 @@ class MergedBlock:
         self.merged_tokens = self.build_plan().merged_tokens
 
     def __call__(self, args: dict) -> dict:
-        with self.state.model_call(self.call):
-            return self.patch(args, self.extra)
+        return self.patch(self._in_call(args), self.extra)
+
+    def _in_call(self, args: dict) -> dict:
+        """The block's args with this model call in their transformer_options."""
+        options = {**(args.get("transformer_options") or {}), self.state.call_key: self.call}
+        return {**args, "transformer_options": options}
 
     def build_plan(self):
         """Forget the plan and build it again from the case's inputs; returns the MergePlan."""
-        self.call.run.clear_plans()
-        with torch.inference_mode(), self.state.model_call(self.call):
-            found = self.toma.plan_for(self.kind, 0, self.case.args(), {}, self.call)
+        self.call.plans.clear()
+        args = self._in_call(self.case.args())
+        with torch.inference_mode():
+            found = self.toma.plan_for(self.kind, 0, args, args["transformer_options"],
+                                       self.call)
         if found is None:
             raise RuntimeError(f"{self.case.family}: ToMA left the block unmerged "
                                f"(see the run's notices: {self.state.notices})")

@@ -134,13 +134,15 @@ class _Toma:
         from toma_pack.nodes.families import flux
         from toma_pack.nodes.flux_patch import AttentionScope
         from toma_pack.nodes.options import make_options
-        from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
+        from toma_pack.nodes.run_state import ModelCall, ToMAState
 
         state = ToMAState(make_options(ratio, skip_blocks="none", merge_scope=scope,
                                        recompute_every=1000), "flux")
         self.state = state
-        # the model call the blocks run in (sampling opens it in the APPLY_MODEL wrapper)
-        self.call = ModelCall(RunState(1000), grid=(1, GRID, GRID), data={"txt_len": TEXT})
+        # the model call the blocks run in (sampling opens it in the APPLY_MODEL wrapper and
+        # hands it to the blocks in their transformer_options); its plans dict keeps the plan
+        self.call = ModelCall(state.new_run(), grid=(1, GRID, GRID), merging=True,
+                              data={"txt_len": TEXT})
         self.kind, self.block = kind, block
         self.spec = flux.KINDS[0 if kind == "double" else 1]
         self.attention = AttentionScope(state) if scope == "attention" else None
@@ -151,10 +153,15 @@ class _Toma:
         self.extra = {"original_block": wrap(block)}
 
     def __call__(self, args: dict) -> dict:
-        with self.state.model_call(self.call):
-            if self.kind == "double" and self.attention is not None:
-                return self._with_hooks(args)
-            return self.patch(args, self.extra)
+        args = self._in_call(args)
+        if self.kind == "double" and self.attention is not None:
+            return self._with_hooks(args)
+        return self.patch(args, self.extra)
+
+    def _in_call(self, args: dict) -> dict:
+        """The block's args with this model call in their transformer_options."""
+        options = {**(args.get("transformer_options") or {}), self.state.call_key: self.call}
+        return {**args, "transformer_options": options}
 
     def _with_hooks(self, args: dict) -> dict:
         """The object patches the attention scope installs, set on the block for this call."""
@@ -170,9 +177,11 @@ class _Toma:
 
     def build(self, inputs: dict) -> Any:
         """Build this block's plan afresh (it is kept for the timed calls)."""
-        self.call.run.clear_plans()
-        with torch.inference_mode(), self.state.model_call(self.call):
-            found = self.toma.plan_for(self.spec, 0, _args(inputs, self.kind), {}, self.call)
+        self.call.plans.clear()
+        args = self._in_call(_args(inputs, self.kind))
+        with torch.inference_mode():
+            found = self.toma.plan_for(self.spec, 0, args, args["transformer_options"],
+                                       self.call)
             return None if found is None else found[0]
 
 

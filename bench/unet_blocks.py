@@ -9,10 +9,10 @@ input x [B, N, C] is a photograph's token grid (photos.py). Variants, per level:
 - toma block / attention: through the pack's own UNetToMA.block_forward (block scope: plan.around
   the block; attention scope: the block with the node's attn1 merge/unmerge patch pair), ratio
   0.25 / 0.5 / 0.75, tile_count 64 (and 16 / 256 at 0.5; the node's own default is tiles of
-  about 64 tokens: 64 tiles at 64x64, 16 at 32x32). The plan is served from the node's plan
-  cache, as for every block but the first of a level in a step; building it is timed apart
-  (plan_ms, the node's own plan_for) and its share per block call is plan_ms / (blocks at the
-  level x the node's default recompute_every) (plan_share_ms).
+  about 64 tokens: 64 tiles at 64x64, 16 at 32x32). The plan is the one kept in the block's
+  model call, as for every block but the first of a level in a step; building it is timed
+  apart (plan_ms, the node's own plan_for) and its share per block call is plan_ms / (blocks at
+  the level x the node's default recompute_every) (plan_share_ms).
 - lower bound: the same block on the merged token count, no merging cost (block scope: the
   block on the first N' tokens; attention scope: self-attention on N' tokens, output discarded
   into a preallocated full-size tensor).
@@ -144,9 +144,10 @@ class LevelBench:
                             todo_tokens(side, side))
         raise ValueError(f"unknown method {v.method!r}")
 
-    def _replaced(self, forward: Callable, x: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """A call of a block-forward replacement on x."""
-        options = dict(self.options)
+    def _replaced(self, forward: Callable, x: torch.Tensor,
+                  extra: dict | None = None) -> Callable[[], torch.Tensor]:
+        """A call of a block-forward replacement on x; `extra`: more transformer_options."""
+        options = {**self.options, **(extra or {})}
         return lambda: forward(x, context=self.context, transformer_options=options)
 
     def _patched(self, attn1: Callable, output: Callable | None = None) -> dict:
@@ -156,45 +157,43 @@ class LevelBench:
         return {**self.options, "patches": patches}
 
     def _toma(self, v: Variant, x: torch.Tensor) -> Prepared:
-        """ToMA through the pack's UNetToMA, with a live run and plan cache as in sampling."""
+        """ToMA through the pack's UNetToMA, in a model call of a live run as in sampling: the
+        timed block calls reuse the call's plan (kept in its plans dict, as every block of a
+        level but the first reuses it in a step) and the run's index tables."""
         load_pack()
         from toma_pack.nodes.options import make_options
-        from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
+        from toma_pack.nodes.run_state import ModelCall, ToMAState
         from toma_pack.nodes.unet_patch import UNetToMA
 
         options = make_options(v.ratio, v.tiles or 0, recompute_every=recompute_every(),
                                unet_levels="all", merge_scope=v.scope)
         state = ToMAState(options, "unet")
-        # the model call the block runs in (sampling opens it in the APPLY_MODEL wrapper)
-        model_call = ModelCall(RunState(options.recompute_every))
+        # the model call the block runs in (sampling opens it in the APPLY_MODEL wrapper and
+        # hands it to the blocks in their transformer_options)
+        model_call = ModelCall(state.new_run(), merging=True)
+        in_call = {state.call_key: model_call}
         toma = UNetToMA(state, v.scope, largest_level_ds=2)
-        plain = dict(self.options)
+        plain = {**self.options, **in_call}
         with torch.inference_mode():
             normed = self.block.norm1(x)
         # The node's block replacement: the whole block merged (block scope) or, in attention
         # scope, the block run with the node's attn1 merge/unmerge patch pair.
         call = self._replaced(toma.block_forward(self.block, self.block.forward,
-                                                 foreign_forward=False), x)
+                                                 foreign_forward=False), x, in_call)
 
         def features() -> torch.Tensor:
             # block scope plans from norm1(x); the attn1 patch is handed n = norm1(x)
             return self.block.norm1(x) if v.scope == "block" else normed
 
         def plan() -> Any:
-            model_call.run.clear_plans()
-            with state.model_call(model_call):
-                return toma.plan_for(x, plain, features)
+            model_call.plans.clear()            # due: the level's first block builds it
+            return toma.plan_for(x, plain, features)
 
         with torch.inference_mode():
             built = plan()
             merged = built.merge(normed)
         extra = {"merge": lambda: built.merge(normed), "unmerge": lambda: built.unmerge(merged)}
-
-        def in_model_call() -> torch.Tensor:
-            with state.model_call(model_call):
-                return call()
-
-        return Prepared(in_model_call, built.merged_tokens, plan, extra)
+        return Prepared(call, built.merged_tokens, plan, extra)
 
     def _lower_bound(self, v: Variant, x: torch.Tensor) -> Prepared:
         """The block on N' tokens, nothing paid for merging."""

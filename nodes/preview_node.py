@@ -53,7 +53,7 @@ def preview(image: torch.Tensor, ratio: float, tile_count: int, px: int) -> torc
     ids = torch.arange(h * w)
     dest = ids.clone()
     if plan is not None:
-        slot_owner = plan.unmerge_w[:regions.count].argmax(-1)   # item 0: [R, S] -> k index
+        slot_owner = plan.unmerge_w.argmax(-1)            # [B*R, S, k] (B = 1) -> [R, S] k index
         owner_tokens = plan.dest_tokens[0].view(regions.count, plan.k)
         dest = regions.join(owner_tokens.gather(1, slot_owner).unsqueeze(-1))[..., 0]
     colours = palette(dest).view(h, w, 3)

@@ -6,7 +6,9 @@
 # Output stays quiet unless something fails; skipped tests are listed with their reasons.
 #
 # Where ../shared/comfyui exists, nothing may skip for want of ComfyUI: TOMA_REQUIRE_COMFYUI=1
-# turns such a skip into a failure (tests/integration/conftest.py).
+# turns such a skip into a failure (tests/integration/conftest.py). Likewise the unit tests may
+# not skip the Triton plan kernel's checks (setup.sh installs triton from requirements-dev.txt):
+# TOMA_REQUIRE_TRITON=1 (tests/unit/test_plan_op.py).
 #
 #   bash scripts/test.sh                 everything
 #   bash scripts/test.sh v0.8.0 [pytest arguments]    integration tests on one version only
@@ -37,7 +39,7 @@ run() {  # run LABEL COMMAND...: keep going after a failure, report every failur
 
 if [ -z "$only" ]; then
   run "ruff" .venv/bin/ruff check --quiet .
-  run "unit tests" .venv/bin/python -m pytest "${PYTEST[@]}" tests/unit
+  run "unit tests" env TOMA_REQUIRE_TRITON=1 .venv/bin/python -m pytest "${PYTEST[@]}" tests/unit
 fi
 
 if [ -d "$TREES" ]; then

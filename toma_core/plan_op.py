@@ -50,7 +50,9 @@ def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tenso
     picks = greedy_facility_location(sim, k, valid)                    # [B, R, k]
     p = assignment(sim, picks, tau, valid)                             # [B, R, k, S]
     merge_w = (p / p.sum(-1, keepdim=True)).to(dtype).view(b * r, k, s)
-    unmerge_w = p.transpose(-1, -2).to(dtype).contiguous()
+    # A dense copy, as the fake outputs are: .to(dtype, memory_format=contiguous_format) returns
+    # the transposed view itself when the dtype already matches.
+    unmerge_w = torch.empty((b, r, s, k), dtype=dtype, device=p.device).copy_(p.mT)
     dest = slots.expand(b, r, s).gather(-1, picks).view(b, r * k)
     return picks, dest, merge_w, unmerge_w.view(b * r, s, k)
 

@@ -7,17 +7,11 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toma_pack.toma_core import (
-    coverage,
-    greedy_facility_location,
-    make_regions,
-    normalized,
-    similarity,
-)
-from toma_pack.toma_core.facility_location import gram_similarity
+from toma_pack.toma_core import gram_similarity, greedy_facility_location, make_regions
 
 GREEDY_BOUND = 1.0 - 1.0 / math.e
 # Tolerances: the largest difference measured (torch 2.13 CPU; test_greedy_guarantee's over
@@ -37,15 +31,31 @@ def _features(seed: int, s: int, c: int, duplicates: bool = False) -> torch.Tens
     return pool[torch.randint(len(pool), (s,), generator=gen)]
 
 
+def _normalise_then_dot(x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Cosine similarity the textbook way: x [..., S, C] L2-normalised in float32 (norms below
+    1e-6 count as 1e-6), then X X^T; pad slots (valid False, [R, S]) -1 to everything."""
+    xn = F.normalize(x.float(), dim=-1, eps=1e-6)
+    sim = xn @ xn.transpose(-1, -2)
+    if valid is not None:
+        sim = sim.masked_fill(~(valid[..., :, None] & valid[..., None, :]), -1.0)
+    return sim
+
+
 def _sim(x: torch.Tensor) -> torch.Tensor:
-    return similarity(normalized(x))
+    return _normalise_then_dot(x)
+
+
+def _coverage(sim: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
+    """f(D) for each row of picks [..., k] over sim [..., S, S]: sum_j max_d (sim[d, j] + 1)."""
+    rows = sim.gather(-2, picks.unsqueeze(-1).expand(*picks.shape, sim.shape[-1]))
+    return (rows + 1.0).amax(-2).sum(-1)
 
 
 def _brute_force(sim: torch.Tensor, k: int) -> float:
     """max over every k-subset of the coverage objective (sim [S, S])."""
     s = sim.shape[-1]
     subsets = torch.tensor(list(itertools.combinations(range(s), k)))
-    return float(coverage(sim.expand(len(subsets), s, s), subsets).max())
+    return float(_coverage(sim.expand(len(subsets), s, s), subsets).max())
 
 
 def _objective(sim: torch.Tensor, picks: list[int]) -> float:
@@ -55,17 +65,8 @@ def _objective(sim: torch.Tensor, picks: list[int]) -> float:
     return float((sim[picks] + 1.0).max(0).values.sum())
 
 
-def test_normalized_unit_rows_float32() -> None:
-    x = torch.randn(3, 5, 7).half()
-    xn = normalized(x)
-    assert xn.dtype == torch.float32
-    torch.testing.assert_close(xn.norm(dim=-1), torch.ones(3, 5), atol=5e-7, rtol=0)  # 1.2e-7
-    zero = normalized(torch.zeros(2, 4))
-    assert torch.isfinite(zero).all() and not zero.any()
-
-
 def test_similarity_symmetric_with_unit_diagonal() -> None:
-    sim = _sim(torch.randn(2, 4, 9, 6, generator=torch.Generator().manual_seed(0)))
+    sim = gram_similarity(torch.randn(2, 4, 9, 6, generator=torch.Generator().manual_seed(0)))
     assert sim.shape == (2, 4, 9, 9)
     # measured: 2.4e-7 from symmetry, 2.4e-7 off the unit diagonal, |sim| at most 1 + 2.4e-7
     torch.testing.assert_close(sim, sim.transpose(-1, -2), atol=1e-6, rtol=0)
@@ -83,15 +84,15 @@ def test_gram_similarity_matches_normalised_dot(dtype: torch.dtype) -> None:
     for v in (None, valid):
         got = gram_similarity(x, v)
         assert got.dtype == torch.float32
-        torch.testing.assert_close(got, similarity(normalized(x), v), atol=1.5e-6,
+        torch.testing.assert_close(got, _normalise_then_dot(x, v), atol=1.5e-6,
                                    rtol=0)                             # measured 3.6e-7
     assert not gram_similarity(x)[0, 1, 2].any()
 
 
 def test_similarity_masks_pad_slots() -> None:
     valid = torch.tensor([[True, True, False], [True, True, True]])
-    xn = normalized(torch.randn(1, 2, 3, 4, generator=torch.Generator().manual_seed(0)))
-    sim, plain = similarity(xn, valid), similarity(xn)
+    x = torch.randn(1, 2, 3, 4, generator=torch.Generator().manual_seed(0))
+    sim, plain = gram_similarity(x, valid), gram_similarity(x)
     assert bool((sim[0, 0, 2, :] == -1).all() and (sim[0, 0, :, 2] == -1).all())
     assert torch.equal(sim[0, 0, :2, :2], plain[0, 0, :2, :2])         # real slots untouched
     assert torch.equal(sim[0, 1], plain[0, 1])                         # region with no pads
@@ -146,15 +147,6 @@ def test_greedy_guarantee(seed: int, s: int, k: int, c: int, duplicates: bool) -
     # Submodularity: the greedy's gains never increase.
     assert all(b <= a + F64_TOL for a, b in zip(gains, gains[1:], strict=False))
 
-def test_coverage_matches_definition() -> None:
-    sim = _sim(torch.randn(7, 5, generator=torch.Generator().manual_seed(0)))
-    for picks in ([0], [3, 1], [6, 2, 4], list(range(7))):
-        got = float(coverage(sim, torch.tensor(picks)))
-        assert got == _objective(sim, picks)                           # measured identical
-    # All tokens picked: each covers itself at similarity 1, shifted to 2 (measured 14.0 exactly).
-    assert float(coverage(sim, torch.arange(7))) == 14.0
-
-
 @pytest.mark.parametrize("k", [1, 2, 5, 8])
 def test_identical_tokens_never_repeat(k: int) -> None:
     """All gains tie at 0 after the first pick: picks stay distinct, lowest slots first."""
@@ -190,30 +182,30 @@ def test_pad_slots_never_picked(h: int, w: int, tile_count: int) -> None:
     """Ragged regions: even with k = the smallest region's size, pad slots are never chosen."""
     regions = make_regions(h, w, "tile", tile_count)
     assert not regions.even
+    valid = regions.tables().valid
     x = torch.randn(2, h * w, 5, generator=torch.Generator().manual_seed(h * w))
-    xn = regions.split(normalized(x))
-    sim = similarity(xn, regions.valid)
+    sim = gram_similarity(regions.split(x), valid)
     for k in sorted({1, max(1, regions.min_size // 2), regions.min_size}):
-        picks = greedy_facility_location(sim, k, regions.valid)
-        chosen_valid = regions.valid.expand(2, -1, -1).gather(-1, picks)
+        picks = greedy_facility_location(sim, k, valid)
+        chosen_valid = valid.expand(2, -1, -1).gather(-1, picks)
         assert bool(chosen_valid.all())
         assert all(len(set(row)) == k for row in picks.reshape(-1, k).tolist())
     # The smallest regions with k = their size: exactly their valid slots.
     k = regions.min_size
-    picks = greedy_facility_location(sim, k, regions.valid)
-    smallest = (regions.valid.sum(-1) == k).nonzero().flatten()
+    picks = greedy_facility_location(sim, k, valid)
+    smallest = (valid.sum(-1) == k).nonzero().flatten()
     for r in smallest.tolist():
-        expected = regions.valid[r].nonzero().flatten().tolist()
+        expected = valid[r].nonzero().flatten().tolist()
         assert sorted(picks[0, r].tolist()) == expected
 
 
 def test_pad_slots_with_identical_tokens() -> None:
     """Ties at zero gain must still skip pad slots (they sit at the region's end)."""
     regions = make_regions(5, 7, "tile", 4)
-    xn = regions.split(normalized(torch.ones(1, 35, 3)))
-    sim = similarity(xn, regions.valid)
-    picks = greedy_facility_location(sim, regions.min_size, regions.valid)
-    assert bool(regions.valid.gather(-1, picks[0]).all())
+    valid = regions.tables().valid
+    sim = gram_similarity(regions.split(torch.ones(1, 35, 3)), valid)
+    picks = greedy_facility_location(sim, regions.min_size, valid)
+    assert bool(valid.gather(-1, picks[0]).all())
 
 
 @pytest.mark.parametrize("k", [0, -1, 10])
@@ -223,8 +215,13 @@ def test_k_out_of_range(k: int) -> None:
         greedy_facility_location(sim, k)
 
 
-def test_k_more_than_valid_slots_rejected() -> None:
+def test_selection_never_reads_the_device() -> None:
+    """Similarity and greedy run on the meta device (no data: any read back to the host, such
+    as checking k against the valid slots, would raise), pad mask included."""
     regions = make_regions(5, 7, "tile", 4)
-    sim = similarity(regions.split(normalized(torch.randn(1, 35, 3))), regions.valid)
-    with pytest.raises(ValueError, match="k"):
-        greedy_facility_location(sim, regions.min_size + 1, regions.valid)
+    tables = regions.tables("meta")
+    x = torch.empty(2, regions.count, regions.size, 6, device="meta")
+    sim = gram_similarity(x, tables.valid)
+    picks = greedy_facility_location(sim, regions.min_size, tables.valid)
+    assert sim.shape == (2, regions.count, regions.size, regions.size)
+    assert picks.shape == (2, regions.count, regions.min_size) and picks.device.type == "meta"

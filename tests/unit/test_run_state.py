@@ -1,55 +1,242 @@
-"""Per-run and per-call state: plans per device and batch identity, calls per thread."""
+"""Per-run and per-call state (nodes/run_state.py) without ComfyUI: the sampler's callback gives
+the steps, the APPLY_MODEL wrapper decides each call on the host and hands its ModelCall to the
+blocks in transformer_options, plans are kept per call identity (batch layout, device)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import torch
 
 from toma_pack.nodes.options import make_options
 from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
+from toma_pack.toma_core import build_plan, make_regions
 
 
-def counting_build(counter: list):
+class Executor:
+    """What ComfyUI hands a wrapper: callable, with the wrapped function as `original`."""
+
+    def __init__(self, original: Callable, class_obj: object = None) -> None:
+        self.original, self.class_obj = original, class_obj
+
+    def __call__(self, *args, **kwargs):
+        return self.original(*args, **kwargs)
+
+
+class Model:
+    """A stand-in diffusion model: apply_model with ComfyUI's signature, whose "blocks" look
+    their ModelCall up in the transformer_options they are given and build one plan."""
+
+    def __init__(self, state: ToMAState) -> None:
+        self.state = state
+        self.seen: list[ModelCall | None] = []
+        self.builds = 0
+
+    def apply_model(self, x, t, c_concat=None, c_crossattn=None, control=None,
+                    transformer_options={}, **kwargs):  # noqa: B006 (ComfyUI's signature)
+        call = self.state.call_of(transformer_options)
+        self.seen.append(call)
+        if call is not None and call.active:
+            self.state.plan(call, ("grid", 8, 8), self._build)
+            self.state.record(call, "block0", "8x8", 64, call.plans[("grid", 8, 8)])
+        return x
+
+    def _build(self):
+        self.builds += 1
+        return build_plan(torch.randn(1, 64, 4), 8, 8, 0.5, tile_count=4)
+
+
+def apply(state: ToMAState, model: Model, x: torch.Tensor, options: dict) -> torch.Tensor:
+    """One model call through the node's APPLY_MODEL wrapper (transformer_options by keyword)."""
+    return state.apply_model_wrapper(Executor(model.apply_model), x, torch.zeros(1),
+                                     transformer_options=options)
+
+
+def sample(state: ToMAState, model: Model, run: RunState | None, steps: int,
+           calls_per_step: int = 2, report: bool = True) -> list[int]:
+    """A sampler through the node's SAMPLER_SAMPLE wrapper: KSAMPLER.sample's signature,
+    `calls_per_step` model calls per step (CFG halves, a second-order corrector), the callback
+    after each step (unless report is False). Returns each call's step."""
+    options = {"transformer_options": {state.key: run} if run is not None else {}}
+    theirs: list[int] = []
+
+    def sampler(model_wrap, sigmas, extra_args, callback, noise, latent_image=None,
+                denoise_mask=None, disable_pbar=False):
+        for i in range(len(sigmas) - 1):
+            for _ in range(calls_per_step):
+                apply(state, model, noise, extra_args["model_options"]["transformer_options"])
+            if report and callback is not None:
+                callback(i, noise, noise, len(sigmas) - 1)
+        return noise
+
+    state.sampler_sample_wrapper(Executor(sampler), None, torch.linspace(1, 0, steps + 1),
+                                 {"model_options": options}, lambda i, *rest: theirs.append(i),
+                                 torch.zeros(1, 4))
+    assert theirs == (list(range(steps)) if report else [])   # a callback already there runs
+    return [call.step for call in model.seen if call is not None]
+
+
+def test_steps_come_from_the_samplers_callback() -> None:
+    """Every call of a step gets that step (a host int from the callback, whatever the number
+    of model calls per step); the run learns the schedule's length from the sigmas."""
+    state = ToMAState(make_options(0.5), "sdxl")
+    run = state.new_run()
+    model = Model(state)
+    assert sample(state, model, run, steps=5, calls_per_step=3) == [s for s in range(5)
+                                                                   for _ in range(3)]
+    assert run.steps_total == 5 and run.step == 5 and run.steps_reported == 5
+    assert run.model_calls == 15
+
+
+def test_plans_follow_the_schedule_across_a_run() -> None:
+    """recompute_every 2 over 6 steps of two calls each: built at steps 0, 2, 4; the run counts
+    them; a second run builds again from its first step."""
+    state = ToMAState(make_options(0.5, recompute_every=2), "sdxl")
+    model = Model(state)
+    run = state.new_run()
+    sample(state, model, run, steps=6)
+    assert model.builds == 3 and run.builds == 3
+    assert run.levels == {"8x8": (64, 32)} and run.layers_merged == {"block0"}
+    assert run.steps_merged == set(range(6))
+    second = state.new_run()
+    sample(state, model, second, steps=2)
+    assert model.builds == 4 and second.builds == 1
+
+
+def test_start_and_end_percent_window_the_merged_steps() -> None:
+    state = ToMAState(make_options(0.5, start_percent=0.25, end_percent=0.75), "sdxl")
+    model = Model(state)
+    run = state.new_run()
+    sample(state, model, run, steps=8)
+    merged = sorted({call.step for call in model.seen if call is not None and call.merging})
+    assert merged == [2, 3, 4, 5]
+    assert run.steps_merged == {2, 3, 4, 5}
+    assert state.summary(run)["steps_merged"] == 4
+
+
+def test_a_sampler_that_reports_no_steps_keeps_step_zero_and_says_so() -> None:
+    state = ToMAState(make_options(0.5), "sdxl")
+    model = Model(state)
+    run = state.new_run()
+    assert set(sample(state, model, run, steps=4, report=False)) == {0}
+    assert model.builds == 1
+    assert "the sampler reported no steps" in state.summary(run)["note"]
+
+
+def test_the_call_reaches_the_blocks_in_transformer_options_only() -> None:
+    """Blocks find their call under the node's call_key; without one (outside sampling, or
+    another node's options) they find none; the call's options are a copy, the caller's stay as
+    they were."""
+    a, b = ToMAState(make_options(0.5), "flux"), ToMAState(make_options(0.5), "flux")
+    assert a.call_key != b.call_key and a.key != b.key
+    model = Model(a)
+    options = {"uuids": ["u"]}
+    apply(a, model, torch.zeros(1, 4), options)
+    assert isinstance(model.seen[0], ModelCall) and options == {"uuids": ["u"]}
+    assert b.call_of({a.call_key: model.seen[0]}) is None
+    assert a.call_of({}) is None and a.call_of({a.call_key: "not a call"}) is None
+    # outside sampling (no RunState in the options) the wrapper still opens a call of its own
+    assert model.seen[0].run is not None and model.seen[0].step == 0
+
+
+def test_plans_are_kept_per_batch_identity_and_device() -> None:
+    """Calls of one identity (cond uuids, cond/uncond order, device) share their plans; another
+    cond of the same shape or another device does not."""
+    state = ToMAState(make_options(0.5, recompute_every=5), "flux")
+    run = state.new_run()
+    builds: list[int] = []
+
     def build():
-        counter.append(1)
-        return None
+        builds.append(1)
 
-    return build
-
-
-def test_plans_are_kept_per_batch_identity_and_device():
-    state = ToMAState(make_options(0.5), "flux")
-    run = RunState(5)
-    builds: list = []
-    calls = [ModelCall(run, torch.device("cpu"), (("uuid-a",), (0,))),
-             ModelCall(run, torch.device("cpu"), (("uuid-a",), (0,))),   # the same batch again
-             ModelCall(run, torch.device("cpu"), (("uuid-b",), (0,))),   # same shape, other cond
-             ModelCall(run, torch.device("meta"), (("uuid-a",), (0,)))]  # another device
-    for call in calls:
-        with state.model_call(call):
-            state.plan(("grid", 8, 10), 0, counting_build(builds))
+    for uuids, device in ((["a"], "cpu"), (["a"], "cpu"), (["b"], "cpu"), (["a"], "meta")):
+        call = state.open_call(run, torch.empty(1, device=device),
+                               {"uuids": uuids, "cond_or_uncond": [0]})
+        assert call.merging and call.device == torch.device(device)
+        state.plan(call, ("grid", 8, 10), build)
+        state.close_call(call)
     assert len(builds) == 3
-    assert set(run.caches) == {torch.device("cpu"), torch.device("meta")}
+    assert run.builds == 3
 
 
-def test_model_calls_are_per_thread():
+def test_a_plan_of_none_is_kept() -> None:
+    """A build that returns None (nothing to merge) is remembered for the call's identity, not
+    retried by every block and call."""
+    state = ToMAState(make_options(0.5, recompute_every=3), "flux")
+    run = state.new_run()
+    calls = []
+    for _ in range(3):
+        call = state.open_call(run, None, {})
+        assert state.plan(call, "k", lambda: calls.append(1)) is None
+        assert state.plan(call, "k", lambda: calls.append(1)) is None
+    assert len(calls) == 1
+
+
+def test_a_model_call_made_by_hand_keeps_its_plans() -> None:
+    """The benchmarks' way to run a block outside sampling: a ModelCall of their own with
+    merging on; its plans dict keeps a plan across blocks and calls until cleared."""
     state = ToMAState(make_options(0.5), "flux")
-    seen = []
-    with state.model_call(ModelCall(RunState(5))) as call:
-        thread = threading.Thread(target=lambda: seen.append(state.current()))
-        thread.start()
-        thread.join()
-        assert state.current() is call
-    assert seen == [None]
-    assert state.current() is None
+    call = ModelCall(state.new_run(), grid=(1, 8, 8), merging=True, data={"txt_len": 4})
+    assert call.active
+    built = []
+    state.plan(call, "k", lambda: built.append(1) or "plan")
+    state.plan(call, "k", lambda: built.append(1) or "plan")
+    assert built == [1] and call.plans == {"k": "plan"}
+    call.plans.clear()
+    state.plan(call, "k", lambda: built.append(1) or "plan")
+    assert built == [1, 1]
+    assert not ModelCall(state.new_run(), mergeable=False, merging=True).active
 
 
-def test_step_is_worked_out_once_per_call_and_windowed():
-    state = ToMAState(make_options(0.5, start_percent=0.0, end_percent=0.5), "flux")
-    schedule = torch.tensor([10.0, 5.0, 2.0, 1.0, 0.0])
-    for sigma, expected in ((10.0, 0), (5.0, 1), (2.0, None), (1.0, None)):
-        with state.model_call(ModelCall(RunState(5))):
-            options = {"sample_sigmas": schedule, "sigmas": torch.tensor([sigma])}
-            assert state.active_step(options) == expected
-            assert state.active_step({}) == expected           # kept for the call
+def test_index_tables_are_kept_for_the_run_per_partition_and_device() -> None:
+    state = ToMAState(make_options(0.5), "flux")
+    call = ModelCall(state.new_run(), merging=True)
+    regions = make_regions(15, 22, "tile", 16)
+    tables = state.tables(call, regions, torch.device("cpu"))
+    assert state.tables(call, make_regions(15, 22, "tile", 16), torch.device("cpu")) is tables
+    assert state.tables(call, regions, torch.device("meta")) is not tables
+    assert state.tables(None, regions, torch.device("cpu")) is not tables
+
+
+def test_close_call_adds_the_blocks_records_and_says_notes_once() -> None:
+    state = ToMAState(make_options(0.5), "flux")
+    run = state.new_run()
+    call = state.open_call(run, torch.zeros(1), {})
+    state.record(call, "d0", "64x64", 4096, None)                      # ran unmerged
+    state.plan(call, "k", lambda: build_plan(torch.randn(1, 64, 4), 8, 8, 0.5, tile_count=4))
+    state.record(call, "d1", "64x64", 4096, call.plans["k"])
+    state.note(call, "something differs")
+    state.note(call, "something differs")
+    state.close_call(call)
+    assert run.layers_seen == {"d0", "d1"} and run.layers_merged == {"d1"}
+    assert run.levels == {"64x64": (4096, 32)} and run.builds == 1
+    assert run.build_seconds is not None and run.build_seconds >= 0   # timed on the CPU
+    assert state.notices == ["something differs"]
+
+
+def test_calls_on_threads_see_their_own_call() -> None:
+    """v0.33 evaluates cond batches in a thread per device: each thread's blocks get the call
+    of their own options, with no shared per-thread state to mix them up."""
+    state = ToMAState(make_options(0.5), "flux")
+    run = state.new_run()
+    seen: dict[str, ModelCall | None] = {}
+    barrier = threading.Barrier(2)
+
+    def worker(name: str) -> None:
+        def apply_model(x, t, transformer_options={}, **kwargs):  # noqa: B006
+            barrier.wait(timeout=10)                 # both calls open at once
+            seen[name] = state.call_of(transformer_options)
+            return x
+
+        state.apply_model_wrapper(Executor(apply_model), torch.zeros(1), torch.zeros(1),
+                                  transformer_options={"uuids": [name], state.key: run})
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen["a"].identity[0] == ("a",) and seen["b"].identity[0] == ("b",)
+    assert seen["a"] is not seen["b"] and seen["a"].run is seen["b"].run is run
+    assert run.model_calls == 2
