@@ -101,6 +101,12 @@ def _gpu_model(cfg: BenchConfig) -> dict[str, Any]:
     return gpu_model.run(cfg)
 
 
+def _whole_call(cfg: BenchConfig) -> dict[str, Any]:
+    from . import whole_call
+
+    return whole_call.run(cfg)
+
+
 def _dit(cfg: BenchConfig) -> dict[str, Any]:
     from . import dit_families
 
@@ -141,6 +147,11 @@ SECTIONS: dict[str, Section] = {
                          "Qwen-Image, SD3.5, Z-Image): plain, ToMA, lower bound, projected "
                          "model (about 2 h of CPU at full size)",
                    comfy_only=True, quick=False),
+    "whole-call": Section(_whole_call, "bench/whole_call.py: one sampling step of SDXL and Flux "
+                                       "(real layers, reduced width) at 1024x1024: unmerged, "
+                                       "ToMA, an older checkout's ToMA (TOMA_BASELINE), both "
+                                       "compiled (TOMA_BENCH_COMPILE)",
+                          comfy_only=True, quick=False),
     "gpu-model": Section(_gpu_model, "bench/gpu_model.py: one model call of SDXL, Flux.1 dev "
                                      "and Wan 2.1 14B at real size projected on an H200, "
                                      "unmerged and ToMA, computing nothing (meta tensors; "
