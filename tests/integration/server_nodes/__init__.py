@@ -1,4 +1,4 @@
-"""Test-only ComfyUI node pack: a tiny SDXL source and a latent sink, for tests/integration.
+"""Test-only ComfyUI node pack: a tiny SDXL source, a test picture and sinks, for tests/integration.
 
 ComfyUI loads this folder as a custom node pack only inside test_server.py's temporary base
 directory (comfy_server.py links it there); it is never part of the ToMA pack. No VAE, no
@@ -78,7 +78,46 @@ class ToMATestLatentSink:
                        "finite": [bool(torch.isfinite(latent).all())]}}
 
 
+class ToMATestImage:
+    """A smooth colour picture (no file on disk), e.g. for ToMAPreview."""
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:  # noqa: N802 (ComfyUI's name)
+        return {"required": {
+            "width": ("INT", {"default": 256, "min": 16, "max": 2048, "step": 8}),
+            "height": ("INT", {"default": 256, "min": 16, "max": 2048, "step": 8}),
+        }}
+
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "draw"
+    CATEGORY = "testing/ToMA"
+
+    def draw(self, width: int, height: int) -> tuple:
+        y = torch.linspace(0, 1, height).view(-1, 1, 1).expand(height, width, 1)
+        x = torch.linspace(0, 1, width).view(1, -1, 1).expand(height, width, 1)
+        return (torch.cat([y, x, x * y], -1).unsqueeze(0),)
+
+
+class ToMATestImageSink:
+    """Output node: reports the image's shape and whether it is finite."""
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:  # noqa: N802 (ComfyUI's name)
+        return {"required": {"images": ("IMAGE",)}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "report"
+    OUTPUT_NODE = True
+    CATEGORY = "testing/ToMA"
+
+    def report(self, images: torch.Tensor) -> dict:
+        return {"ui": {"image_shape": [list(images.shape)],
+                       "finite": [bool(torch.isfinite(images).all())]}}
+
+
 NODE_CLASS_MAPPINGS = {
     "ToMATestTinySDXL": ToMATestTinySDXL,
     "ToMATestLatentSink": ToMATestLatentSink,
+    "ToMATestImage": ToMATestImage,
+    "ToMATestImageSink": ToMATestImageSink,
 }
