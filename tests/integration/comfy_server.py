@@ -218,27 +218,23 @@ PROGRESS_TEXT_EVENT = 3
 _DONE_EVENTS = ("execution_success", "execution_error", "execution_interrupted")
 
 
-def node_defaults(node_class: type) -> dict[str, Any]:
-    """The default value of every required widget of a V1 node class that has one."""
-    required = node_class.INPUT_TYPES()["required"]
-    return {name: spec[1]["default"] for name, spec in required.items()
-            if len(spec) > 1 and isinstance(spec[1], dict) and "default" in spec[1]}
-
-
-def tiny_sdxl_graph(toma_id: str, toma_inputs: dict[str, Any],
-                    seed: int = 0) -> dict[str, dict]:
+def tiny_sdxl_graph(toma_id: str, toma_inputs: dict[str, Any], seed: int = 0,
+                    toma_type: str = "ToMA", source_seed: int = 0) -> dict[str, dict]:
     """API-format graph: test tiny SDXL -> ToMA (node `toma_id`) -> KSampler (2 steps) -> sink.
 
-    `toma_inputs` are ToMA's widget values; the model link is added here. `seed` is the
-    sampler's (ComfyUI answers a prompt identical to an earlier one from its cache).
+    `toma_inputs` are the widget values of the ToMA node (of type `toma_type`: ToMA or
+    ToMAAdvanced); the model link is added here. `seed` is the sampler's, `source_seed` the
+    tiny model's (ComfyUI answers a prompt identical to an earlier one from its cache, and
+    reuses a node's output while its inputs and those upstream stay the same).
     """
     def link(node: str, output: int) -> list:
         return [node, output]
 
     return {
         SOURCE_ID: {"class_type": "ToMATestTinySDXL",
-                    "inputs": {"latent_size": LATENT_SIZE, "seed": 0}},
-        toma_id: {"class_type": "ToMA", "inputs": {**toma_inputs, "model": link(SOURCE_ID, 0)}},
+                    "inputs": {"latent_size": LATENT_SIZE, "seed": source_seed}},
+        toma_id: {"class_type": toma_type,
+                  "inputs": {**toma_inputs, "model": link(SOURCE_ID, 0)}},
         SAMPLER_ID: {"class_type": "KSampler", "inputs": {
             "model": link(toma_id, 0), "seed": seed, "steps": 2, "cfg": 2.0,
             "sampler_name": "euler", "scheduler": "normal", "positive": link(SOURCE_ID, 1),
@@ -246,6 +242,12 @@ def tiny_sdxl_graph(toma_id: str, toma_inputs: dict[str, Any],
         SINK_ID: {"class_type": "ToMATestLatentSink",
                   "inputs": {"samples": link(SAMPLER_ID, 0)}},
     }
+
+
+def recorded_calls(server: ComfyServer, prompt_id: str) -> list[dict[str, Any]]:
+    """The runs of the pack's nodes in a prompt, as the test nodes recorded them: node id,
+    node type and the inputs the node's execute received (see server_nodes/)."""
+    return server.get_json(f"/toma_test/calls?prompt_id={prompt_id}")
 
 
 @dataclass

@@ -9,8 +9,15 @@ included) and looks at the node:
   and the text itself is painted: blanking just the text changes many pixels where it was.
 - Nodes 2.0 (Vue nodes): in the DOM. The node's element shows the text, unhidden and on top.
 
-Then it opens the template browser and checks the examples' titles and thumbnails there. The
-screenshots are kept (TOMA_SCREENSHOT_DIR, else pytest's temporary directory; the log says
+Then it opens the template browser and checks the examples' titles and thumbnails there.
+
+Saved workflows keep widget values by position: every example and every workflow saved with the
+pack's V1 nodes in frontends 1.27, 1.35 and 1.49 (saved_workflows/, see saved_workflows.py; each
+in every frontend, older ones included) is opened here, queued as the frontend queues it, and
+run; the inputs the nodes' V3 `execute` received (recorded by the test nodes) must be the values
+that were saved, each in its input.
+
+The screenshots are kept (TOMA_SCREENSHOT_DIR, else pytest's temporary directory; the log says
 where) so that a person can look at them.
 
 Skipped without Chromium (Debian: `apt-get install chromium`) or when the ComfyUI under test
@@ -39,9 +46,10 @@ from PIL import Image
 
 import browser
 import comfy_server
-import toma_pack
+import saved_workflows
 from browser import JS_APP, Cdp, ConsoleEntry
 from comfy_server import ComfyServer
+from toma_pack.nodes import NODE_SPECS
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +83,20 @@ def _frontend_version() -> tuple[int, ...]:
 # progress text at all; Nodes 2.0 is checked from 1.35 (ComfyUI 0.8.0) on.
 NODES_2_SINCE = (1, 35)
 RENDER_MODES = ("canvas", "nodes_2") if _frontend_version() >= NODES_2_SINCE else ("canvas",)
+
+PACK_TYPES = tuple(NODE_SPECS)
+TOMA_TYPES = ("ToMA", "ToMAAdvanced")
+# What the recording shows for the inputs that come through links.
+LINKED_INPUTS = {"model": "ModelPatcher", "image": "Tensor"}
+SAVED = sorted(saved_workflows.FOLDER.glob("frontend-*.json"))
+
+JS_PACK_NODES = f"""(() => {{
+  const graph = {JS_APP}.graph;
+  const nodes = {json.dumps(PACK_TYPES)}.flatMap((type) => graph.findNodesByType(type) ?? []);
+  // "$$" widgets are the frontend's own (the progress text), not the node's inputs.
+  return nodes.map((n) => ({{id: String(n.id), type: n.type, widgets: (n.widgets ?? [])
+    .filter((w) => !w.name.startsWith("$$")).map((w) => [w.name, w.value])}}));
+}})()"""
 
 JS_TOMA_NODES = f"""(() => {{
   const nodes = {JS_APP}.graph.findNodesByType("ToMA") ?? [];
@@ -168,6 +190,21 @@ class TemplateView:
 
 
 @dataclass
+class WorkflowRun:
+    """A saved workflow opened in this frontend and run. Per pack node (by id): its type, the
+    widget values the canvas shows, the inputs the frontend queues (links left out), the inputs
+    the node's execute received (links by their value's type) and its hidden unique_id."""
+
+    name: str
+    types: dict[str, str] = field(default_factory=dict)
+    widgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    queued: dict[str, dict[str, Any]] = field(default_factory=dict)
+    received: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unique_ids: dict[str, str | None] = field(default_factory=dict)  # hidden input, by node id
+    statuses: list[str] = field(default_factory=list)
+
+
+@dataclass
 class PageRecord:
     """What the page showed during the session."""
 
@@ -178,7 +215,16 @@ class PageRecord:
     vue: VueView | None = None
     templates: TemplateView | None = None
     runs: list[comfy_server.PromptRun] = field(default_factory=list)
+    examples: list[WorkflowRun] = field(default_factory=list)
+    saved: list[WorkflowRun] = field(default_factory=list)
     console: list[ConsoleEntry] = field(default_factory=list)
+    seeds: int = 0
+
+    def next_seed(self) -> int:
+        """A seed no run of this session used yet (ComfyUI reuses a node's output while its
+        inputs and those upstream stay the same, and then does not call the node)."""
+        self.seeds += 1
+        return 1000 + self.seeds
 
     def errors(self) -> list[tuple[ConsoleEntry, str | None]]:
         """Every error with the reason it is unavoidable (None: unexplained)."""
@@ -209,6 +255,61 @@ async def _drive(cdp: Cdp, server: ComfyServer, record: PageRecord) -> None:
         await _set_vue_nodes(cdp, False)
 
     record.templates = await _template_view(cdp, record)
+    for path in sorted(EXAMPLES.glob("*.json")):
+        record.examples.append(await _run_example(cdp, server, record, path))
+    for path in SAVED:
+        record.saved.append(await _run_saved(cdp, server, record, path))
+
+
+async def _open(cdp: Cdp, path: Path) -> tuple[WorkflowRun, dict[str, dict]]:
+    """Open a saved workflow; what the canvas shows of the pack's nodes, and the API-format
+    graph the frontend queues for it."""
+    await browser.load_workflow(cdp, json.loads(path.read_text()))
+    run = WorkflowRun(path.name)
+    for node in await cdp.evaluate(JS_PACK_NODES):
+        run.types[node["id"]] = node["type"]
+        run.widgets[node["id"]] = dict(node["widgets"])
+    graph = await saved_workflows.api_prompt(cdp)
+    for node_id in run.types:
+        run.queued[node_id] = {name: value for name, value in graph[node_id]["inputs"].items()
+                               if not isinstance(value, list)}
+    return run, graph
+
+
+async def _receive(server: ComfyServer, record: PageRecord, run: WorkflowRun,
+                   graph: dict[str, dict]) -> None:
+    """Queue an API-format graph; keep its status and what the pack's nodes received."""
+    result = await asyncio.to_thread(comfy_server.run_prompt, server, graph)
+    run.statuses.append(result.history["status"]["status_str"])
+    for call in comfy_server.recorded_calls(server, result.prompt_id):
+        run.received[call["node"]] = call["inputs"]
+        run.unique_ids[call["node"]] = call["unique_id"]
+
+
+async def _run_example(cdp: Cdp, server: ComfyServer, record: PageRecord,
+                       path: Path) -> WorkflowRun:
+    """An example's ToMA nodes, each run with the inputs the frontend queues for it on the
+    tiny SDXL (the examples' own models are not on this machine)."""
+    run, graph = await _open(cdp, path)
+    for node_id, node_type in run.types.items():
+        seed = record.next_seed()
+        await _receive(server, record, run, comfy_server.tiny_sdxl_graph(
+            node_id, run.queued[node_id], seed=seed, toma_type=node_type, source_seed=seed))
+    return run
+
+
+async def _run_saved(cdp: Cdp, server: ComfyServer, record: PageRecord,
+                     path: Path) -> WorkflowRun:
+    """A workflow of saved_workflows/, run as it is (its graph uses only the test nodes)."""
+    run, graph = await _open(cdp, path)
+    seed = record.next_seed()
+    for node in graph.values():
+        if node["class_type"] == "ToMATestTinySDXL":
+            node["inputs"]["seed"] = seed
+        elif node["class_type"] == "ToMATestImage":
+            node["inputs"]["width"] += 8 * (seed % 32)
+    await _receive(server, record, run, graph)
+    return run
 
 
 async def _set_vue_nodes(cdp: Cdp, enabled: bool) -> None:
@@ -270,7 +371,7 @@ def _union(a: dict[str, float], b: dict[str, float] | None) -> dict[str, float]:
 
 async def _queue_run(cdp: Cdp, server: ComfyServer, record: PageRecord, node_id: str) -> str:
     """Run the tiny SDXL graph with a ToMA node of this id; the text the page then shows."""
-    inputs = {**comfy_server.node_defaults(toma_pack.NODE_CLASS_MAPPINGS["ToMA"]), "ratio": 0.5}
+    inputs = {**NODE_SPECS["ToMA"].defaults(), "ratio": 0.5}
     # A new seed per run: ComfyUI would answer an identical prompt from its cache, without
     # sampling (and without stats).
     graph = comfy_server.tiny_sdxl_graph(node_id, inputs, seed=len(record.runs))
@@ -448,9 +549,8 @@ def test_workflow_loads_with_toma_widgets(page: PageRecord) -> None:
     loaded = {str(node["id"]): [value for _, value in node["widgets"]]
               for node in page.toma_nodes}
     assert loaded == expected
-    required = toma_pack.NODE_CLASS_MAPPINGS["ToMA"].INPUT_TYPES()["required"]
-    widget_inputs = [name for name, spec in required.items()
-                     if isinstance(spec[0], (list, tuple)) or spec[0] in WIDGET_TYPES]
+    widget_inputs = [name for name, (kind, _) in NODE_SPECS["ToMA"].inputs.items()
+                     if isinstance(kind, list) or kind in WIDGET_TYPES]
     assert [name for name, _ in page.toma_nodes[0]["widgets"]] == widget_inputs
 
 
@@ -500,6 +600,45 @@ def test_template_browser_shows_titles_and_thumbnails(page: PageRecord) -> None:
     assert view.served, "the dialog asked for no thumbnail"
     assert view.served == {f"{stem}.jpg": 200 for stem in stems if f"{stem}.jpg" in view.served}
     assert len(view.thumbnail_widths) >= len(view.served), (view.thumbnail_widths, view.served)
+
+
+def _widget_names(node_type: str) -> list[str]:
+    return [name for name, (kind, _) in NODE_SPECS[node_type].inputs.items()
+            if isinstance(kind, list) or kind in WIDGET_TYPES]
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.json")), ids=lambda path: path.stem)
+def test_examples_reach_the_nodes_input_by_input(page: PageRecord, example: Path) -> None:
+    run = next(run for run in page.examples if run.name == example.name)
+    saved = {str(node["id"]): node for node in json.loads(example.read_text())["nodes"]
+             if node["type"] in PACK_TYPES}
+    assert set(run.types) == set(saved) and any(t in TOMA_TYPES for t in run.types.values())
+    assert run.statuses == ["success"] * len(saved), run.statuses
+    for node_id, node in saved.items():
+        # V1 semantics: the n-th saved value is the n-th widget input.
+        names = _widget_names(node["type"])
+        expected = dict(zip(names, node["widgets_values"][:len(names)], strict=True))
+        assert run.widgets[node_id] == expected, node_id
+        assert run.queued[node_id] == expected, node_id
+        assert run.received[node_id] == {**expected, "model": LINKED_INPUTS["model"]}, node_id
+        assert run.unique_ids[node_id] == node_id  # where the node's stats are sent
+
+
+@pytest.mark.parametrize("path", SAVED, ids=lambda path: path.stem)
+def test_workflows_saved_with_the_v1_nodes_run_with_every_value_in_place(
+        page: PageRecord, path: Path) -> None:
+    run = next(run for run in page.saved if run.name == path.name)
+    assert sorted(run.types.values()) == sorted(saved_workflows.VALUES), run.types
+    assert run.statuses == ["success"], run.statuses
+    for node_id, node_type in run.types.items():
+        expected = saved_workflows.VALUES[node_type]
+        assert list(run.widgets[node_id]) == _widget_names(node_type), node_id
+        assert run.widgets[node_id] == expected, (node_type, run.widgets[node_id])
+        assert run.queued[node_id] == expected, (node_type, run.queued[node_id])
+        linked = {name: LINKED_INPUTS[name] for name in NODE_SPECS[node_type].inputs
+                  if name in LINKED_INPUTS}
+        assert run.received[node_id] == {**expected, **linked}, (node_type, run.received)
+        assert run.unique_ids[node_id] == (node_id if node_type in TOMA_TYPES else None)
 
 
 def test_no_console_errors(page: PageRecord) -> None:
