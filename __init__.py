@@ -14,7 +14,11 @@ from .nodes import NODE_SPECS
 if TYPE_CHECKING:
     from comfy_api.latest import ComfyExtension
 
-__all__ = ["NODE_SPECS", "comfy_entrypoint"]
+__all__ = ["NODE_SPECS", "WEB_DIRECTORY", "comfy_entrypoint"]
+
+# Served at /extensions/<this folder>/: the nodes' help pages (web/docs/<node id>.md, and
+# web/docs/<node id>/<locale>.md translated), which the frontend shows for a node.
+WEB_DIRECTORY = "./web"
 
 
 async def comfy_entrypoint() -> ComfyExtension:

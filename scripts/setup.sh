@@ -8,7 +8,8 @@
 #   .cache/venvs/<version>/     the same for each older tree (`scripts/venv-for.sh <version>`)
 #
 # TORCH_SPEC overrides the torch requirement (default: the CPU build 2.13.0).
-# Debian's chromium is installed with apt-get when missing and we are root (the frontend tests).
+# Debian's chromium (and a Chinese font) is installed with apt-get when missing and we are root
+# (the frontend tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -82,9 +83,14 @@ for version in "${trees[@]}" ""; do  # "" last: .venv
   fi
 done
 
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "setup: installing Debian chromium (frontend tests)"
+apt_packages=()
+command -v chromium >/dev/null 2>&1 || apt_packages+=(chromium)
+# A Chinese font, so that the frontend test's screenshots of the Chinese help pages are legible
+# (its assertions read the page's text and need none).
+[ -n "$(fc-list :lang=zh 2>/dev/null)" ] || apt_packages+=(fonts-wqy-microhei)
+if [ ${#apt_packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing Debian ${apt_packages[*]} (frontend tests)"
   quiet apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq chromium
+  DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq "${apt_packages[@]}"
 fi
 echo "setup: ok ($("$ROOT/.venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

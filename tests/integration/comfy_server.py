@@ -42,7 +42,9 @@ STOP_TIMEOUT_S = 15.0
 PROMPT_TIMEOUT_S = 90.0
 LOG_TAIL_CHARS = 4000
 
-FRONTEND_SETTINGS = {"Comfy.TutorialCompleted": True}
+# A user who has seen the frontend before, and whose browser may reload a page with unsaved
+# workflows (the confirmation dialog would block a headless page).
+FRONTEND_SETTINGS = {"Comfy.TutorialCompleted": True, "Comfy.Window.UnloadConfirmation": False}
 
 # "   0.1 seconds (IMPORT FAILED): /tmp/.../custom_nodes/ComfyUI-ToMA" in all versions; 0.33
 # puts a coloured "[INFO]" before it.

@@ -17,6 +17,11 @@ in every frontend, older ones included) is opened here, queued as the frontend q
 run; the inputs the nodes' V3 `execute` received (recorded by the test nodes) must be the values
 that were saved, each in its input.
 
+Help pages: for each node, in English and in Chinese (Comfy.Locale zh, page reloaded), the
+test puts the node on an empty canvas, selects it with a mouse click and clicks the selection
+toolbox's info button (frontends 1.27 to 1.49), then finds the node's help page (web/docs/),
+its picture and the translated names (locales/zh/) in the page.
+
 The screenshots are kept (TOMA_SCREENSHOT_DIR, else pytest's temporary directory; the log says
 where) so that a person can look at them.
 
@@ -89,6 +94,9 @@ TOMA_TYPES = ("ToMA", "ToMAAdvanced")
 # What the recording shows for the inputs that come through links.
 LINKED_INPUTS = {"model": "ModelPatcher", "image": "Tensor"}
 SAVED = sorted(saved_workflows.FOLDER.glob("frontend-*.json"))
+DOCS = comfy_server.REPO_ROOT / "web" / "docs"
+LOCALES = comfy_server.REPO_ROOT / "locales"
+HELP_LOCALES = ("en", "zh")
 
 JS_PACK_NODES = f"""(() => {{
   const graph = {JS_APP}.graph;
@@ -132,16 +140,33 @@ OPTIONAL_USER_FILES = re.compile(
 PACK_MARK = re.compile(rf"{re.escape(comfy_server.PACK_FOLDER)}|\bToMA")
 
 
+# The frontend's help lookup: /extensions/<pack>/docs/<node>/<locale>.md first, then
+# /extensions/<pack>/docs/<node>.md.
+HELP_FIRST_TRY = re.compile(
+    rf"^/extensions/{re.escape(comfy_server.PACK_FOLDER)}/docs/(\w+)/([\w-]+)\.md$")
+
+
 def mentions_pack(entry: ConsoleEntry) -> bool:
     return PACK_MARK.search(f"{entry.text} {entry.url}") is not None
+
+
+def help_fallback(entry: ConsoleEntry) -> bool:
+    """The 404 of a help page in a language the pack has no page for, where the frontend goes
+    on to the node's page in docs/ (English), which exists: the lookup working as designed."""
+    match = HELP_FIRST_TRY.match(urllib.parse.urlsplit(entry.url).path)
+    return (entry.source == "network" and "404" in entry.text and match is not None
+            and not (DOCS / match[1] / f"{match[2]}.md").is_file()
+            and (DOCS / f"{match[1]}.md").is_file())
 
 
 def unavoidable_reason(entry: ConsoleEntry, origin: str) -> str | None:
     """Why an error is none of the pack's business, or None if it may be.
 
     Each rule was checked against the same ComfyUI without the pack, where it shows up the
-    same way. Anything naming the pack is never excused.
+    same way. Anything naming the pack is never excused, but for the help lookup's first try.
     """
+    if help_fallback(entry):
+        return "the help lookup tries the page in the UI's language first"
     if mentions_pack(entry):
         return None
     if entry.source == "network":
@@ -205,6 +230,20 @@ class WorkflowRun:
 
 
 @dataclass
+class HelpView:
+    """A node's help as the frontend showed it after a click on the info button."""
+
+    node_type: str
+    locale: str
+    text: str                   # the rendered text of the element holding the help page
+    on_top: bool                # its first paragraph is what the page shows at that point
+    images: list[dict[str, Any]]  # pictures in it: src attribute and natural width
+    title: str                  # the node's title on the canvas
+    labels: dict[str, str]      # widget name -> the label the frontend gives it
+    name_elsewhere: bool        # the node's display name is in the page outside the help too
+
+
+@dataclass
 class PageRecord:
     """What the page showed during the session."""
 
@@ -217,6 +256,7 @@ class PageRecord:
     runs: list[comfy_server.PromptRun] = field(default_factory=list)
     examples: list[WorkflowRun] = field(default_factory=list)
     saved: list[WorkflowRun] = field(default_factory=list)
+    help: list[HelpView] = field(default_factory=list)
     console: list[ConsoleEntry] = field(default_factory=list)
     seeds: int = 0
 
@@ -233,7 +273,8 @@ class PageRecord:
 
     def pack_complaints(self) -> list[ConsoleEntry]:
         return [entry for entry in self.console
-                if mentions_pack(entry) and entry.level in ("warning", "error")]
+                if mentions_pack(entry) and entry.level in ("warning", "error")
+                and not help_fallback(entry)]
 
 
 # Driving the page ------------------------------------------------------------------------------
@@ -259,6 +300,112 @@ async def _drive(cdp: Cdp, server: ComfyServer, record: PageRecord) -> None:
         record.examples.append(await _run_example(cdp, server, record, path))
     for path in SAVED:
         record.saved.append(await _run_saved(cdp, server, record, path))
+    for locale in HELP_LOCALES:
+        # As a person does it: change the language, reload.
+        await cdp.evaluate(f"{JS_APP}.extensionManager.setting.set('Comfy.Locale', "
+                           f"{json.dumps(locale)}).then(() => true)")
+        await browser.reload(cdp, UI_TIMEOUT_S)
+        await _set_vue_nodes(cdp, False)
+        for node_type in PACK_TYPES:
+            record.help.append(await _help_view(cdp, record, node_type, locale))
+
+
+def help_page(node_type: str, locale: str) -> str:
+    """The Markdown the frontend must show for a node: docs/<node>/<locale>.md, which it asks
+    for first, or in English docs/<node>.md, its fallback."""
+    path = DOCS / f"{node_type}.md" if locale == "en" else DOCS / node_type / f"{locale}.md"
+    return path.read_text()
+
+
+def help_paragraphs(markdown: str) -> list[str]:
+    """The page's headings, paragraphs and list items as rendered text (no tables, code or
+    pictures): what the help must show."""
+    shown = []
+    for block in markdown.split("\n\n"):
+        if block.startswith(("|", "```", "![")):
+            continue
+        for item in re.split(r"^- ", block, flags=re.MULTILINE):
+            text = re.sub(r"[*`#]", "", item)
+            text = " ".join(text.split())
+            if text:
+                shown.append(text)
+    return shown
+
+
+def display_name(node_type: str, locale: str) -> str:
+    if locale == "en":
+        return NODE_SPECS[node_type].display_name
+    defs = json.loads((LOCALES / locale / "nodeDefs.json").read_text())
+    return defs[node_type]["display_name"]
+
+
+JS_INFO_BUTTON = """(() => {
+  // The selection toolbox's button that opens the selected node's help (1.27 to 1.49).
+  const button = document.querySelector('[data-testid="info-button"]');
+  if (!button || button.offsetParent === null) return null;
+  const r = button.getBoundingClientRect();
+  return r.width > 0 ? {x: r.x + r.width / 2, y: r.y + r.height / 2} : null;
+})()"""
+
+
+def _js_help_shown(first: str, last: str, name: str) -> str:
+    return f"""(() => {{
+      const norm = (t) => (t ?? "").replace(/\\s+/g, " ").trim();
+      const first = {json.dumps(first)}, last = {json.dumps(last)}, name = {json.dumps(name)};
+      // The innermost element holding the first paragraph, and the one around it that holds
+      // the whole page.
+      const holders = [...document.querySelectorAll("body *")].filter(
+        (e) => norm(e.textContent).includes(first));
+      const holder = holders[holders.length - 1];
+      let box = holder;
+      while (box && !norm(box.innerText).includes(last)) box = box.parentElement;
+      if (!box) return null;
+      const images = [...box.querySelectorAll("img")].map(
+        (img) => ({{src: img.getAttribute("src"), width: img.complete ? img.naturalWidth : 0}}));
+      if (!images.length || images.some((img) => !img.width)) return null;  // still loading
+      const r = holder.getBoundingClientRect();
+      const top = document.elementFromPoint(r.x + Math.min(r.width / 2, 40),
+                                            r.y + Math.min(r.height / 2, 8));
+      const count = (text) => text.split(name).length - 1;
+      return {{text: norm(box.innerText), on_top: holder.contains(top), images,
+               name_elsewhere: count(norm(document.body.innerText)) > count(norm(box.innerText))}};
+    }})()"""
+
+
+async def _help_view(cdp: Cdp, record: PageRecord, node_type: str, locale: str) -> HelpView:
+    # On an empty canvas, at scale 1, clear of the side bars (1.27's help opens on the left,
+    # 1.35's and 1.49's on the right).
+    node_id = await cdp.evaluate(f"""(() => {{
+      const app = {JS_APP}, graph = app.graph, canvas = app.canvas;
+      const node = globalThis.LiteGraph.createNode({json.dumps(node_type)});
+      graph.clear();
+      node.pos = [0, 0];
+      graph.add(node);
+      canvas.ds.scale = 1;
+      canvas.ds.offset[0] = 420;
+      canvas.ds.offset[1] = 240;
+      canvas.setDirty(true, true);
+      return String(node.id);
+    }})()""")
+    await cdp.frames(3)
+    box = await _node_rect(cdp, node_id)
+    title_height = await cdp.evaluate("globalThis.LiteGraph.NODE_TITLE_HEIGHT")
+    await browser.click(cdp, box["x"] + 40, box["y"] + title_height / 2)  # select the node
+    button = await cdp.wait_for(JS_INFO_BUTTON, UI_TIMEOUT_S, "the selection toolbox's info button")
+    await browser.click(cdp, button["x"], button["y"])
+    paragraphs = help_paragraphs(help_page(node_type, locale))
+    shown = await cdp.wait_for(
+        _js_help_shown(paragraphs[1], paragraphs[-1], display_name(node_type, locale)),
+        UI_TIMEOUT_S, f"the help page of {node_type} ({locale})")
+    await cdp.frames(3)
+    _save(record, f"help-{node_type}-{locale}.png", await cdp.screenshot())
+    node = await cdp.evaluate(f"""(() => {{
+      const node = {_js_node(node_id)};
+      return {{title: node.title, labels: Object.fromEntries(
+        (node.widgets ?? []).map((w) => [w.name, w.label ?? w.name]))}};
+    }})()""")
+    return HelpView(node_type, locale, shown["text"], shown["on_top"], shown["images"],
+                    node["title"], node["labels"], shown["name_elsewhere"])
 
 
 async def _open(cdp: Cdp, path: Path) -> tuple[WorkflowRun, dict[str, dict]]:
@@ -639,6 +786,34 @@ def test_workflows_saved_with_the_v1_nodes_run_with_every_value_in_place(
                   if name in LINKED_INPUTS}
         assert run.received[node_id] == {**expected, **linked}, (node_type, run.received)
         assert run.unique_ids[node_id] == (node_id if node_type in TOMA_TYPES else None)
+
+
+@pytest.mark.parametrize("locale", HELP_LOCALES)
+@pytest.mark.parametrize("node_type", PACK_TYPES)
+def test_help_page_opens_from_the_info_button(page: PageRecord, node_type: str,
+                                              locale: str) -> None:
+    view = next(v for v in page.help if (v.node_type, v.locale) == (node_type, locale))
+    for paragraph in help_paragraphs(help_page(node_type, locale)):
+        assert paragraph in view.text, paragraph
+    assert view.on_top, view.text[:200]
+    # The picture, from the pack's web/docs/ (the frontend resolves it against docs/).
+    assert [image["src"] for image in view.images] == \
+        [f"/extensions/{comfy_server.PACK_FOLDER}/docs/preview.png"]
+    assert view.images[0]["width"] == 1024
+
+
+@pytest.mark.parametrize("locale", HELP_LOCALES)
+@pytest.mark.parametrize("node_type", PACK_TYPES)
+def test_node_names_follow_the_language(page: PageRecord, node_type: str, locale: str) -> None:
+    view = next(v for v in page.help if (v.node_type, v.locale) == (node_type, locale))
+    assert view.title == display_name(node_type, locale)
+    assert view.name_elsewhere, "the display name is shown with the help (its header)"
+    widgets = _widget_names(node_type)
+    if locale == "en":
+        assert view.labels == {name: name for name in widgets}
+    else:
+        defs = json.loads((LOCALES / locale / "nodeDefs.json").read_text())[node_type]
+        assert view.labels == {name: defs["inputs"][name]["name"] for name in widgets}
 
 
 def test_no_console_errors(page: PageRecord) -> None:

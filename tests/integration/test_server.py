@@ -114,6 +114,36 @@ def test_template_browser_files(server: ComfyServer) -> None:
     assert categories[PACK_FOLDER] == CATEGORY_TITLE
 
 
+WEB = comfy_server.REPO_ROOT / "web"
+LOCALES = comfy_server.REPO_ROOT / "locales"
+
+
+@pytest.mark.parametrize("name", PACK_NODES)
+def test_help_pages_are_served_where_the_frontend_looks(server: ComfyServer, name: str) -> None:
+    # The frontend (1.27 to 1.49) fetches /extensions/<pack folder>/docs/<node>/<locale>.md,
+    # then /extensions/<pack folder>/docs/<node>.md; pictures relative to .../docs/.
+    base = f"/extensions/{PACK_FOLDER}/docs"
+    for path, source in ((f"{name}.md", WEB / "docs" / f"{name}.md"),
+                         (f"{name}/zh.md", WEB / "docs" / name / "zh.md")):
+        status, body = server.get(f"{base}/{path}")
+        assert status == 200 and body == source.read_bytes(), (path, status)
+    assert server.get(f"{base}/{name}/en.md")[0] == 404  # English: the fallback page
+    status, body = server.get(f"{base}/preview.png")
+    assert status == 200 and body == (WEB / "docs" / "preview.png").read_bytes()
+
+
+def test_translations_are_served(server: ComfyServer) -> None:
+    # ComfyUI merges every pack's locales/<language>/{main,nodeDefs}.json into /i18n.
+    served = server.get_json("/i18n")
+    for language in ("en", "zh"):
+        main = json.loads((LOCALES / language / "main.json").read_text(encoding="utf-8"))
+        category = main["templateWorkflows"]["category"]
+        assert served[language]["templateWorkflows"]["category"][PACK_FOLDER] == \
+            category[PACK_FOLDER]
+    node_defs = json.loads((LOCALES / "zh" / "nodeDefs.json").read_text(encoding="utf-8"))
+    assert {name: served["zh"]["nodeDefs"][name] for name in PACK_NODES} == node_defs
+
+
 FRONTEND_ONLY_NODES = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 

@@ -6,6 +6,7 @@ It reads the nodes' plain definitions (nodes/node_spec.py), which ComfyUI's V3 c
 from; tests/integration/test_server.py checks that ComfyUI gets exactly these."""
 
 import inspect
+from pathlib import Path
 
 import toma_pack
 from toma_pack.nodes import NODE_SPECS
@@ -79,6 +80,8 @@ def test_the_pack_is_a_v3_extension():
     assert not hasattr(toma_pack, "NODE_CLASS_MAPPINGS")
     assert not hasattr(toma_pack, "NODE_DISPLAY_NAME_MAPPINGS")
     assert inspect.iscoroutinefunction(toma_pack.comfy_entrypoint)
+    web = Path(toma_pack.__file__).parent / toma_pack.WEB_DIRECTORY
+    assert web.is_dir(), web
 
 
 def test_every_input_has_a_tooltip_and_every_node_a_description():
