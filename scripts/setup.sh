@@ -6,6 +6,7 @@
 #                               of the newest ComfyUI source tree in $TOMA_COMFY_TREES (default
 #                               ../shared/comfyui) when there is one
 #   .cache/venvs/<version>/     the same for each older tree (`scripts/venv-for.sh <version>`)
+#   .cache/tools/               comfy-cli (the archive test)
 #
 # TORCH_SPEC overrides the torch requirement (default: the CPU build 2.13.0).
 # Debian's chromium (and a Chinese font) is installed with apt-get when missing and we are root
@@ -82,6 +83,21 @@ for version in "${trees[@]}" ""; do  # "" last: .venv
     echo "$stamp" >"$dir/.stamp"
   fi
 done
+
+# .cache/tools/: the command-line tools the tests call, in a venv of their own (their
+# dependencies stay out of the test venvs): comfy-cli builds and validates the Comfy Registry
+# archive (tests/integration/test_archive.py).
+TOOLS_SPEC=(comfy-cli==1.23.0)
+tools=.cache/tools
+tools_stamp=$({ "$PY" --version; echo "${TOOLS_SPEC[*]}"; } | sha256sum | cut -d' ' -f1)
+if [ ! -f "$tools/.stamp" ] || [ "$(cat "$tools/.stamp")" != "$tools_stamp" ]; then
+  echo "setup: building $tools"
+  rm -rf "$tools"
+  "$PY" -m venv "$tools"
+  quiet "$tools/bin/python" -m pip install --upgrade pip
+  quiet "$tools/bin/python" -m pip install "${TOOLS_SPEC[@]}"
+  echo "$tools_stamp" >"$tools/.stamp"
+fi
 
 apt_packages=()
 command -v chromium >/dev/null 2>&1 || apt_packages+=(chromium)

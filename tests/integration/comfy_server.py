@@ -192,10 +192,12 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def running_server(comfyui: Path, root: Path,
-                   startup_timeout: float = STARTUP_TIMEOUT_S) -> Iterator[ComfyServer]:
-    """A ComfyUI server on 127.0.0.1 with this pack, stopped (and killed if need be) on exit."""
-    base = make_base_directory(root)
+def running_server(comfyui: Path, root: Path, startup_timeout: float = STARTUP_TIMEOUT_S,
+                   base: Path | None = None) -> Iterator[ComfyServer]:
+    """A ComfyUI server on 127.0.0.1, stopped (and killed if need be) on exit. Its base
+    directory is `base`, else a new one under `root` with this pack and the test nodes (see
+    make_base_directory); the log goes to `root`."""
+    base = base or make_base_directory(root)
     port = free_port()
     log_path = root / "comfyui.log"
     command = comfy_command(comfyui, base, "--listen", "127.0.0.1", "--port", str(port))
