@@ -1,5 +1,30 @@
-"""ToMA Token Merge: ComfyUI nodes that speed up SDXL and Flux by merging similar image tokens."""
+"""ToMA Token Merge: ComfyUI nodes that speed up SDXL and Flux by merging similar image tokens.
 
-from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+ComfyUI loads the nodes through comfy_entrypoint (its V3 node API). The module defines no
+NODE_CLASS_MAPPINGS on purpose: ComfyUI would load those (V1) instead. NODE_SPECS holds the
+nodes' definitions as plain data (for tests and benchmarks, which run without ComfyUI).
+"""
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .nodes import NODE_SPECS
+
+if TYPE_CHECKING:
+    from comfy_api.latest import ComfyExtension
+
+__all__ = ["NODE_SPECS", "WEB_DIRECTORY", "comfy_entrypoint"]
+
+# Served at /extensions/<this folder>/: the nodes' help pages (web/docs/<node id>.md, and
+# web/docs/<node id>/<locale>.md translated), which the frontend shows for a node.
+WEB_DIRECTORY = "./web"
+
+
+async def comfy_entrypoint() -> ComfyExtension:
+    """The pack's nodes, for ComfyUI. The V3 classes are imported here, not at the top: they
+    need ComfyUI's comfy_api, and the package must import without ComfyUI (unit tests,
+    benchmarks)."""
+    from .nodes.v3 import ToMAExtension
+
+    return ToMAExtension()

@@ -6,7 +6,7 @@ a ModelPatcher and samples one Euler step (comfy.sample.sample, cfg 1.0: one UNe
 latent [1, 4, 128, 128], context [1, 77, 2048]) for:
 
 - unpatched: the model as loaded;
-- toma: the pack's ToMA node with its defaults (toma_pack.nodes.ToMA().patch(...)): what a
+- toma: the pack's ToMA node with its defaults (toma_node.patch_model(...)): what a
   workflow gets; its one-step run builds a plan per level, which a real run would reuse for
   recompute_every steps, so planning is over-counted here (planning_s says how much);
 - lower bound: every transformer block the node merged runs on the merged token count the node
@@ -130,10 +130,8 @@ class RunRecorder:
 
 def toma_node(patcher):
     """The ToMA node's output with its defaults, and a recorder of its runs."""
-    pack = load_pack()
-    basic = pack.nodes.toma_node.BASIC_INPUTS
-    defaults = {k: spec[1]["default"] for k, spec in basic.items() if k != "model"}
-    (patched,) = pack.nodes.ToMA().patch(patcher, **defaults)
+    toma_node = load_pack().nodes.toma_node
+    patched = toma_node.patch_model(patcher, **toma_node.TOMA.defaults())
     recorder = RunRecorder()
     recorder.install(patched)
     return patched, recorder

@@ -65,17 +65,13 @@ class Variant:
 
 def _node_defaults() -> dict[str, Any]:
     """The ToMAAdvanced node's widget defaults (what a user gets), from the node itself."""
-    pack = load_pack()
-    inputs = pack.nodes.toma_node.ToMAAdvanced.INPUT_TYPES()["required"]
-    return {k: spec[1]["default"] for k, spec in inputs.items() if k != "model"}
+    return load_pack().nodes.toma_node.TOMA_ADVANCED.defaults()
 
 
 def _toma(**settings: Any) -> Callable[[Any], Any]:
     def make(patcher):
-        pack = load_pack()
-        (patched,) = pack.nodes.toma_node.ToMAAdvanced().patch(
-            patcher, **{**_node_defaults(), **settings})
-        return patched
+        return load_pack().nodes.toma_node.patch_model(patcher,
+                                                        **{**_node_defaults(), **settings})
 
     return make
 

@@ -1,7 +1,10 @@
 """ComfyUI glue: the pack's nodes and the model patches they install.
 
-toma_node     -- the ToMA and ToMAAdvanced nodes
-preview_node  -- ToMAPreview, the merge overlay
+node_spec     -- the nodes as plain data (no ComfyUI import)
+toma_node     -- the ToMA and ToMAAdvanced nodes: definitions and what they do
+preview_node  -- ToMAPreview, the merge overlay: definition and drawing
+v3            -- the V3 node classes ComfyUI loads, built from those definitions (imports
+                 ComfyUI's comfy_api: imported only by the pack's comfy_entrypoint)
 options       -- widget validation and the skip_blocks notation
 apply         -- model family detection and patch installation
 unet_patch    -- SDXL / SD1.5 / SD2 (ComfyUI's UNet)
@@ -13,16 +16,9 @@ run_state     -- per-run plans and counters, the model call in flight on each th
 ui_stats      -- the stats line pushed to the graph
 """
 
-from .preview_node import ToMAPreview
-from .toma_node import ToMA, ToMAAdvanced
+from .node_spec import NodeSpec
+from .preview_node import PREVIEW
+from .toma_node import TOMA, TOMA_ADVANCED
 
-NODE_CLASS_MAPPINGS = {
-    "ToMA": ToMA,
-    "ToMAAdvanced": ToMAAdvanced,
-    "ToMAPreview": ToMAPreview,
-}
-NODE_DISPLAY_NAME_MAPPINGS = {
-    "ToMA": "ToMA Token Merge",
-    "ToMAAdvanced": "ToMA Token Merge (Advanced)",
-    "ToMAPreview": "ToMA Merge Preview",
-}
+# Every node of the pack by its id, in the order ComfyUI lists them.
+NODE_SPECS: dict[str, NodeSpec] = {spec.node_id: spec for spec in (TOMA, TOMA_ADVANCED, PREVIEW)}

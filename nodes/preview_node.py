@@ -4,6 +4,8 @@ The picture stands in for the model's features: each token is a cell of `px` x `
 described by its downsampled pixels minus the image mean (so cosine similarity reflects colour
 and texture differences, not overall brightness). The overlay shows tile borders (white), the
 chosen destination tokens (dark cells) and every token tinted with its destination's colour.
+
+The node's definition is plain data here; its V3 class is built from it in nodes/v3.py.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from ..toma_core import build_plan, make_regions
+from .node_spec import NodeSpec
 from .options import MAX_RATIO, MAX_TILE_COUNT, check_integer, check_number
-from .toma_node import TILE_DEFAULTS
+from .toma_node import CATEGORY, TILE_DEFAULTS
 
 LEVELS = {
     "16px (SDXL outer, Flux)": 16,
@@ -74,40 +77,41 @@ def _draw_borders(out: torch.Tensor, row_sizes: tuple[int, ...], col_sizes: tupl
     return out
 
 
-class ToMAPreview:
-    """Preview of tiles, destinations and assignments over an image."""
+PREVIEW = NodeSpec(
+    node_id="ToMAPreview",
+    display_name="ToMA Merge Preview",
+    category=CATEGORY,
+    description="Shows what ToMA merges at your resolution: white lines are tile borders, dark "
+                "cells the destination tokens kept, and every token is tinted with the colour "
+                "of the destination it merges into. Uses the picture itself as a stand-in for "
+                "the model's features, so it is a guide, not an exact replay.",
+    inputs={
+        "image": ("IMAGE", {"tooltip": "A picture at the size you generate (e.g. a previous "
+                                       "render or a reference photo)."}),
+        "ratio": ("FLOAT", {"default": 0.5, "min": 0.0, "max": MAX_RATIO, "step": 0.05,
+                            "tooltip": "The ratio you use on the ToMA node."}),
+        "tile_count": ("INT", {"default": 64, "min": 1, "max": MAX_TILE_COUNT, "step": 1,
+                               "tooltip": "Tiles per image. ToMA's default (tile_count "
+                                          f"0): {TILE_DEFAULTS}."}),
+        "level": (list(LEVELS), {"default": next(iter(LEVELS)),
+                                 "tooltip": "Which model level to show: how many pixels "
+                                            "one token covers there."}),
+    },
+    outputs=("IMAGE",),
+)
 
-    @classmethod
-    def INPUT_TYPES(cls) -> dict:  # noqa: N802 (ComfyUI's name)
-        return {"required": {
-            "image": ("IMAGE", {"tooltip": "A picture at the size you generate (e.g. a previous "
-                                           "render or a reference photo)."}),
-            "ratio": ("FLOAT", {"default": 0.5, "min": 0.0, "max": MAX_RATIO, "step": 0.05,
-                                "tooltip": "The ratio you use on the ToMA node."}),
-            "tile_count": ("INT", {"default": 64, "min": 1, "max": MAX_TILE_COUNT, "step": 1,
-                                   "tooltip": "Tiles per image. ToMA's default (tile_count "
-                                              f"0): {TILE_DEFAULTS}."}),
-            "level": (list(LEVELS), {"default": next(iter(LEVELS)),
-                                     "tooltip": "Which model level to show: how many pixels "
-                                                "one token covers there."}),
-        }}
 
-    RETURN_TYPES = ("IMAGE",)
-    FUNCTION = "render"
-    CATEGORY = "model_patches/ToMA"
-    DESCRIPTION = ("Shows what ToMA merges at your resolution: white lines are tile borders, "
-                   "dark cells the destination tokens kept, and every token is tinted with the "
-                   "colour of the destination it merges into. Uses the picture itself as a "
-                   "stand-in for the model's features, so it is a guide, not an exact replay.")
-
-    def render(self, image: torch.Tensor, ratio: float, tile_count: int, level: str) -> tuple:
-        if level not in LEVELS:
-            raise ValueError(f"level must be one of {', '.join(LEVELS)}; got {level!r}")
-        check_number("ratio", ratio, 0.0, MAX_RATIO)
-        check_integer("tile_count", tile_count, 1, MAX_TILE_COUNT)
-        if image.dim() != 4 or image.shape[-1] < 3:
-            raise ValueError(f"image must be [B, H, W, 3], got {tuple(image.shape)}")
-        px = LEVELS[level]
-        with torch.no_grad():
-            frames = [preview(frame[..., :3].cpu(), ratio, tile_count, px) for frame in image]
-        return (torch.stack(frames).clamp(0, 1),)
+def render_preview(image: torch.Tensor, ratio: float, tile_count: int,
+                   level: str) -> torch.Tensor:
+    """What ToMAPreview does: images [B, H, W, C] -> the overlays [B, H, W, 3] in [0, 1].
+    ValueError names a bad widget."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}; got {level!r}")
+    check_number("ratio", ratio, 0.0, MAX_RATIO)
+    check_integer("tile_count", tile_count, 1, MAX_TILE_COUNT)
+    if image.dim() != 4 or image.shape[-1] < 3:
+        raise ValueError(f"image must be [B, H, W, 3], got {tuple(image.shape)}")
+    px = LEVELS[level]
+    with torch.no_grad():
+        frames = [preview(frame[..., :3].cpu(), ratio, tile_count, px) for frame in image]
+    return torch.stack(frames).clamp(0, 1)

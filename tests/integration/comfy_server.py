@@ -42,7 +42,9 @@ STOP_TIMEOUT_S = 15.0
 PROMPT_TIMEOUT_S = 90.0
 LOG_TAIL_CHARS = 4000
 
-FRONTEND_SETTINGS = {"Comfy.TutorialCompleted": True}
+# A user who has seen the frontend before, and whose browser may reload a page with unsaved
+# workflows (the confirmation dialog would block a headless page).
+FRONTEND_SETTINGS = {"Comfy.TutorialCompleted": True, "Comfy.Window.UnloadConfirmation": False}
 
 # "   0.1 seconds (IMPORT FAILED): /tmp/.../custom_nodes/ComfyUI-ToMA" in all versions; 0.33
 # puts a coloured "[INFO]" before it.
@@ -190,10 +192,12 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def running_server(comfyui: Path, root: Path,
-                   startup_timeout: float = STARTUP_TIMEOUT_S) -> Iterator[ComfyServer]:
-    """A ComfyUI server on 127.0.0.1 with this pack, stopped (and killed if need be) on exit."""
-    base = make_base_directory(root)
+def running_server(comfyui: Path, root: Path, startup_timeout: float = STARTUP_TIMEOUT_S,
+                   base: Path | None = None) -> Iterator[ComfyServer]:
+    """A ComfyUI server on 127.0.0.1, stopped (and killed if need be) on exit. Its base
+    directory is `base`, else a new one under `root` with this pack and the test nodes (see
+    make_base_directory); the log goes to `root`."""
+    base = base or make_base_directory(root)
     port = free_port()
     log_path = root / "comfyui.log"
     command = comfy_command(comfyui, base, "--listen", "127.0.0.1", "--port", str(port))
@@ -218,27 +222,23 @@ PROGRESS_TEXT_EVENT = 3
 _DONE_EVENTS = ("execution_success", "execution_error", "execution_interrupted")
 
 
-def node_defaults(node_class: type) -> dict[str, Any]:
-    """The default value of every required widget of a V1 node class that has one."""
-    required = node_class.INPUT_TYPES()["required"]
-    return {name: spec[1]["default"] for name, spec in required.items()
-            if len(spec) > 1 and isinstance(spec[1], dict) and "default" in spec[1]}
-
-
-def tiny_sdxl_graph(toma_id: str, toma_inputs: dict[str, Any],
-                    seed: int = 0) -> dict[str, dict]:
+def tiny_sdxl_graph(toma_id: str, toma_inputs: dict[str, Any], seed: int = 0,
+                    toma_type: str = "ToMA", source_seed: int = 0) -> dict[str, dict]:
     """API-format graph: test tiny SDXL -> ToMA (node `toma_id`) -> KSampler (2 steps) -> sink.
 
-    `toma_inputs` are ToMA's widget values; the model link is added here. `seed` is the
-    sampler's (ComfyUI answers a prompt identical to an earlier one from its cache).
+    `toma_inputs` are the widget values of the ToMA node (of type `toma_type`: ToMA or
+    ToMAAdvanced); the model link is added here. `seed` is the sampler's, `source_seed` the
+    tiny model's (ComfyUI answers a prompt identical to an earlier one from its cache, and
+    reuses a node's output while its inputs and those upstream stay the same).
     """
     def link(node: str, output: int) -> list:
         return [node, output]
 
     return {
         SOURCE_ID: {"class_type": "ToMATestTinySDXL",
-                    "inputs": {"latent_size": LATENT_SIZE, "seed": 0}},
-        toma_id: {"class_type": "ToMA", "inputs": {**toma_inputs, "model": link(SOURCE_ID, 0)}},
+                    "inputs": {"latent_size": LATENT_SIZE, "seed": source_seed}},
+        toma_id: {"class_type": toma_type,
+                  "inputs": {**toma_inputs, "model": link(SOURCE_ID, 0)}},
         SAMPLER_ID: {"class_type": "KSampler", "inputs": {
             "model": link(toma_id, 0), "seed": seed, "steps": 2, "cfg": 2.0,
             "sampler_name": "euler", "scheduler": "normal", "positive": link(SOURCE_ID, 1),
@@ -246,6 +246,12 @@ def tiny_sdxl_graph(toma_id: str, toma_inputs: dict[str, Any],
         SINK_ID: {"class_type": "ToMATestLatentSink",
                   "inputs": {"samples": link(SAMPLER_ID, 0)}},
     }
+
+
+def recorded_calls(server: ComfyServer, prompt_id: str) -> list[dict[str, Any]]:
+    """The runs of the pack's nodes in a prompt, as the test nodes recorded them: node id,
+    node type and the inputs the node's execute received (see server_nodes/)."""
+    return server.get_json(f"/toma_test/calls?prompt_id={prompt_id}")
 
 
 @dataclass

@@ -9,8 +9,20 @@ included) and looks at the node:
   and the text itself is painted: blanking just the text changes many pixels where it was.
 - Nodes 2.0 (Vue nodes): in the DOM. The node's element shows the text, unhidden and on top.
 
-Then it opens the template browser and checks the examples' titles and thumbnails there. The
-screenshots are kept (TOMA_SCREENSHOT_DIR, else pytest's temporary directory; the log says
+Then it opens the template browser and checks the examples' titles and thumbnails there.
+
+Saved workflows keep widget values by position: every example and every workflow saved with the
+pack's V1 nodes in frontends 1.27, 1.35 and 1.49 (saved_workflows/, see saved_workflows.py; each
+in every frontend, older ones included) is opened here, queued as the frontend queues it, and
+run; the inputs the nodes' V3 `execute` received (recorded by the test nodes) must be the values
+that were saved, each in its input.
+
+Help pages: for each node, in English and in Chinese (Comfy.Locale zh, page reloaded), the
+test puts the node on an empty canvas, selects it with a mouse click and clicks the selection
+toolbox's info button (frontends 1.27 to 1.49), then finds the node's help page (web/docs/),
+its picture and the translated names (locales/zh/) in the page.
+
+The screenshots are kept (TOMA_SCREENSHOT_DIR, else pytest's temporary directory; the log says
 where) so that a person can look at them.
 
 Skipped without Chromium (Debian: `apt-get install chromium`) or when the ComfyUI under test
@@ -39,9 +51,10 @@ from PIL import Image
 
 import browser
 import comfy_server
-import toma_pack
+import saved_workflows
 from browser import JS_APP, Cdp, ConsoleEntry
 from comfy_server import ComfyServer
+from toma_pack.nodes import NODE_SPECS
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +88,23 @@ def _frontend_version() -> tuple[int, ...]:
 # progress text at all; Nodes 2.0 is checked from 1.35 (ComfyUI 0.8.0) on.
 NODES_2_SINCE = (1, 35)
 RENDER_MODES = ("canvas", "nodes_2") if _frontend_version() >= NODES_2_SINCE else ("canvas",)
+
+PACK_TYPES = tuple(NODE_SPECS)
+TOMA_TYPES = ("ToMA", "ToMAAdvanced")
+# What the recording shows for the inputs that come through links.
+LINKED_INPUTS = {"model": "ModelPatcher", "image": "Tensor"}
+SAVED = sorted(saved_workflows.FOLDER.glob("frontend-*.json"))
+DOCS = comfy_server.REPO_ROOT / "web" / "docs"
+LOCALES = comfy_server.REPO_ROOT / "locales"
+HELP_LOCALES = ("en", "zh")
+
+JS_PACK_NODES = f"""(() => {{
+  const graph = {JS_APP}.graph;
+  const nodes = {json.dumps(PACK_TYPES)}.flatMap((type) => graph.findNodesByType(type) ?? []);
+  // "$$" widgets are the frontend's own (the progress text), not the node's inputs.
+  return nodes.map((n) => ({{id: String(n.id), type: n.type, widgets: (n.widgets ?? [])
+    .filter((w) => !w.name.startsWith("$$")).map((w) => [w.name, w.value])}}));
+}})()"""
 
 JS_TOMA_NODES = f"""(() => {{
   const nodes = {JS_APP}.graph.findNodesByType("ToMA") ?? [];
@@ -110,16 +140,33 @@ OPTIONAL_USER_FILES = re.compile(
 PACK_MARK = re.compile(rf"{re.escape(comfy_server.PACK_FOLDER)}|\bToMA")
 
 
+# The frontend's help lookup: /extensions/<pack>/docs/<node>/<locale>.md first, then
+# /extensions/<pack>/docs/<node>.md.
+HELP_FIRST_TRY = re.compile(
+    rf"^/extensions/{re.escape(comfy_server.PACK_FOLDER)}/docs/(\w+)/([\w-]+)\.md$")
+
+
 def mentions_pack(entry: ConsoleEntry) -> bool:
     return PACK_MARK.search(f"{entry.text} {entry.url}") is not None
+
+
+def help_fallback(entry: ConsoleEntry) -> bool:
+    """The 404 of a help page in a language the pack has no page for, where the frontend goes
+    on to the node's page in docs/ (English), which exists: the lookup working as designed."""
+    match = HELP_FIRST_TRY.match(urllib.parse.urlsplit(entry.url).path)
+    return (entry.source == "network" and "404" in entry.text and match is not None
+            and not (DOCS / match[1] / f"{match[2]}.md").is_file()
+            and (DOCS / f"{match[1]}.md").is_file())
 
 
 def unavoidable_reason(entry: ConsoleEntry, origin: str) -> str | None:
     """Why an error is none of the pack's business, or None if it may be.
 
     Each rule was checked against the same ComfyUI without the pack, where it shows up the
-    same way. Anything naming the pack is never excused.
+    same way. Anything naming the pack is never excused, but for the help lookup's first try.
     """
+    if help_fallback(entry):
+        return "the help lookup tries the page in the UI's language first"
     if mentions_pack(entry):
         return None
     if entry.source == "network":
@@ -168,6 +215,35 @@ class TemplateView:
 
 
 @dataclass
+class WorkflowRun:
+    """A saved workflow opened in this frontend and run. Per pack node (by id): its type, the
+    widget values the canvas shows, the inputs the frontend queues (links left out), the inputs
+    the node's execute received (links by their value's type) and its hidden unique_id."""
+
+    name: str
+    types: dict[str, str] = field(default_factory=dict)
+    widgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    queued: dict[str, dict[str, Any]] = field(default_factory=dict)
+    received: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unique_ids: dict[str, str | None] = field(default_factory=dict)  # hidden input, by node id
+    statuses: list[str] = field(default_factory=list)
+
+
+@dataclass
+class HelpView:
+    """A node's help as the frontend showed it after a click on the info button."""
+
+    node_type: str
+    locale: str
+    text: str                   # the rendered text of the element holding the help page
+    on_top: bool                # its first paragraph is what the page shows at that point
+    images: list[dict[str, Any]]  # pictures in it: src attribute and natural width
+    title: str                  # the node's title on the canvas
+    labels: dict[str, str]      # widget name -> the label the frontend gives it
+    name_elsewhere: bool        # the node's display name is in the page outside the help too
+
+
+@dataclass
 class PageRecord:
     """What the page showed during the session."""
 
@@ -178,7 +254,17 @@ class PageRecord:
     vue: VueView | None = None
     templates: TemplateView | None = None
     runs: list[comfy_server.PromptRun] = field(default_factory=list)
+    examples: list[WorkflowRun] = field(default_factory=list)
+    saved: list[WorkflowRun] = field(default_factory=list)
+    help: list[HelpView] = field(default_factory=list)
     console: list[ConsoleEntry] = field(default_factory=list)
+    seeds: int = 0
+
+    def next_seed(self) -> int:
+        """A seed no run of this session used yet (ComfyUI reuses a node's output while its
+        inputs and those upstream stay the same, and then does not call the node)."""
+        self.seeds += 1
+        return 1000 + self.seeds
 
     def errors(self) -> list[tuple[ConsoleEntry, str | None]]:
         """Every error with the reason it is unavoidable (None: unexplained)."""
@@ -187,7 +273,8 @@ class PageRecord:
 
     def pack_complaints(self) -> list[ConsoleEntry]:
         return [entry for entry in self.console
-                if mentions_pack(entry) and entry.level in ("warning", "error")]
+                if mentions_pack(entry) and entry.level in ("warning", "error")
+                and not help_fallback(entry)]
 
 
 # Driving the page ------------------------------------------------------------------------------
@@ -209,6 +296,167 @@ async def _drive(cdp: Cdp, server: ComfyServer, record: PageRecord) -> None:
         await _set_vue_nodes(cdp, False)
 
     record.templates = await _template_view(cdp, record)
+    for path in sorted(EXAMPLES.glob("*.json")):
+        record.examples.append(await _run_example(cdp, server, record, path))
+    for path in SAVED:
+        record.saved.append(await _run_saved(cdp, server, record, path))
+    for locale in HELP_LOCALES:
+        # As a person does it: change the language, reload.
+        await cdp.evaluate(f"{JS_APP}.extensionManager.setting.set('Comfy.Locale', "
+                           f"{json.dumps(locale)}).then(() => true)")
+        await browser.reload(cdp, UI_TIMEOUT_S)
+        await _set_vue_nodes(cdp, False)
+        for node_type in PACK_TYPES:
+            record.help.append(await _help_view(cdp, record, node_type, locale))
+
+
+def help_page(node_type: str, locale: str) -> str:
+    """The Markdown the frontend must show for a node: docs/<node>/<locale>.md, which it asks
+    for first, or in English docs/<node>.md, its fallback."""
+    path = DOCS / f"{node_type}.md" if locale == "en" else DOCS / node_type / f"{locale}.md"
+    return path.read_text()
+
+
+def help_paragraphs(markdown: str) -> list[str]:
+    """The page's headings, paragraphs and list items as rendered text (no tables, code or
+    pictures): what the help must show."""
+    shown = []
+    for block in markdown.split("\n\n"):
+        if block.startswith(("|", "```", "![")):
+            continue
+        for item in re.split(r"^- ", block, flags=re.MULTILINE):
+            text = re.sub(r"[*`#]", "", item)
+            text = " ".join(text.split())
+            if text:
+                shown.append(text)
+    return shown
+
+
+def display_name(node_type: str, locale: str) -> str:
+    if locale == "en":
+        return NODE_SPECS[node_type].display_name
+    defs = json.loads((LOCALES / locale / "nodeDefs.json").read_text())
+    return defs[node_type]["display_name"]
+
+
+JS_INFO_BUTTON = """(() => {
+  // The selection toolbox's button that opens the selected node's help (1.27 to 1.49).
+  const button = document.querySelector('[data-testid="info-button"]');
+  if (!button || button.offsetParent === null) return null;
+  const r = button.getBoundingClientRect();
+  return r.width > 0 ? {x: r.x + r.width / 2, y: r.y + r.height / 2} : null;
+})()"""
+
+
+def _js_help_shown(first: str, last: str, name: str) -> str:
+    return f"""(() => {{
+      const norm = (t) => (t ?? "").replace(/\\s+/g, " ").trim();
+      const first = {json.dumps(first)}, last = {json.dumps(last)}, name = {json.dumps(name)};
+      // The innermost element holding the first paragraph, and the one around it that holds
+      // the whole page.
+      const holders = [...document.querySelectorAll("body *")].filter(
+        (e) => norm(e.textContent).includes(first));
+      const holder = holders[holders.length - 1];
+      let box = holder;
+      while (box && !norm(box.innerText).includes(last)) box = box.parentElement;
+      if (!box) return null;
+      const images = [...box.querySelectorAll("img")].map(
+        (img) => ({{src: img.getAttribute("src"), width: img.complete ? img.naturalWidth : 0}}));
+      if (!images.length || images.some((img) => !img.width)) return null;  // still loading
+      const r = holder.getBoundingClientRect();
+      const top = document.elementFromPoint(r.x + Math.min(r.width / 2, 40),
+                                            r.y + Math.min(r.height / 2, 8));
+      const count = (text) => text.split(name).length - 1;
+      return {{text: norm(box.innerText), on_top: holder.contains(top), images,
+               name_elsewhere: count(norm(document.body.innerText)) > count(norm(box.innerText))}};
+    }})()"""
+
+
+async def _help_view(cdp: Cdp, record: PageRecord, node_type: str, locale: str) -> HelpView:
+    # On an empty canvas, at scale 1, clear of the side bars (1.27's help opens on the left,
+    # 1.35's and 1.49's on the right).
+    node_id = await cdp.evaluate(f"""(() => {{
+      const app = {JS_APP}, graph = app.graph, canvas = app.canvas;
+      const node = globalThis.LiteGraph.createNode({json.dumps(node_type)});
+      graph.clear();
+      node.pos = [0, 0];
+      graph.add(node);
+      canvas.ds.scale = 1;
+      canvas.ds.offset[0] = 420;
+      canvas.ds.offset[1] = 240;
+      canvas.setDirty(true, true);
+      return String(node.id);
+    }})()""")
+    await cdp.frames(3)
+    box = await _node_rect(cdp, node_id)
+    title_height = await cdp.evaluate("globalThis.LiteGraph.NODE_TITLE_HEIGHT")
+    await browser.click(cdp, box["x"] + 40, box["y"] + title_height / 2)  # select the node
+    button = await cdp.wait_for(JS_INFO_BUTTON, UI_TIMEOUT_S, "the selection toolbox's info button")
+    await browser.click(cdp, button["x"], button["y"])
+    paragraphs = help_paragraphs(help_page(node_type, locale))
+    shown = await cdp.wait_for(
+        _js_help_shown(paragraphs[1], paragraphs[-1], display_name(node_type, locale)),
+        UI_TIMEOUT_S, f"the help page of {node_type} ({locale})")
+    await cdp.frames(3)
+    _save(record, f"help-{node_type}-{locale}.png", await cdp.screenshot())
+    node = await cdp.evaluate(f"""(() => {{
+      const node = {_js_node(node_id)};
+      return {{title: node.title, labels: Object.fromEntries(
+        (node.widgets ?? []).map((w) => [w.name, w.label ?? w.name]))}};
+    }})()""")
+    return HelpView(node_type, locale, shown["text"], shown["on_top"], shown["images"],
+                    node["title"], node["labels"], shown["name_elsewhere"])
+
+
+async def _open(cdp: Cdp, path: Path) -> tuple[WorkflowRun, dict[str, dict]]:
+    """Open a saved workflow; what the canvas shows of the pack's nodes, and the API-format
+    graph the frontend queues for it."""
+    await browser.load_workflow(cdp, json.loads(path.read_text()))
+    run = WorkflowRun(path.name)
+    for node in await cdp.evaluate(JS_PACK_NODES):
+        run.types[node["id"]] = node["type"]
+        run.widgets[node["id"]] = dict(node["widgets"])
+    graph = await saved_workflows.api_prompt(cdp)
+    for node_id in run.types:
+        run.queued[node_id] = {name: value for name, value in graph[node_id]["inputs"].items()
+                               if not isinstance(value, list)}
+    return run, graph
+
+
+async def _receive(server: ComfyServer, record: PageRecord, run: WorkflowRun,
+                   graph: dict[str, dict]) -> None:
+    """Queue an API-format graph; keep its status and what the pack's nodes received."""
+    result = await asyncio.to_thread(comfy_server.run_prompt, server, graph)
+    run.statuses.append(result.history["status"]["status_str"])
+    for call in comfy_server.recorded_calls(server, result.prompt_id):
+        run.received[call["node"]] = call["inputs"]
+        run.unique_ids[call["node"]] = call["unique_id"]
+
+
+async def _run_example(cdp: Cdp, server: ComfyServer, record: PageRecord,
+                       path: Path) -> WorkflowRun:
+    """An example's ToMA nodes, each run with the inputs the frontend queues for it on the
+    tiny SDXL (the examples' own models are not on this machine)."""
+    run, graph = await _open(cdp, path)
+    for node_id, node_type in run.types.items():
+        seed = record.next_seed()
+        await _receive(server, record, run, comfy_server.tiny_sdxl_graph(
+            node_id, run.queued[node_id], seed=seed, toma_type=node_type, source_seed=seed))
+    return run
+
+
+async def _run_saved(cdp: Cdp, server: ComfyServer, record: PageRecord,
+                     path: Path) -> WorkflowRun:
+    """A workflow of saved_workflows/, run as it is (its graph uses only the test nodes)."""
+    run, graph = await _open(cdp, path)
+    seed = record.next_seed()
+    for node in graph.values():
+        if node["class_type"] == "ToMATestTinySDXL":
+            node["inputs"]["seed"] = seed
+        elif node["class_type"] == "ToMATestImage":
+            node["inputs"]["width"] += 8 * (seed % 32)
+    await _receive(server, record, run, graph)
+    return run
 
 
 async def _set_vue_nodes(cdp: Cdp, enabled: bool) -> None:
@@ -270,7 +518,7 @@ def _union(a: dict[str, float], b: dict[str, float] | None) -> dict[str, float]:
 
 async def _queue_run(cdp: Cdp, server: ComfyServer, record: PageRecord, node_id: str) -> str:
     """Run the tiny SDXL graph with a ToMA node of this id; the text the page then shows."""
-    inputs = {**comfy_server.node_defaults(toma_pack.NODE_CLASS_MAPPINGS["ToMA"]), "ratio": 0.5}
+    inputs = {**NODE_SPECS["ToMA"].defaults(), "ratio": 0.5}
     # A new seed per run: ComfyUI would answer an identical prompt from its cache, without
     # sampling (and without stats).
     graph = comfy_server.tiny_sdxl_graph(node_id, inputs, seed=len(record.runs))
@@ -448,9 +696,8 @@ def test_workflow_loads_with_toma_widgets(page: PageRecord) -> None:
     loaded = {str(node["id"]): [value for _, value in node["widgets"]]
               for node in page.toma_nodes}
     assert loaded == expected
-    required = toma_pack.NODE_CLASS_MAPPINGS["ToMA"].INPUT_TYPES()["required"]
-    widget_inputs = [name for name, spec in required.items()
-                     if isinstance(spec[0], (list, tuple)) or spec[0] in WIDGET_TYPES]
+    widget_inputs = [name for name, (kind, _) in NODE_SPECS["ToMA"].inputs.items()
+                     if isinstance(kind, list) or kind in WIDGET_TYPES]
     assert [name for name, _ in page.toma_nodes[0]["widgets"]] == widget_inputs
 
 
@@ -500,6 +747,73 @@ def test_template_browser_shows_titles_and_thumbnails(page: PageRecord) -> None:
     assert view.served, "the dialog asked for no thumbnail"
     assert view.served == {f"{stem}.jpg": 200 for stem in stems if f"{stem}.jpg" in view.served}
     assert len(view.thumbnail_widths) >= len(view.served), (view.thumbnail_widths, view.served)
+
+
+def _widget_names(node_type: str) -> list[str]:
+    return [name for name, (kind, _) in NODE_SPECS[node_type].inputs.items()
+            if isinstance(kind, list) or kind in WIDGET_TYPES]
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.json")), ids=lambda path: path.stem)
+def test_examples_reach_the_nodes_input_by_input(page: PageRecord, example: Path) -> None:
+    run = next(run for run in page.examples if run.name == example.name)
+    saved = {str(node["id"]): node for node in json.loads(example.read_text())["nodes"]
+             if node["type"] in PACK_TYPES}
+    assert set(run.types) == set(saved) and any(t in TOMA_TYPES for t in run.types.values())
+    assert run.statuses == ["success"] * len(saved), run.statuses
+    for node_id, node in saved.items():
+        # V1 semantics: the n-th saved value is the n-th widget input.
+        names = _widget_names(node["type"])
+        expected = dict(zip(names, node["widgets_values"][:len(names)], strict=True))
+        assert run.widgets[node_id] == expected, node_id
+        assert run.queued[node_id] == expected, node_id
+        assert run.received[node_id] == {**expected, "model": LINKED_INPUTS["model"]}, node_id
+        assert run.unique_ids[node_id] == node_id  # where the node's stats are sent
+
+
+@pytest.mark.parametrize("path", SAVED, ids=lambda path: path.stem)
+def test_workflows_saved_with_the_v1_nodes_run_with_every_value_in_place(
+        page: PageRecord, path: Path) -> None:
+    run = next(run for run in page.saved if run.name == path.name)
+    assert sorted(run.types.values()) == sorted(saved_workflows.VALUES), run.types
+    assert run.statuses == ["success"], run.statuses
+    for node_id, node_type in run.types.items():
+        expected = saved_workflows.VALUES[node_type]
+        assert list(run.widgets[node_id]) == _widget_names(node_type), node_id
+        assert run.widgets[node_id] == expected, (node_type, run.widgets[node_id])
+        assert run.queued[node_id] == expected, (node_type, run.queued[node_id])
+        linked = {name: LINKED_INPUTS[name] for name in NODE_SPECS[node_type].inputs
+                  if name in LINKED_INPUTS}
+        assert run.received[node_id] == {**expected, **linked}, (node_type, run.received)
+        assert run.unique_ids[node_id] == (node_id if node_type in TOMA_TYPES else None)
+
+
+@pytest.mark.parametrize("locale", HELP_LOCALES)
+@pytest.mark.parametrize("node_type", PACK_TYPES)
+def test_help_page_opens_from_the_info_button(page: PageRecord, node_type: str,
+                                              locale: str) -> None:
+    view = next(v for v in page.help if (v.node_type, v.locale) == (node_type, locale))
+    for paragraph in help_paragraphs(help_page(node_type, locale)):
+        assert paragraph in view.text, paragraph
+    assert view.on_top, view.text[:200]
+    # The picture, from the pack's web/docs/ (the frontend resolves it against docs/).
+    assert [image["src"] for image in view.images] == \
+        [f"/extensions/{comfy_server.PACK_FOLDER}/docs/preview.png"]
+    assert view.images[0]["width"] == 1024
+
+
+@pytest.mark.parametrize("locale", HELP_LOCALES)
+@pytest.mark.parametrize("node_type", PACK_TYPES)
+def test_node_names_follow_the_language(page: PageRecord, node_type: str, locale: str) -> None:
+    view = next(v for v in page.help if (v.node_type, v.locale) == (node_type, locale))
+    assert view.title == display_name(node_type, locale)
+    assert view.name_elsewhere, "the display name is shown with the help (its header)"
+    widgets = _widget_names(node_type)
+    if locale == "en":
+        assert view.labels == {name: name for name in widgets}
+    else:
+        defs = json.loads((LOCALES / locale / "nodeDefs.json").read_text())[node_type]
+        assert view.labels == {name: defs["inputs"][name]["name"] for name in widgets}
 
 
 def test_no_console_errors(page: PageRecord) -> None:

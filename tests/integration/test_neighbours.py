@@ -21,15 +21,15 @@ import torch
 from test_unet_variants import sd15_conds, tiny_sd15_patcher
 
 import comfy_harness as ch
-from toma_pack.nodes import ToMAAdvanced
 from toma_pack.nodes import run_state as run_state_module
+from toma_pack.nodes.toma_node import patch_model
 
 ORDERS = ["neighbour_first", "toma_first"]
 TEXT_TOKENS = 8   # context length of the test conds: attention with this many keys is cross
 
 
 def toma(model, scope="auto", levels="all", ratio=0.5):
-    (patched,) = ToMAAdvanced().patch(
+    patched = patch_model(
         model, ratio, 0, "d0-4, s0-4", 5, start_percent=0.0, end_percent=1.0,
         unet_levels=levels, merge_scope=scope, region="tile", tau=1000.0, unmerge="transpose",
         batch_policy="per_item", verbose=False, unique_id="5")

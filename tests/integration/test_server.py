@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 import comfy_server
-import toma_pack
 from comfy_server import PACK_FOLDER, TEST_PACK_FOLDER, ComfyServer
+from toma_pack.nodes import NODE_SPECS
 from toma_pack.nodes.options import parse_skip_blocks
 
 PACK_NODES = ("ToMA", "ToMAAdvanced", "ToMAPreview")
@@ -27,6 +27,7 @@ CATEGORY_TITLE = "ToMA Token Merge"
 JPEG_MAGIC = b"\xff\xd8\xff"
 QUICK_TEST_TIMEOUT_S = 120.0
 TOMA_ID = "7"
+V1_OBJECT_INFO = json.loads((Path(__file__).parent / "object_info_v1.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -48,32 +49,49 @@ def test_quick_test_for_ci_imports_the_pack(comfyui_path: Path, tmp_path: Path) 
     assert not failures, failures
 
 
-def _input_names(spec: dict[str, Any]) -> dict[str, list[str]]:
-    return {section: list(spec.get(section, {})) for section in ("required", "optional")}
-
-
-def _input_type(spec: tuple | list) -> Any:
-    # A combo's type is its option list; ComfyUI sends it as a list either way.
-    kind = spec[0]
-    return list(kind) if isinstance(kind, (list, tuple)) else kind
+def as_v1(info: dict[str, Any]) -> dict[str, Any]:
+    """A V3 node's /object_info entry as the V1 nodes sent it: a combo's type is its option list
+    (V3: "COMBO" with the list under "options" and "multiselect": false) and a hidden input's
+    spec a plain string (V3: a one-element list). The representation changed, not the node."""
+    v1 = json.loads(json.dumps(info))
+    for section, inputs in v1["input"].items():
+        for name, spec in inputs.items():
+            if section == "hidden":
+                inputs[name] = spec[0]
+            elif spec[0] == "COMBO":
+                options = dict(spec[1])
+                choices = options.pop("options")
+                assert options.pop("multiselect") is False, (name, spec)
+                inputs[name] = [choices, options]
+    return v1
 
 
 @pytest.mark.parametrize("name", PACK_NODES)
-def test_object_info_matches_the_node_classes(server: ComfyServer, name: str) -> None:
-    node_class = toma_pack.NODE_CLASS_MAPPINGS[name]
-    expected = node_class.INPUT_TYPES()
-    info = server.get_json(f"/object_info/{name}")[name]
-    # Widget order is what saved workflows rely on: compare names in order, then types.
-    assert _input_names(info["input"]) == _input_names(expected)
-    for section in ("required", "optional"):
-        for input_name, spec in expected.get(section, {}).items():
-            assert _input_type(info["input"][section][input_name]) == _input_type(spec), input_name
-    if "input_order" in info:  # newer versions send the order explicitly as well
-        for section, names in _input_names(expected).items():
-            assert info["input_order"].get(section, []) == names
-    assert info["output"] == list(node_class.RETURN_TYPES)
-    assert info["category"] == node_class.CATEGORY
-    assert info["display_name"] == toma_pack.NODE_DISPLAY_NAME_MAPPINGS[name]
+def test_object_info_is_what_the_v1_nodes_sent(server: ComfyServer, name: str) -> None:
+    # object_info_v1.json: /object_info of the V1 nodes (INPUT_TYPES) just before the V3 port,
+    # from ComfyUI v0.3.64; v0.8.0 and v0.33.0 sent the same for every field in it. Ids, names,
+    # description, category, inputs in order with every type, default, range, step and tooltip
+    # are the same in V3; only the fields V3 adds (flags that are off) are new.
+    expected = V1_OBJECT_INFO[name]
+    info = as_v1(server.get_json(f"/object_info/{name}")[name])
+    assert {key: info.get(key) for key in expected} == expected
+    assert info["input"]["required"] == expected["input"]["required"]  # the clearest diff
+
+
+@pytest.mark.parametrize("name", PACK_NODES)
+def test_object_info_matches_the_node_definitions(server: ComfyServer, name: str) -> None:
+    spec = NODE_SPECS[name]
+    info = as_v1(server.get_json(f"/object_info/{name}")[name])
+    # Widget order is what saved workflows rely on: names in order, then types and options.
+    assert list(info["input"]["required"]) == list(spec.inputs)
+    assert info["input_order"]["required"] == list(spec.inputs)
+    for input_name, (kind, options) in spec.inputs.items():
+        assert info["input"]["required"][input_name] == [kind, options], input_name
+    assert info["input"].get("hidden", {}) == {hidden: hidden.upper() for hidden in spec.hidden}
+    assert info["output"] == list(spec.outputs)
+    assert info["category"] == spec.category
+    assert info["display_name"] == spec.display_name
+    assert info["description"] == spec.description
     assert info["python_module"].endswith(PACK_FOLDER)
 
 
@@ -94,6 +112,36 @@ def test_template_browser_files(server: ComfyServer) -> None:
     # The category's title comes from the pack's locales/ (keyed by the folder name).
     categories = server.get_json("/i18n")["en"]["templateWorkflows"]["category"]
     assert categories[PACK_FOLDER] == CATEGORY_TITLE
+
+
+WEB = comfy_server.REPO_ROOT / "web"
+LOCALES = comfy_server.REPO_ROOT / "locales"
+
+
+@pytest.mark.parametrize("name", PACK_NODES)
+def test_help_pages_are_served_where_the_frontend_looks(server: ComfyServer, name: str) -> None:
+    # The frontend (1.27 to 1.49) fetches /extensions/<pack folder>/docs/<node>/<locale>.md,
+    # then /extensions/<pack folder>/docs/<node>.md; pictures relative to .../docs/.
+    base = f"/extensions/{PACK_FOLDER}/docs"
+    for path, source in ((f"{name}.md", WEB / "docs" / f"{name}.md"),
+                         (f"{name}/zh.md", WEB / "docs" / name / "zh.md")):
+        status, body = server.get(f"{base}/{path}")
+        assert status == 200 and body == source.read_bytes(), (path, status)
+    assert server.get(f"{base}/{name}/en.md")[0] == 404  # English: the fallback page
+    status, body = server.get(f"{base}/preview.png")
+    assert status == 200 and body == (WEB / "docs" / "preview.png").read_bytes()
+
+
+def test_translations_are_served(server: ComfyServer) -> None:
+    # ComfyUI merges every pack's locales/<language>/{main,nodeDefs}.json into /i18n.
+    served = server.get_json("/i18n")
+    for language in ("en", "zh"):
+        main = json.loads((LOCALES / language / "main.json").read_text(encoding="utf-8"))
+        category = main["templateWorkflows"]["category"]
+        assert served[language]["templateWorkflows"]["category"][PACK_FOLDER] == \
+            category[PACK_FOLDER]
+    node_defs = json.loads((LOCALES / "zh" / "nodeDefs.json").read_text(encoding="utf-8"))
+    assert {name: served["zh"]["nodeDefs"][name] for name in PACK_NODES} == node_defs
 
 
 FRONTEND_ONLY_NODES = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
@@ -127,7 +175,7 @@ def test_examples_fit_this_comfyuis_nodes(server: ComfyServer, example: Path) ->
 
 
 def test_prompt_runs_and_pushes_stats(server: ComfyServer) -> None:
-    toma_inputs = {**comfy_server.node_defaults(toma_pack.NODE_CLASS_MAPPINGS["ToMA"]),
+    toma_inputs = {**NODE_SPECS["ToMA"].defaults(),
                    "ratio": 0.5}
     run = comfy_server.run_prompt(server, comfy_server.tiny_sdxl_graph(TOMA_ID, toma_inputs))
 
@@ -147,10 +195,17 @@ def test_prompt_runs_and_pushes_stats(server: ComfyServer) -> None:
     assert [message["node"] for message in texts] == [TOMA_ID], texts
     assert re.match(r"50% merged · [1-9]\d*/\d+ layers · 2/2 steps", texts[0]["text"]), texts
 
+    # The V3 node's execute got every widget by name, and the hidden unique_id (which the stats
+    # above were sent to) is the node's id in the graph.
+    calls = comfy_server.recorded_calls(server, run.prompt_id)
+    expected = {**toma_inputs, "model": "ModelPatcher"}
+    assert calls == [{"prompt_id": run.prompt_id, "node": TOMA_ID, "node_type": "ToMA",
+                      "unique_id": TOMA_ID, "inputs": expected}], calls
+
 
 def test_unreadable_skip_blocks_is_refused_before_the_graph_runs(server: ComfyServer) -> None:
     # A UNet model does not use skip_blocks; the value is still checked, when queued.
-    toma_inputs = {**comfy_server.node_defaults(toma_pack.NODE_CLASS_MAPPINGS["ToMA"]),
+    toma_inputs = {**NODE_SPECS["ToMA"].defaults(),
                    "skip_blocks": "d0-4, x9"}
     graph = comfy_server.tiny_sdxl_graph(TOMA_ID, toma_inputs)
     status, body = server.post("/prompt", {"prompt": graph, "client_id": "validation-test"})

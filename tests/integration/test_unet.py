@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import comfy_harness as ch
-from toma_pack.nodes import ToMA, ToMAAdvanced
 from toma_pack.nodes import run_state as run_state_module
+from toma_pack.nodes.toma_node import patch_model
 
 LAYERS = 17
 
@@ -25,9 +25,8 @@ def advanced(model, ratio=0.5, scope="block", levels="all", recompute_every=5, *
                     region="tile", tau=1000.0, unmerge="transpose", batch_policy="per_item",
                     verbose=False)
     settings.update(extra)
-    (patched,) = ToMAAdvanced().patch(model, ratio, 0, "d0-4, s0-4", recompute_every,
-                                      unique_id="7", **settings)
-    return patched
+    return patch_model(model, ratio, 0, "d0-4, s0-4", recompute_every, unique_id="7",
+                       **settings)
 
 
 def run(model, batch=2, height=64, width=64, **kwargs):
@@ -71,7 +70,7 @@ def stats(monkeypatch):
 
 
 def test_ratio_zero_is_bit_identical(sdxl):
-    (patched,) = ToMA().patch(sdxl, 0.0, 0, "d0-4, s0-4", 5)
+    patched = patch_model(sdxl, 0.0, 0, "d0-4, s0-4", 5)
     assert torch.equal(run(patched), run(sdxl))
 
 
@@ -86,7 +85,7 @@ def test_merging_halves_the_self_attention_sequences(sdxl, scope, self_attention
 
 
 def test_auto_levels_leave_small_levels_alone(sdxl, self_attention_lengths, stats):
-    (patched,) = ToMA().patch(sdxl, 0.5, 0, "d0-4, s0-4", 5, unique_id="3")
+    patched = patch_model(sdxl, 0.5, 0, "d0-4, s0-4", 5, unique_id="3")
     run(patched, steps=2, cfg=1.0)
     # 1024-token level merged to 512; the 256-token level runs whole
     assert sorted(set(self_attention_lengths)) == [256, 512]
@@ -214,9 +213,9 @@ def test_applying_twice_merges_once(sdxl, self_attention_lengths):
 
 def test_bad_widget_values_name_the_widget(sdxl):
     with pytest.raises(ValueError, match="ratio"):
-        ToMA().patch(sdxl, 1.5, 0, "d0-4, s0-4", 5)
+        patch_model(sdxl, 1.5, 0, "d0-4, s0-4", 5)
     with pytest.raises(ValueError, match="recompute_every"):
-        ToMA().patch(sdxl, 0.5, 0, "d0-4, s0-4", 0)
+        patch_model(sdxl, 0.5, 0, "d0-4, s0-4", 0)
     with pytest.raises(ValueError, match="merge_scope"):
         advanced(sdxl, scope="everything")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import comfy_harness as ch
-from toma_pack.nodes import ToMAAdvanced
+from toma_pack.nodes.toma_node import patch_model
 
 SD15_CONFIG = {
     "use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4,
@@ -32,7 +32,7 @@ def tiny_sd15_patcher():
 
 
 def toma(model, levels="all"):
-    (patched,) = ToMAAdvanced().patch(
+    patched = patch_model(
         model, 0.5, 0, "d0-4, s0-4", 5, start_percent=0.0, end_percent=1.0, unet_levels=levels,
         merge_scope="block", region="tile", tau=1000.0, unmerge="transpose",
         batch_policy="per_item", verbose=False)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import comfy_harness as ch
-from toma_pack.nodes import ToMA
+from toma_pack.nodes.toma_node import patch_model
 
 
 def _patcher(config):
@@ -71,5 +71,5 @@ MODELS = {"wan_camera": (tiny_wan_camera, "CameraWanModel"),
 def test_unsupported_models_are_refused_at_every_ratio(comfyui_path, name, ratio):
     build, named = MODELS[name]
     with pytest.raises(ValueError, match="supported: SDXL") as error:
-        ToMA().patch(build(), ratio, 0, "d0-4, s0-4", 5)
+        patch_model(build(), ratio, 0, "d0-4, s0-4", 5)
     assert named.upper() in str(error.value).upper()

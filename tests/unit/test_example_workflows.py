@@ -1,7 +1,7 @@
 """Checks the UI-format workflows in example_workflows/ (they appear in ComfyUI's template browser).
 
 Every workflow must parse, have consistent links, give this pack's nodes widget values that fit
-their current INPUT_TYPES (widget values are stored by position, so a reordered or retyped widget
+their current inputs (widget values are stored by position, so a reordered or retyped widget
 breaks these files), explain itself in a note, and come with a title (its file name) and a
 thumbnail (<name>.jpg, made by tests/integration/example_thumbnails.py). That the core nodes
 they use exist, with these widget counts, is checked against each ComfyUI version's own node
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from toma_pack.nodes import NODE_CLASS_MAPPINGS
+from toma_pack.nodes import NODE_SPECS
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "example_workflows"
 EXAMPLE_FILES = sorted(EXAMPLES_DIR.glob("*.json"))
@@ -48,25 +48,24 @@ def nodes_by_id(workflow: dict) -> dict:
     return {node["id"]: node for node in workflow["nodes"]}
 
 
-def widget_specs(node_class) -> list[tuple[str, object, dict]]:
-    """(name, type or combo list, options) for each widget, in the order the frontend makes them;
-    the seed-style control_after_generate value appears as its own ("<name>:control") entry."""
-    input_types = node_class.INPUT_TYPES()
+def widget_specs(inputs: dict) -> list[tuple[str, object, dict]]:
+    """(name, type or combo list, options) for each widget of a node's inputs, in the order the
+    frontend makes them; the seed-style control_after_generate value appears as its own
+    ("<name>:control") entry."""
     specs = []
-    for section in ("required", "optional"):
-        for name, spec in (input_types.get(section) or {}).items():
-            kind = spec[0]
-            opts = dict(spec[1]) if len(spec) > 1 and isinstance(spec[1], dict) else {}
-            if opts.get("forceInput"):
-                continue
-            if kind == "COMBO":
-                kind = list(opts.get("options", []))
-            if isinstance(kind, (list, tuple)):
-                specs.append((name, list(kind), opts))
-            elif str(kind) in SCALAR_WIDGET_TYPES:
-                specs.append((name, str(kind), opts))
-                if opts.get("control_after_generate"):
-                    specs.append((f"{name}:control", sorted(SEED_CONTROL_VALUES), {}))
+    for name, spec in inputs.items():
+        kind = spec[0]
+        opts = dict(spec[1]) if len(spec) > 1 and isinstance(spec[1], dict) else {}
+        if opts.get("forceInput"):
+            continue
+        if kind == "COMBO":
+            kind = list(opts.get("options", []))
+        if isinstance(kind, (list, tuple)):
+            specs.append((name, list(kind), opts))
+        elif str(kind) in SCALAR_WIDGET_TYPES:
+            specs.append((name, str(kind), opts))
+            if opts.get("control_after_generate"):
+                specs.append((f"{name}:control", sorted(SEED_CONTROL_VALUES), {}))
     return specs
 
 
@@ -101,7 +100,7 @@ def test_expected_examples_exist():
 
 
 def test_pack_exports_toma():
-    assert "ToMA" in NODE_CLASS_MAPPINGS
+    assert "ToMA" in NODE_SPECS
 
 
 @pytest.fixture(params=EXAMPLE_FILES, ids=[path.name for path in EXAMPLE_FILES])
@@ -192,10 +191,10 @@ def test_required_inputs_are_connected(workflow):
 
 
 def test_pack_node_widgets_fit_their_inputs(workflow):
-    pack_nodes = [node for node in workflow["nodes"] if node["type"] in NODE_CLASS_MAPPINGS]
+    pack_nodes = [node for node in workflow["nodes"] if node["type"] in NODE_SPECS]
     assert any(node["type"] in TOMA_TYPES for node in pack_nodes), "example without a ToMA node"
     for node in pack_nodes:
-        specs = widget_specs(NODE_CLASS_MAPPINGS[node["type"]])
+        specs = widget_specs(NODE_SPECS[node["type"]].inputs)
         values = node.get("widgets_values", [])
         assert len(values) == len(specs), (
             f"node {node['id']} ({node['type']}): {len(values)} widget values for "
@@ -207,7 +206,7 @@ def test_pack_node_widgets_fit_their_inputs(workflow):
 
 def test_toma_widget_layout_is_the_published_one():
     # Saved workflows store widget values by position: this order must never change.
-    names = [name for name, _, _ in widget_specs(NODE_CLASS_MAPPINGS["ToMA"])]
+    names = [name for name, _, _ in widget_specs(NODE_SPECS["ToMA"].inputs)]
     assert names[:4] == ["ratio", "tile_count", "skip_blocks", "recompute_every"]
 
 

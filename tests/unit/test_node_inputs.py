@@ -1,8 +1,15 @@
 """Saved workflows store widget values by position: this snapshot fails when a released widget
 moves, is renamed, retyped or gets another default. Append new widgets at the end and extend the
-snapshot; never edit an existing line."""
+snapshot; never edit an existing line.
 
-from toma_pack.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+It reads the nodes' plain definitions (nodes/node_spec.py), which ComfyUI's V3 classes are built
+from; tests/integration/test_server.py checks that ComfyUI gets exactly these."""
+
+import inspect
+from pathlib import Path
+
+import toma_pack
+from toma_pack.nodes import NODE_SPECS
 
 TOMA = [
     ("model", "MODEL", None),
@@ -35,39 +42,58 @@ SNAPSHOT = {
 }
 
 
-def inputs_of(node_class) -> list[tuple]:
-    spec = node_class.INPUT_TYPES()
-    rows = []
-    for section in ("required", "optional"):
-        for name, (kind, *rest) in spec.get(section, {}).items():
-            options = rest[0] if rest else {}
-            rows.append((name, kind, options.get("default")))
-    return rows
+DISPLAY_NAMES = {
+    "ToMA": "ToMA Token Merge",
+    "ToMAAdvanced": "ToMA Token Merge (Advanced)",
+    "ToMAPreview": "ToMA Merge Preview",
+}
+CATEGORY = "model_patches/ToMA"
+
+
+def inputs_of(spec) -> list[tuple]:
+    return [(name, kind, options.get("default")) for name, (kind, options) in spec.inputs.items()]
 
 
 def test_released_widgets_never_move():
     for name, expected in SNAPSHOT.items():
-        actual = inputs_of(NODE_CLASS_MAPPINGS[name])
+        actual = inputs_of(NODE_SPECS[name])
         assert actual[:len(expected)] == expected, name
 
 
 def test_every_node_is_in_the_snapshot_and_named():
-    assert set(NODE_CLASS_MAPPINGS) == set(SNAPSHOT)
-    assert set(NODE_DISPLAY_NAME_MAPPINGS) == set(SNAPSHOT)
+    assert set(NODE_SPECS) == set(SNAPSHOT)
+    for node_id, spec in NODE_SPECS.items():
+        assert spec.node_id == node_id
+        assert spec.display_name == DISPLAY_NAMES[node_id]
+        assert spec.category == CATEGORY
+
+
+def test_the_token_merge_nodes_send_their_stats_to_their_own_id():
+    # nodes/ui_stats.py shows the stats on the node ComfyUI names in the hidden unique_id.
+    assert NODE_SPECS["ToMA"].hidden == NODE_SPECS["ToMAAdvanced"].hidden == ("unique_id",)
+    assert NODE_SPECS["ToMA"].outputs == NODE_SPECS["ToMAAdvanced"].outputs == ("MODEL",)
+    assert NODE_SPECS["ToMAPreview"].outputs == ("IMAGE",)
+
+
+def test_the_pack_is_a_v3_extension():
+    # ComfyUI loads V1 mappings in preference to comfy_entrypoint: there must be none.
+    assert not hasattr(toma_pack, "NODE_CLASS_MAPPINGS")
+    assert not hasattr(toma_pack, "NODE_DISPLAY_NAME_MAPPINGS")
+    assert inspect.iscoroutinefunction(toma_pack.comfy_entrypoint)
+    web = Path(toma_pack.__file__).parent / toma_pack.WEB_DIRECTORY
+    assert web.is_dir(), web
 
 
 def test_every_input_has_a_tooltip_and_every_node_a_description():
-    for name, node_class in NODE_CLASS_MAPPINGS.items():
-        assert len(node_class.DESCRIPTION) > 80, name
-        for section in ("required", "optional"):
-            for input_name, (_, *rest) in node_class.INPUT_TYPES().get(section, {}).items():
-                assert rest and rest[0].get("tooltip"), f"{name}.{input_name} has no tooltip"
+    for name, spec in NODE_SPECS.items():
+        assert len(spec.description) > 80, name
+        for input_name, (_, options) in spec.inputs.items():
+            assert options.get("tooltip"), f"{name}.{input_name} has no tooltip"
 
 
 def test_defaults_lie_within_their_ranges():
-    for name, node_class in NODE_CLASS_MAPPINGS.items():
-        for input_name, (kind, *rest) in node_class.INPUT_TYPES()["required"].items():
-            options = rest[0] if rest else {}
+    for name, spec in NODE_SPECS.items():
+        for input_name, (kind, options) in spec.inputs.items():
             if isinstance(kind, list):
                 assert options["default"] in kind, f"{name}.{input_name}"
             elif "min" in options:

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from toma_pack.nodes import ToMAPreview
-from toma_pack.nodes.preview_node import palette, token_features
+from toma_pack.nodes.preview_node import palette, render_preview, token_features
 
 OUTER = "16px (SDXL outer, Flux)"
 
@@ -18,7 +17,7 @@ def picture(height=256, width=256):
 
 
 def render(image, ratio=0.5, tiles=4, level=OUTER):
-    return ToMAPreview().render(image, ratio, tiles, level)[0]
+    return render_preview(image, ratio, tiles, level)
 
 
 def test_shape_range_and_batch_kept():
@@ -70,5 +69,5 @@ def test_features_and_palette():
 ])
 def test_bad_input_names_the_widget(args, message):
     with pytest.raises(ValueError) as err:
-        ToMAPreview().render(picture(64, 64), *args)
+        render_preview(picture(64, 64), *args)
     assert str(err.value).startswith(message), str(err.value)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from toma_pack.nodes import NODE_CLASS_MAPPINGS
+from toma_pack.nodes import NODE_SPECS
 from toma_pack.nodes.unet_patch import AUTO_MIN_TOKENS, TOKENS_PER_TILE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,8 +48,7 @@ def shown(value: object) -> str:
                                              ("ToMAAdvanced", "### ToMA Token Merge (Advanced) "
                                                               "(`ToMAAdvanced`)")])
 def test_widget_tables_match_the_nodes(node: str, title: str):
-    required = NODE_CLASS_MAPPINGS[node].INPUT_TYPES()["required"]
-    widgets = {name: spec[1]["default"] for name, spec in required.items() if name != "model"}
+    widgets = NODE_SPECS[node].defaults()
     documented = readme_defaults(title)
     if node == "ToMAAdvanced":  # "The four widgets above, then:"
         documented = {**readme_defaults("### ToMA Token Merge (`ToMA`)"), **documented}
