@@ -24,6 +24,7 @@ from .options import (
     MAX_TILE_COUNT,
     MERGE_SCOPES,
     UNET_LEVELS,
+    check_number,
     make_options,
     parse_skip_blocks,
 )
@@ -163,17 +164,28 @@ TOMA_ADVANCED = NodeSpec(
 )
 
 
-def check_skip_blocks(skip_blocks: str | None) -> bool | str:
-    """ComfyUI's check before the graph runs: an unreadable skip_blocks fails the queueing with
-    the parser's message on every model (UNet models do not use the value, and a typo should
-    not wait for a Flux model to surface). None: the value comes through a link and is known
-    only when the node runs, where make_options checks it. True, or the message."""
-    if skip_blocks is None:
-        return True
+def check_inputs(skip_blocks: str | None = None, ratio: float | None = None) -> bool | str:
+    """ComfyUI's check before the graph runs (the nodes' validate_inputs): an unreadable
+    skip_blocks fails the queueing on every model (UNet models do not use the value, and a typo
+    should not wait for a Flux model to surface), and so does a ratio that is NaN (NaN compares
+    false with both bounds, so ComfyUI's own range check lets it through; it also leaves the
+    range check of the inputs a node validates to the node). None: the value comes through a
+    link and is known only when the node runs, where make_options checks it.
+
+    True, or a message that names the widget at fault within its text: ComfyUI shows the one
+    message under the name of every input validate_inputs takes ("skip_blocks - ...",
+    "ratio - ..."), so it cannot start with the widget's name (the skip_blocks entry read
+    "skip_blocks - skip_blocks: ...")."""
     try:
-        parse_skip_blocks(skip_blocks)
+        if ratio is not None:
+            check_number("ratio", ratio, 0.0, MAX_RATIO)
+        if skip_blocks is not None:
+            parse_skip_blocks(skip_blocks)
     except ValueError as error:
-        return str(error)
+        message = str(error)
+        if message.startswith("skip_blocks: "):
+            return f"{message.removeprefix('skip_blocks: ')} (skip_blocks)"
+        return message
     return True
 
 

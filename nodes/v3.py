@@ -17,7 +17,7 @@ from comfy_api.latest import ComfyExtension, io
 
 from .node_spec import NodeSpec
 from .preview_node import PREVIEW, render_preview
-from .toma_node import TOMA, TOMA_ADVANCED, check_skip_blocks, patch_model
+from .toma_node import TOMA, TOMA_ADVANCED, check_inputs, patch_model
 
 IO_TYPES: dict[str, type[io.ComfyTypeIO]] = {
     "MODEL": io.Model, "IMAGE": io.Image, "FLOAT": io.Float, "INT": io.Int,
@@ -62,10 +62,11 @@ class _TokenMergeNode(_PackNode):
     """ToMA and ToMAAdvanced: one implementation, two sets of widgets."""
 
     @classmethod
-    def validate_inputs(cls, skip_blocks: str | None = None) -> bool | str:
-        """Refuse an unreadable skip_blocks when the workflow is queued (see
-        toma_node.check_skip_blocks)."""
-        return check_skip_blocks(skip_blocks)
+    def validate_inputs(cls, skip_blocks: str | None = None,
+                        ratio: float | None = None) -> bool | str:
+        """Refuse an unreadable skip_blocks and a NaN ratio when the workflow is queued (see
+        toma_node.check_inputs)."""
+        return check_inputs(skip_blocks, ratio)
 
     @classmethod
     def execute(cls, model: Any, ratio: float, tile_count: int, skip_blocks: str,

@@ -213,6 +213,22 @@ def test_unreadable_skip_blocks_is_refused_before_the_graph_runs(server: ComfySe
     with pytest.raises(ValueError) as parser_error:
         parse_skip_blocks("d0-4, x9")
     errors = body["node_errors"][TOMA_ID]["errors"]
-    assert [error["type"] for error in errors] == ["custom_validation_failed"], errors
-    assert str(parser_error.value) in errors[0]["details"], errors
+    # ComfyUI shows the message under every input the check takes, each name in front once
+    # ("skip_blocks - skip_blocks: ..." before): the message names the widget at its end
+    reason = str(parser_error.value).removeprefix("skip_blocks: ") + " (skip_blocks)"
+    assert sorted((e["type"], e["details"]) for e in errors) == sorted(
+        ("custom_validation_failed", f"{name} - {reason}") for name in ("skip_blocks", "ratio"))
     assert body["node_errors"][TOMA_ID]["class_type"] == "ToMA"
+
+
+@pytest.mark.parametrize("node", ["ToMA", "ToMAAdvanced"])
+def test_nan_ratio_is_refused_before_the_graph_runs(server: ComfyServer, node: str) -> None:
+    """A ratio of "nan" passes ComfyUI's own min/max check (NaN compares false with both) and
+    used to fail only at execution: refused when queued, with the widget named once."""
+    inputs = {**NODE_SPECS[node].defaults(), "ratio": "nan"}
+    graph = comfy_server.tiny_sdxl_graph(TOMA_ID, inputs, toma_type=node)
+    status, body = server.post("/prompt", {"prompt": graph, "client_id": "validation-test"})
+    assert status == 400, body
+    errors = body["node_errors"][TOMA_ID]["errors"]
+    assert sorted(error["details"] for error in errors) == sorted(
+        f"{name} - ratio must be a number, got nan" for name in ("skip_blocks", "ratio"))
