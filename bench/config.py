@@ -107,12 +107,12 @@ def setup_comfy(device: torch.device) -> bool:
 
 
 def load_pack():
-    """This checkout as the package `toma_pack` (see toma_dev.py)."""
+    """This checkout as the package `toma_pack` (see pack_loader.py)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    import toma_dev
+    import pack_loader
 
-    return toma_dev.load_pack()
+    return pack_loader.load_pack()
 
 
 def timings(calls: dict[str, Callable[[], object]], cfg: BenchConfig,

@@ -1,10 +1,10 @@
-"""Make the pack importable as `toma_pack` for every test (see toma_dev.py)."""
+"""Make the pack importable as `toma_pack` for every test (see pack_loader.py)."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import toma_dev
+import pack_loader
 
-toma_dev.load_pack()
+pack_loader.load_pack()

@@ -1,4 +1,4 @@
-"""Import this checkout as the package `toma_pack`, the way ComfyUI imports a custom node folder.
+"""Load this checkout as the package `toma_pack`, the way ComfyUI imports a custom node folder.
 
 The pack uses relative imports (ComfyUI has a top-level `nodes` module of its own), so tests and
 benchmarks load it as a package under a fixed name rather than by its folder's name.
