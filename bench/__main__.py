@@ -313,12 +313,106 @@ def recommendations(sections: dict[str, Any]) -> dict[str, Any]:
             "tiles": tiles}
 
 
+# What the columns of the section tables mean (a table's legend lists the ones it has).
+COLUMN_HELP = {
+    "ms": "median time of one call, milliseconds", "s": "median time of one call, seconds",
+    "ms_min": "fastest repetition", "s_min": "fastest repetition",
+    "spread": "(slowest - fastest) / median of the repetitions: how steady the figure is",
+    "reps": "timed repetitions, interleaved with the other variants of the table",
+    "speedup": "unmerged time / this variant's time (above 1: faster)",
+    "speedup_lo": "lowest speedup of one side-by-side repetition",
+    "speedup_hi": "highest speedup of one side-by-side repetition",
+    "lb_ms": "lower bound: the same block run on the merged token count, merging free",
+    "vs_lb": "this variant / its lower bound (1.00: as fast as merging can make it)",
+    "plan_ms": "time of one plan build (destinations and weights)",
+    "err": "relative L2 error of the output against the unmerged one",
+    "cos": "mean cosine similarity of output tokens with the unmerged ones",
+    "psnr": "PSNR of samples against the unmerged model's, dB (higher: closer)",
+    "ssim": "SSIM of samples against the unmerged model's (1: identical)",
+    "mmd": "MMD of the model's features against the unmerged ones (lower: closer)",
+    "dloss": "relative increase of the held-out denoising loss (lower: better)",
+    "ms_toma": "ToMA's projected time", "launches": "kernel launches of the unmerged call",
+    "launches_toma": "kernel launches of the ToMA call",
+}
+
+
+def column_legend(columns: list[str]) -> str | None:
+    """The legend line of a table: what its known columns mean."""
+    known = [f"{c}: {COLUMN_HELP[c]}" for c in columns if c in COLUMN_HELP]
+    return "- columns: " + "; ".join(known) if known else None
+
+
+def stability_note(config: dict[str, Any]) -> str | None:
+    """A warning when the run's settings give unsteady CPU figures."""
+    if config.get("device") != "cpu":
+        return None
+    if config.get("clock") == "wall" or (config.get("threads") or 1) > 1:
+        return (f"{config.get('threads')} thread(s) on the {config.get('clock')} clock: on a "
+                f"machine shared with other jobs these CPU figures are unsteady (see each "
+                f"table's spread); `--threads 1 --clock cpu` (the CPU default) measures the "
+                f"steady way")
+    return None
+
+
+def verdict(result: dict[str, Any]) -> list[str]:
+    """A few plain sentences on what the run found, before the tables."""
+    sections, config = result["sections"], result["config"]
+    where = (f"this machine ({result['machine'].get('cpu')}, {config.get('threads')} thread(s))"
+             if config.get("device") == "cpu" else f"this GPU ({config.get('device')})")
+    out = [f"Measured on {where}, {config.get('dtype')}, commit {config.get('commit')}."]
+    unet = sections.get("unet", {}).get("rows", [])
+    fid = sections.get("fidelity", {}).get("rows", [])
+    for level in ("64x64x640", "32x32x1280"):
+        toma = _find(unet, level=level, method="toma", scope=DEFAULT_SCOPE, ratio=RATIO, tiles=64)
+        if toma is None:
+            continue
+        peers = []
+        for method, label in (("tomesd", "ToMeSD"), ("todo", "ToDo")):
+            peer = _find(unet, level=level, method=method, ratio=RATIO) or _find(
+                unet, level=level, method=method)
+            if peer and peer.get("speedup"):
+                peers.append(f"{label} {peer['speedup']:.2f}x")
+        error = _find(fid, level=level, method="toma", scope=DEFAULT_SCOPE, ratio=RATIO, tiles=64)
+        out.append(f"SDXL block {level} at ratio {RATIO}: ToMA {toma['speedup']:.2f}x faster "
+                   f"than unmerged" + (f" (peers: {', '.join(peers)})" if peers else "")
+                   + (f", output error {error['err']:.3g}" if error else "") + ".")
+    whole = _find(sections.get("model", {}).get("rows", []), variant="toma")
+    if whole and whole.get("speedup"):
+        out.append(f"Whole SDXL UNet step at 1024x1024: {whole['speedup']:.2f}x faster.")
+    for row in sections.get("flux", {}).get("rows", []):
+        if str(row.get("block", "")).startswith("model") and row.get("speedup") and \
+                row.get("ratio") == RATIO and "block" in str(row.get("variant")):
+            out.append(f"Flux.1 whole model, projected from its blocks: {row['speedup']:.2f}x "
+                       f"at ratio {RATIO}.")
+    for row in sections.get("whole-call", {}).get("rows", []):
+        if row.get("speedup") and row["variant"] in ("ToMA", "compiled ToMA", "ToMA baseline"):
+            out.append(f"One {row['model']} sampling step ({row['variant']}): "
+                       f"{row['speedup']:.2f}x faster than its unmerged counterpart.")
+    for row in sections.get("gpu-model", {}).get("rows", []):
+        if row.get("speedup"):
+            out.append(f"Projected, not measured, on an H200: {row['model']} "
+                       f"({row['setting']}) {row['speedup']:.2f}x.")
+    for row in sections.get("quality", {}).get("rows", []):
+        if row.get("variant") == "ToMA defaults":
+            out.append(f"Trained {row['model']} fixture, ToMA defaults: {row['speedup']:.2f}x "
+                       f"faster, samples at {row['psnr']:.1f} dB PSNR against the unmerged "
+                       f"model's.")
+    missed = [t for t in result.get("targets", []) if t.get("met") is False]
+    out.append(f"Targets: {sum(1 for t in result.get('targets', []) if t.get('met') is True)} "
+               f"met, {len(missed)} missed" + (f" ({'; '.join(t['target'] for t in missed[:3])}"
+                                               f"{'; ...' if len(missed) > 3 else ''})"
+                                               if missed else "") + ".")
+    note = stability_note(config)
+    return out + ([note] if note else [])
+
+
 def report(result: dict[str, Any]) -> str:
-    """The Markdown report of a result dict."""
+    """The Markdown report of a result dict: the verdict in plain words, then the tables."""
     lines = [f"# ToMA benchmarks ({result['config']['device']}, {result['config']['dtype']}"
              f"{', quick' if result['config']['quick'] else ''})", "",
              ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
              f"commit: {result['config'].get('commit')}", ""]
+    lines += ["## Verdict", ""] + [f"- {sentence}" for sentence in verdict(result)] + [""]
     if result["config"].get("command"):
         lines += [f"command: `{result['config']['command']}`"
                   + (f" with COMFYUI_PATH={result['config']['comfyui']}"
@@ -329,7 +423,9 @@ def report(result: dict[str, Any]) -> str:
             lines.append(f"- measured on: {sec['measured_on']}")
         lines += [note if note.startswith("- ") else f"- {note}" for note in sec.get("notes", [])]
         if sec.get("rows"):
-            lines += ["", markdown_table(sec["rows"], sec.get("columns") or list(sec["rows"][0]))]
+            columns = sec.get("columns") or list(sec["rows"][0])
+            legend = column_legend(columns)
+            lines += ([legend] if legend else []) + ["", markdown_table(sec["rows"], columns)]
         lines.append("")
     rec = result["recommendations"]
     lines += ["## Small grids (crossover at ratio 0.5, tile_count 64)", "",
@@ -362,9 +458,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="JSON path (default: .cache/bench/<date>-<device>[-quick].json, "
                              "ignored by git; committed results need --out)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="wall time, or process CPU time (CPU only; use with --threads 1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default on the CPU: 1, the steady way)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default=None,
+                        help="wall time, or process CPU time (default: cpu on the CPU, with one "
+                             "thread; wall on a GPU)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -374,8 +472,13 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {','.join(SECTIONS)}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    # CPU figures the steady way unless asked otherwise: one thread, this process's CPU time
+    # (two threads on the wall clock wait on other jobs of a shared machine)
+    on_cpu = device.type == "cpu"
+    clock = args.clock or ("cpu" if on_cpu and (args.threads or 1) == 1 else "wall")
+    threads = args.threads or (1 if on_cpu and clock == "cpu" else None)
     comfy = setup_comfy(device)
-    cfg = default_config(args.quick, comfy, str(device), args.clock, args.threads)
+    cfg = default_config(args.quick, comfy, str(device), clock, threads)
     cfg.apply_threads()
     skipped = []
     if args.quick and args.sections is None:

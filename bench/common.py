@@ -217,7 +217,9 @@ def goal(target: str, row: dict | None, key: str, threshold: float,
     out = {"target": target, "value": value}
     if row.get("flag"):
         return {**out, "met": None, "why": f"not judged: {row['flag']}"}
-    met = value >= threshold if higher else value <= threshold
+    # equal at the precision the report shows (3 significant digits) is met, not "missed by 0%"
+    met = (value >= threshold if higher else value <= threshold) or f"{value:.3g}" == \
+        f"{threshold:.3g}"
     out["met"] = met
     if not met:
         out["why"] = (f"missed: {value:.3g} against {'>=' if higher else '<='} {threshold:g} "

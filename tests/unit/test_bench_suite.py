@@ -497,3 +497,50 @@ def test_one_random_weight_fill_for_bench_and_tests() -> None:
 def test_bench_never_reaches_into_closures() -> None:
     for path in (ROOT / "bench").glob("*.py"):
         assert "__closure__" not in path.read_text(), path.name
+
+
+# ------------------------------------------------------------------ the report a user reads
+def test_a_target_equal_at_the_shown_precision_is_met():
+    """1.2 against >= 1.2 printed as "missed: 1.2 against >= 1.2 (0.0% short)" before."""
+    from bench.common import goal
+
+    row = {"speedup": 1.19996}
+    assert goal("x", row, "speedup", 1.2)["met"] is True
+    assert goal("x", {"speedup": 1.19}, "speedup", 1.2)["met"] is False
+    assert goal("x", {"vs_lb": 1.1004}, "vs_lb", 1.10, higher=False)["met"] is True
+
+
+def _report_input(threads: int, clock: str) -> dict:
+    unet = [{"level": "64x64x640", "method": "toma", "scope": "block", "ratio": 0.5,
+             "tiles": 64, "speedup": 2.41, "ms": 10.0},
+            {"level": "64x64x640", "method": "tomesd", "scope": "block", "ratio": 0.5,
+             "speedup": 2.19, "ms": 11.0}]
+    fid = [{"level": "64x64x640", "method": "toma", "scope": "block", "ratio": 0.5,
+            "tiles": 64, "err": 0.159}]
+    return {"machine": {"cpu": "Test CPU"},
+            "config": {"device": "cpu", "dtype": "float32", "quick": True, "threads": threads,
+                       "clock": clock, "commit": "abc1234"},
+            "sections": {"unet": {"rows": unet, "columns": ["level", "method", "speedup", "ms"],
+                                  "notes": []},
+                         "fidelity": {"rows": fid, "columns": ["level", "err"], "notes": []}},
+            "targets": [{"target": "a", "value": 1, "met": True},
+                        {"target": "b", "value": 1, "met": False}],
+            "flags": [], "recommendations": {"crossover": [], "min_tokens_paying": None,
+                                             "max_tokens_losing": None, "tiles": []}}
+
+
+def test_the_report_opens_with_a_verdict_in_plain_words():
+    from bench.__main__ import report, verdict
+
+    steady = verdict(_report_input(1, "cpu"))
+    assert steady[0] == "Measured on this machine (Test CPU, 1 thread(s)), float32, commit abc1234."
+    assert ("SDXL block 64x64x640 at ratio 0.5: ToMA 2.41x faster than unmerged (peers: ToMeSD "
+            "2.19x), output error 0.159.") in steady
+    assert steady[-1] == "Targets: 1 met, 1 missed (b)."
+    text = report(_report_input(1, "cpu"))
+    assert text.index("## Verdict") < text.index("## unet")
+    # every table says what its columns mean
+    assert "- columns: speedup: unmerged time / this variant's time" in text
+    # unsteady settings say so
+    assert "unsteady" in verdict(_report_input(2, "wall"))[-1]
+    assert not any("unsteady" in line for line in steady)
