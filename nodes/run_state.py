@@ -93,6 +93,18 @@ def with_argument(executor, args: tuple, kwargs: dict, name: str,
     return args, {**kwargs, name: value}
 
 
+def unguarded_compile(model_options: dict) -> bool:
+    """Whether the model runs through ComfyUI's torch.compile wrapper (TorchCompileModel and
+    packs that use comfy_api.torch_helpers; it leaves "torch_compile_kwargs" in the options).
+    From ComfyUI 0.8 the node compiles with a guard filter that drops every guard on
+    transformer_options, so what ToMA decides per call and reads there (merging on or off,
+    plans to build or reuse) is fixed in the graph by the first call, and a later call that
+    should differ runs the first one's way (or fails inside dynamo's replay). Which filter was
+    used cannot be read back (torch.compile takes it out of the options), so every compiled run
+    keeps its calls the same: merging on every step, plans built every step."""
+    return "torch_compile_kwargs" in model_options
+
+
 def compiling() -> bool:
     """Whether torch.compile is tracing this code (then host-only work is left out)."""
     check = getattr(torch.compiler, "is_compiling", None)
@@ -120,6 +132,8 @@ class RunState:
         self.steps_merged: set = set()
         self.levels: dict = {}
         self.memo: dict = {}         # what a family reads once per run (see Family.describe)
+        # the model is compiled without guards on transformer_options (see unguarded_compile)
+        self.unguarded = False
         self.tables: dict[tuple[Regions, torch.device | None], RegionTables] = {}
         self.lock = threading.Lock()
 
@@ -212,6 +226,13 @@ class ToMAState:
         original = guider.model_options
         guider.model_options = comfy.model_patcher.create_model_options_clone(original)
         run = self.new_run()
+        run.unguarded = unguarded_compile(original)
+        if run.unguarded and (self.options.start_percent > 0 or self.options.end_percent < 1
+                              or self.options.recompute_every > 1):
+            self.notice("under TorchCompileModel the compiled model cannot follow "
+                        "start_percent, end_percent or recompute_every from step to step (ComfyUI "
+                        "compiles without guards on transformer_options): ToMA merges every step "
+                        "and builds its plans every step there")
         guider.model_options.setdefault("transformer_options", {})[self.key] = run
         try:
             out = executor(*args, **kwargs)
@@ -285,9 +306,9 @@ class ToMAState:
             fraction = step / run.steps_total if run.steps_total else 0.0
             o = self.options
             call.step = step
-            if o.ratio > 0 and o.start_percent <= fraction < o.end_percent:
+            if o.ratio > 0 and (run.unguarded or o.start_percent <= fraction < o.end_percent):
                 call.merging = True
-                call.plans, _ = run.schedule.plans(identity, step)
+                call.plans = {} if run.unguarded else run.schedule.plans(identity, step)[0]
         call.plans_before = len(call.plans)
         return call
 

@@ -132,16 +132,26 @@ def test_no_host_syncs_transformer_families(name):
 
 
 # torch.compile ----------------------------------------------------------------------------------
-def compiled(model, backend: str = "eager"):
+def compiled(model, backend: str = "eager", guard_filter=None):
     """`model` with ComfyUI's TorchCompileModel wrapper (comfy_api.torch_helpers, what the
-    TorchCompileModel node installs on its clone). The node offers inductor and cudagraphs; the
-    graph-break and recompile counts are dynamo's, the same for every backend, so the fast
-    "eager" backend is used for them and inductor where outputs are compared."""
+    TorchCompileModel node installs on its clone; `guard_filter`: the node's guard_filter_fn,
+    see node_guard_filter). The node offers inductor and cudagraphs; the graph-break and
+    recompile counts are dynamo's, the same for every backend, so the fast "eager" backend is
+    used for them and inductor where outputs are compared."""
     from comfy_api.torch_helpers import set_torch_compile_wrapper
 
     m = model.clone()
-    set_torch_compile_wrapper(model=m, backend=backend)
+    options = {"guard_filter_fn": guard_filter} if guard_filter else None
+    set_torch_compile_wrapper(model=m, backend=backend, options=options)
     return m
+
+
+def node_guard_filter():
+    """The guard filter ComfyUI's TorchCompileModel node compiles with (0.8 and later: it drops
+    every guard on transformer_options), or None where the node has none (0.3.64)."""
+    import comfy_extras.nodes_torch_compile as node
+
+    return getattr(node, "skip_torch_compile_dict", None)
 
 
 @pytest.fixture
@@ -165,18 +175,19 @@ def graph_breaks(counters) -> dict:
 @pytest.mark.parametrize("recompute_every", [1, 2])
 def test_torch_compile_one_graph_no_breaks(name, recompute_every, dynamo_counters):
     """ComfyUI's compile wrapper around ToMA, 5 steps with CFG: no graph break anywhere in the
-    model, and one graph for every call at the node default (every call rebuilds its plans).
-    Reusing plans (recompute_every 2) is a second graph, made once: the calls that build and the
-    calls that reuse run different code, and nothing recompiles after those two."""
+    model, and one graph for every call, across blocks, steps and plan rebuilds. With
+    recompute_every 2 too: under the compile wrapper every call builds its plans (a call that
+    reuses them would run other code, which the node's unguarded graph cannot tell apart; see
+    test_step_window_under_the_nodes_own_compile)."""
     build = ch.tiny_sdxl_patcher if name == "sdxl" else ch.tiny_flux_patcher
     run = sample_sdxl if name == "sdxl" else sample_flux
     options = {"recompute_every": recompute_every}
     if name == "flux":
         options["skip_blocks"] = "none"
-    model = compiled(apply_toma(build(), make_options(**options)))
+    model = compiled(apply_toma(build(), make_options(**options)), guard_filter=node_guard_filter())
     run(model, 64, steps=5)
     assert graph_breaks(dynamo_counters) == {}
-    assert dynamo_counters["stats"]["unique_graphs"] == recompute_every
+    assert dynamo_counters["stats"]["unique_graphs"] == 1
 
 
 @pytest.mark.parametrize("name", ["sdxl", "flux"])
@@ -201,6 +212,26 @@ def test_torch_compile_matches_eager(name, dynamo_counters):
     print(f"{name}: inductor vs eager ToMA relative error {err:.2e}")
     assert graph_breaks(dynamo_counters) == {}
     assert err <= (1e-5 if name == "sdxl" else 0.1)
+
+
+def test_step_window_under_the_nodes_own_compile(dynamo_counters, caplog):
+    """end_percent 0.5 over 4 steps, compiled the way ComfyUI's TorchCompileModel node compiles
+    (0.8+: with a guard filter that drops every guard on transformer_options). The graph the
+    first call traced would merge in every later step while ToMA meant to stop at step 2 (and
+    on the stop, dynamo's replay can fail: IndexError seen on 0.8.0): under ComfyUI's compile
+    wrapper ToMA keeps every call the same instead, merging every step, and says so once. The
+    samples equal eager ToMA merging every step, through one graph."""
+    import logging
+
+    model = ch.tiny_sdxl_patcher()
+    window = apply_toma(model, make_options(end_percent=0.5))
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        out = sample_sdxl(compiled(window, "aot_eager", node_guard_filter()), 64, steps=4)
+    said = [r for r in caplog.records if "TorchCompileModel" in r.getMessage()]
+    every_step = apply_toma(model, make_options())
+    assert torch.equal(out, sample_sdxl(every_step, 64, steps=4)) and len(said) == 1
+    assert dynamo_counters["stats"]["unique_graphs"] == 1
+    assert graph_breaks(dynamo_counters) == {}
 
 
 def test_one_merged_block_compiles_with_fullgraph(dynamo_counters):
