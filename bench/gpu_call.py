@@ -287,25 +287,34 @@ def build(spec: gpu_model.ModelSpec, device: torch.device,
     return Built(patcher, built - start, filled - built, params)
 
 
+COMPILE_BACKEND = "inductor"   # TorchCompileModel's default (tests trace with "eager")
+
+
+def restated_guard_filter(guard_entries):
+    """TorchCompileModel's guard filter as v0.8.0 and v0.33.0 write it (comfy_extras/
+    nodes_torch_compile.py skip_torch_compile_dict): no guards on transformer_options entries.
+    Used where that module does not import (it imports comfy_api.latest, which needs PyAV)."""
+    return [("transformer_options" not in entry.name) for entry in guard_entries]
+
+
 def compiled(patcher):
-    """`patcher` as ComfyUI's TorchCompileModel node returns it (backend inductor): a clone
-    (with disable_dynamic where this ComfyUI has it, as the node asks) with
-    set_torch_compile_wrapper and the node's guard filter (guards on transformer_options
-    entries skipped), taken from the node's module where it imports."""
+    """`patcher` as ComfyUI's TorchCompileModel node returns it (COMPILE_BACKEND): a clone
+    (with disable_dynamic where this ComfyUI's clone has it, as the v0.33 node asks) with
+    set_torch_compile_wrapper and the node's guard filter where its version has one."""
     import inspect
 
     from comfy_api.torch_helpers import set_torch_compile_wrapper
 
     try:
-        from comfy_extras.nodes_torch_compile import skip_torch_compile_dict
-    except ImportError:   # that module imports comfy_api.latest (PyAV); the filter, as there:
-        def skip_torch_compile_dict(guard_entries):
-            return [("transformer_options" not in entry.name) for entry in guard_entries]
-
+        import comfy_extras.nodes_torch_compile as node
+        guard_filter = getattr(node, "skip_torch_compile_dict", None)
+    except ImportError:
+        log.info("comfy_extras.nodes_torch_compile does not import: its guard filter restated")
+        guard_filter = restated_guard_filter
     dynamic = "disable_dynamic" in inspect.signature(patcher.clone).parameters
     clone = patcher.clone(disable_dynamic=True) if dynamic else patcher.clone()
-    set_torch_compile_wrapper(model=clone, backend="inductor",
-                              options={"guard_filter_fn": skip_torch_compile_dict})
+    set_torch_compile_wrapper(model=clone, backend=COMPILE_BACKEND,
+                              options={"guard_filter_fn": guard_filter} if guard_filter else None)
     return clone
 
 
