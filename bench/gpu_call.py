@@ -484,6 +484,9 @@ def measure(case: Case, device: torch.device, limit_s: float,
             if case.compiled:
                 variants = {name: compiled(p) for name, p in variants.items()}
             collect(variants, timer, spec, sizes, warmup, reps, deadline, got, case.compiled)
+            # a partial load (ComfyUI's low-VRAM mode) would stream weights during the call
+            notes.append(f"{what}: ComfyUI had {built.patcher.loaded_size() / 2**30:.2f} of "
+                         f"{built.patcher.model_size() / 2**30:.2f} GiB of weights loaded")
     except CaseTimeout:
         got.status = f"cut at its time limit ({limit_s:.0f} s)"
     finally:
