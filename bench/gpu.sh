@@ -5,8 +5,10 @@
 # The device tool's `run` call, as is (timeout_s: a minute above the 8 minutes this takes):
 # run: {"command": "bash bench/gpu.sh", "carry": [".device", ".whl"], "timeout_s": 540}
 #
-# Before it, here: `bash bench/device_prepare.sh` (ComfyUI v0.33.0's code in .device/comfyui,
-# the missing wheels in .whl; it checks the 64 MiB the call may send). A rehearsal on a CPU, in a
+# Before it, in the checkout the calling session was started in (the one a call sends, also
+# when a helper calls from another worktree): `bash bench/device_prepare.sh` (ComfyUI
+# v0.33.0's code in .device/comfyui, the missing wheels in .whl; it checks the 64 MiB the call
+# may send). A rehearsal on a CPU, in a
 # venv holding only the device's packages: `bash bench/device_rehearsal.sh`, which runs this
 # script with `--device cpu` (gpu-call at reduced sizes, the other sections as they run on a
 # CPU). The device's python3 (Python 3.12, torch 2.11 + CUDA 13) is used unless $PYTHON says

@@ -612,4 +612,10 @@ def run(cfg: BenchConfig, cases: tuple[Case, ...] = CASES,
         if cfg.device.type == "cuda":
             torch.cuda.empty_cache()
     notes.append("wall time per case: " + ", ".join(timings))
+    if cfg.device.type == "cuda":
+        # the pack builds plans with its Triton kernel on CUDA and falls back to PyTorch ops,
+        # for the rest of the process, when the kernel cannot be built (toma_core/triton_plan.py)
+        disabled = load_pack().toma_core.triton_plan._disabled
+        notes.append("the pack's Triton plan kernel: " + (f"disabled ({disabled[0]})" if disabled
+                                                          else "not disabled"))
     return {"rows": rows, "columns": list(COLUMNS), "notes": notes}
