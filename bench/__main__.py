@@ -107,6 +107,12 @@ def _whole_call(cfg: BenchConfig) -> dict[str, Any]:
     return whole_call.run(cfg)
 
 
+def _gpu_call(cfg: BenchConfig) -> dict[str, Any]:
+    from . import gpu_call
+
+    return gpu_call.run(cfg)
+
+
 def _dit(cfg: BenchConfig) -> dict[str, Any]:
     from . import dit_families
 
@@ -157,6 +163,10 @@ SECTIONS: dict[str, Section] = {
                                      "unmerged and ToMA, computing nothing (meta tensors; "
                                      "about 1.5 min on 2 cores, the same with --quick)",
                          comfy_only=True),
+    "gpu-call": Section(_gpu_call, "bench/gpu_call.py: the same model calls measured on the GPU "
+                                   "(CUDA events, real size, bf16, random weights), unmerged, "
+                                   "ToMA and under TorchCompileModel; reduced sizes on a CPU",
+                        comfy_only=True, quick=False),
 }
 
 

@@ -1,23 +1,127 @@
 #!/usr/bin/env bash
-# The first GPU run in one command: the speed sections and the quality section in bf16, each
-# under its own time limit so that the whole stays within 8 minutes and a slow section cannot
-# take the others' results with it. Reports land in bench/results/<date>-cuda-*.{json,md}
-# and docs/quality-*-cuda.png.
+# The first GPU run in one command: the bench sections that matter on the lent GPU machine, in
+# bf16, each under its own time limit, all within 8 minutes, every result under $OUT.
 #
-#   COMFYUI_PATH=/path/to/ComfyUI bash bench/gpu.sh          # python from $PYTHON or PATH
+# The device tool's `run` call, as is (timeout_s: a minute above the 8 minutes this takes):
+# run: {"command": "bash bench/gpu.sh", "carry": [".device", ".whl"], "timeout_s": 540}
+#
+# Before it, in the checkout the calling session was started in (the one a call sends, also
+# when a helper calls from another worktree): `bash bench/device_prepare.sh` (ComfyUI
+# v0.33.0's code in .device/comfyui, the missing wheels in .whl; it checks the 64 MiB the call
+# may send). A rehearsal on a CPU, in a
+# venv holding only the device's packages: `bash bench/device_rehearsal.sh`, which runs this
+# script with `--device cpu` (gpu-call at reduced sizes, the other sections as they run on a
+# CPU). The device's python3 (Python 3.12, torch 2.11 + CUDA 13) is used unless $PYTHON says
+# otherwise.
+#
+# What it does:
+#  1. installs the carried wheels into /tmp/site (PYTHONPATH), ComfyUI from .device/comfyui;
+#  2. runs the sections in order, each with `timeout` at the smaller of its cap (SECTIONS) and
+#     what is left of TOTAL_S: gpu-call first (the measurement that matters; it stops its own
+#     cases inside its budget and keeps the finished ones if it is killed), then quality (on the
+#     trained fixtures, --quick), the gpu-model projection, then kernels, unet and flux
+#     (--quick) if time remains;
+#  3. prints a summary table (bench/gpu_summary.py: the measured calls beside the projection)
+#     and leaves in $OUT, flat: gpu.log (all output), summary.md, one JSON per section, and
+#     extras.tar.gz (the Markdown reports, the quality pictures, partial results).
+#
+#   bash bench/gpu.sh [--device cuda|cpu]        # OUT defaults to .cache/gpu-out
 set -uo pipefail
-cd "$(dirname "$0")/.."
-: "${COMFYUI_PATH:?set COMFYUI_PATH to a ComfyUI checkout whose requirements are installed}"
-PY=${PYTHON:-python}
-day=$(date +%F)
-status=0
-# section(s), seconds: 150 + 150 + 60 + 100 = 460 s of the 480 allowed.
-for spec in quality:150 kernels,unet:150 flux:60 model:100; do
-  sections=${spec%%:*}
-  limit=${spec##*:}
-  out="bench/results/${day}-cuda-${sections//,/-}.json"
-  echo "== $sections (limit ${limit}s) -> $out"
-  timeout "$limit" "$PY" -m bench --device cuda --sections "$sections" --out "$out" || {
-    echo "!! $sections did not finish (exit $?)"; status=1; }
+cd "$(dirname "$0")/.." || exit 1
+DEVICE=cuda
+while [ $# -gt 0 ]; do
+  case $1 in
+    --device) DEVICE=$2; shift 2 ;;
+    *) echo "gpu.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
 done
-exit $status
+# Whole-script budget (seconds): every section's limit is cut to what is left of it, so the
+# script ends within 8 minutes however the sections go (the install and the summary take a
+# few seconds of the rest).
+TOTAL_S=465
+# name:cap_seconds, in order; caps sum to 450 s.
+SECTIONS=(
+  "gpu-call:270"
+  "quality:75"
+  "gpu-model:75"
+  "kernels,unet,flux:30"
+)
+MIN_SECTION_S=20   # a section is not started with less than this left
+
+command_for() {  # the `python -m` arguments of section $1 on $DEVICE (then --device, --out)
+  case $1:$DEVICE in
+    # quality: python -m bench.quality (the section alone, same rows); on a CPU one fixture at
+    # a small latent, to show it runs within the budget (at full size it takes ~8 min there)
+    quality:cpu) echo "bench.quality --quick --layouts flux --side 8 --threads 2" ;;
+    quality:*) echo "bench.quality --quick" ;;
+    kernels*) echo "bench --quick --sections $1" ;;
+    *) echo "bench --sections $1" ;;
+  esac
+}
+OUT=${OUT:-$PWD/.cache/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu.log") 2>&1
+started=$SECONDS
+PY=${PYTHON:-python3}
+RES=$(mktemp -d /tmp/gpu-results.XXXXXX)
+export PYTHONUNBUFFERED=1
+touch "$RES/.started"
+
+echo "== gpu.sh on $(hostname) at $(date -u '+%F %T UTC'): device $DEVICE, $("$PY" --version)"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version \
+  --format=csv,noheader
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || { echo "!! wheels did not install (run bench/device_prepare.sh)"; exit 1; }
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export COMFYUI_PATH=$PWD/.device/comfyui
+[ -d "$COMFYUI_PATH/comfy" ] || { echo "!! no ComfyUI at $COMFYUI_PATH (run bench/device_prepare.sh)"; exit 1; }
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+echo "== setup done in $((SECONDS - started)) s"
+
+printf 'section\tstatus\tseconds\tlimit\n' >"$RES/status.tsv"
+for spec in "${SECTIONS[@]}"; do
+  IFS=: read -r name cap <<<"$spec"
+  file=${name//,/-}
+  left=$((TOTAL_S - (SECONDS - started)))
+  limit=$((cap < left ? cap : left))
+  if [ "$limit" -lt "$MIN_SECTION_S" ]; then
+    echo "== $name: not run ($left s left of $TOTAL_S)"
+    printf '%s\tnot run\t0\t%s\n' "$name" "$limit" >>"$RES/status.tsv"
+    continue
+  fi
+  echo "== $name (limit ${limit}s) -> $file.json"
+  # gpu-call keeps 15 s of its limit for its start (imports, CUDA) and the report
+  export TOMA_GPU_CALL_BUDGET_S=$((limit - 15)) TOMA_GPU_CALL_PARTIAL=$RES/$file.partial.json
+  t0=$SECONDS
+  # shellcheck disable=SC2046  # command_for prints whole arguments
+  timeout -k 5 "$limit" "$PY" -m $(command_for "$name") --device "$DEVICE" \
+    --out "$RES/$file.json"
+  rc=$?
+  case $rc in
+    0) status=ok ;;
+    124|137) status="timed out" ;;
+    *) status="failed ($rc)" ;;
+  esac
+  echo "== $name: $status after $((SECONDS - t0)) s"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - t0))" "$limit" >>"$RES/status.tsv"
+done
+
+echo "== summary"
+"$PY" -m bench.gpu_summary "$RES" --out "$OUT/summary.md"
+for f in "$RES"/*.json; do
+  [ -e "$f" ] || continue
+  case $f in *.partial.json) continue ;; esac
+  cp "$f" "$OUT/"
+done
+# a section killed before writing its JSON: its partial rows stand in for it
+for f in "$RES"/*.partial.json; do
+  [ -e "$f" ] || continue
+  whole=${f%.partial.json}.json
+  [ -e "$whole" ] || cp "$f" "$OUT/$(basename "$whole")"
+done
+# the quality section's pictures (written into docs/ during this run) go with the reports
+find docs -maxdepth 1 -name 'quality-*.png' -newer "$RES/.started" -exec mv {} "$RES/" \;
+(cd "$RES" && find . -maxdepth 1 -type f ! -name '.*' ! -name '*.json' -o -name '*.partial.json' |
+   tar -czf "$OUT/extras.tar.gz" -T -)
+echo "== done in $((SECONDS - started)) s; in $OUT:"
+find "$OUT" -maxdepth 1 -type f -printf '  %f (%s bytes)\n'

@@ -452,6 +452,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
     parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--side", type=int, default=None,
+                        help="latent side (default: each fixture's evaluation size); smaller "
+                             "for a quick check that the section runs, not for its figures")
     parser.add_argument("--out", default=None)
     parser.add_argument("--combine", nargs="+", type=Path, default=None,
                         help="instead of running: merge these result files (oldest first) into "
@@ -482,7 +485,7 @@ def main(argv: list[str] | None = None) -> None:
     clock = "wall" if device.type == "cuda" else args.clock
     cfg = default_config(args.quick, True, str(device), clock)
     layouts = tuple(args.layouts.split(","))
-    section = {**run(cfg, layouts, args.reps), "columns": list(COLUMNS)}
+    section = {**run(cfg, layouts, args.reps, side=args.side), "columns": list(COLUMNS)}
     result = {"machine": machine_info(device),
               "config": {"device": device.type, "dtype": str(cfg.dtype).replace("torch.", ""),
                          "quick": cfg.quick, "clock": clock, "threads": torch.get_num_threads(),

@@ -1,0 +1,62 @@
+"""bench/gpu_call.py through real ComfyUI on the CPU, at the reduced sizes its CPU path (the
+rehearsal of bench/gpu.sh) runs: every case samples through the node's public path, times each
+setting against the unmerged call, merges the tokens the ratio asks for and times the plan
+builds; a compiled case compiles each variant on its own, with ToMA inside the graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import comfy_harness as ch
+from bench import gpu_call, gpu_model
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def sdpa():
+    """SDPA attention, as bench.config.setup_comfy picks for the suite (the GPU default)."""
+    with ch.attention_backend("sdpa"):
+        yield
+    ch.unload_models()
+
+
+def merged_pairs(tokens: str) -> list[tuple[int, int]]:
+    """"256->128, 64->32" as [(256, 128), (64, 32)]."""
+    return [tuple(int(n) for n in part.split("->")) for part in tokens.split(", ") if part]
+
+
+@pytest.mark.parametrize("model", ["sdxl", "flux", "wan"])
+def test_eager_case_times_every_setting_through_the_node(model: str) -> None:
+    case = gpu_call.Case(model, False, warmup=1, reps=3, limit_s=300, min_s=1)
+    out = gpu_call.measure(case, CPU, 300)
+    settings = [s for m, s in gpu_model.SETTINGS if m == model]
+    assert [r["setting"] for r in out["rows"]] == [s.name for s in settings]
+    for row, setting in zip(out["rows"], settings, strict=True):
+        assert row["status"] == "complete" and "flag" not in row, row
+        assert row["reps"] == gpu_call.CPU_REPS
+        assert row["batch"] == gpu_model.MODELS[model].batch       # cond and uncond together
+        assert row["ms"] > 0 and row["ms_toma"] > 0
+        assert row["speedup_lo"] <= row["speedup_hi"]
+        pairs = merged_pairs(row["tokens"])
+        assert pairs, "ToMA merged nothing"
+        for tokens, merged in pairs:
+            assert abs(merged - tokens * (1 - setting.ratio)) <= 0.05 * tokens, row["tokens"]
+        assert 0 < row["plan_share"] < 1
+    assert any("built in" in note for note in out["notes"])
+
+
+def test_compiled_case_compiles_each_variant_with_toma_inside(monkeypatch) -> None:
+    """The unmerged and the ToMA model each compile into one graph of their own; the ToMA
+    call merges inside it (the run's token counts). dynamo's "eager" backend: the same graphs
+    as inductor's, without inductor's minutes of code generation on a CPU."""
+    monkeypatch.setattr(gpu_call, "COMPILE_BACKEND", "eager")
+    case = gpu_call.Case("flux", True, warmup=1, reps=3, limit_s=300, min_s=1)
+    out = gpu_call.measure(case, CPU, 300)
+    (row,) = out["rows"]
+    assert row["setting"] == "default, compiled" and row["status"] == "complete", row
+    assert merged_pairs(row["tokens"]) == [(256, 128)]
+    assert row["graphs"] == row["graphs_toma"] == 1
+    assert row["graph_breaks_toma"] == 0
+    assert row["first_call_s"] > 0 and row["first_call_s_toma"] > 0

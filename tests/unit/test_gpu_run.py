@@ -1,0 +1,207 @@
+"""The lent-GPU run without a GPU or ComfyUI: bench/gpu.sh's budget and its `run` call,
+what bench/device_prepare.sh carries, and bench/gpu_call.py's and bench/gpu_summary.py's pieces
+on hand-made inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import shutil
+import subprocess
+import time
+
+import pytest
+import torch
+
+import bench.__main__ as suite
+from bench import gpu_call, gpu_summary
+from bench.config import ROOT, default_config
+
+GPU_SH = ROOT / "bench" / "gpu.sh"
+PREPARE = ROOT / "bench" / "device_prepare.sh"
+PACKAGES = ROOT / "bench" / "device_packages.txt"
+EIGHT_MINUTES = 480
+RUN_LIMIT = 600          # the device tool's most seconds for one command
+MAX_COMMAND = 2000       # its most characters for one command
+MAX_CARRY = 8            # its most carried paths
+
+
+def _sections(text: str) -> list[tuple[str, int]]:
+    """gpu.sh's SECTIONS array as (name, cap seconds)."""
+    block = re.search(r"^SECTIONS=\(\n(.*?)^\)", text, re.S | re.M)
+    assert block, "gpu.sh has no SECTIONS=( ... ) array"
+    out = []
+    for entry in re.findall(r'"([^"]+)"', block.group(1)):
+        name, cap = entry.split(":")[:2]
+        out.append((name, int(cap)))
+    return out
+
+
+def _run_call(text: str) -> dict:
+    """The `run` call gpu.sh's header gives, as JSON after '# run: '."""
+    found = re.findall(r"^# run: (\{.*\})$", text, re.M)
+    assert len(found) == 1, "gpu.sh's header must give exactly one '# run: {...}' line"
+    return json.loads(found[0])
+
+
+def test_gpu_sh_sections_fit_eight_minutes() -> None:
+    text = GPU_SH.read_text()
+    sections = _sections(text)
+    total = int(re.search(r"^TOTAL_S=(\d+)$", text, re.M).group(1))
+    assert sum(cap for _, cap in sections) <= total <= EIGHT_MINUTES
+    assert sections[0][0] == "gpu-call"            # the measurement that matters runs first
+    for name, _ in sections:
+        assert set(name.split(",")) <= set(suite.SECTIONS), name
+
+
+def test_run_call_in_gpu_sh_header_is_valid_and_names_existing_paths() -> None:
+    text = GPU_SH.read_text()
+    call = _run_call(text)
+    assert set(call) == {"command", "carry", "timeout_s"}
+    assert len(call["command"]) < MAX_COMMAND
+    total = int(re.search(r"^TOTAL_S=(\d+)$", text, re.M).group(1))
+    assert total < call["timeout_s"] <= 540 < RUN_LIMIT
+    # every path the command names is a file of the checkout
+    paths = [w for w in shlex.split(call["command"]) if "/" in w or w.endswith(".sh")]
+    assert paths and all((ROOT / p).is_file() for p in paths), paths
+    # every carried path is one device_prepare.sh fills and gpu.sh reads
+    prepare = PREPARE.read_text()
+    assert 0 < len(call["carry"]) <= MAX_CARRY
+    for path in call["carry"]:
+        assert re.search(rf"mkdir -p {re.escape(path)}\b", prepare), path
+        assert path in text.replace(call["command"], ""), path
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_carried_folders_are_ignored_by_git() -> None:
+    inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=ROOT,
+                            capture_output=True, text=True)
+    if inside.returncode != 0:
+        pytest.skip("not a git checkout")
+    call = _run_call(GPU_SH.read_text())
+    probes = [f"{path}/probe.py" for path in call["carry"]]
+    result = subprocess.run(["git", "check-ignore", "--no-index", *probes], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.stdout.split() == probes
+
+
+def test_carried_wheels_are_what_the_device_lacks() -> None:
+    """One pinned version of each wheel, none of a package the device already has (carrying one
+    would replace the device's own), and the pure-Python downloads among them."""
+    prepare = PREPARE.read_text()
+    block = re.search(r"^WHEELS=\(\n(.*?)^\)", prepare, re.S | re.M).group(1)
+    specs = re.findall(r'"([^"]+)"', block)
+    names = [s.split("==")[0] for s in specs]
+    assert all(re.fullmatch(r"[\w.-]+==[\w.]+", s) for s in specs), specs
+    assert len(names) == len(set(names))
+    have = {line.split("==")[0].strip().lower() for line in PACKAGES.read_text().splitlines()
+            if line.strip() and not line.startswith("#")}
+    assert {"torch", "triton", "numpy", "transformers"} <= have
+    assert not {n.lower() for n in names} & have
+    pure = re.search(r"^PURE=\((.*)\)", prepare, re.M).group(1).split()
+    assert set(pure) <= set(names)
+
+
+# ---------------------------------------------------------------------------- gpu_call pieces
+
+
+def test_fill_on_device_draws_fill_weights_distribution() -> None:
+    layer = torch.nn.Linear(512, 256).to(torch.bfloat16)
+    norm = torch.nn.LayerNorm(256)
+    torch.nn.init.zeros_(norm.weight)
+    gpu_call.fill_on_device(torch.nn.ModuleDict({"layer": layer, "norm": norm}), seed=3)
+    assert layer.weight.dtype == torch.bfloat16
+    assert torch.equal(layer.bias, torch.zeros_like(layer.bias))
+    assert torch.equal(norm.weight, torch.ones_like(norm.weight))
+    w = layer.weight.detach().float()
+    # 131072 draws of N(0, 1/512): the sample std is within 1% of 1/sqrt(512) (its own
+    # standard error is 0.2%), the mean within 5 standard errors of 0
+    assert abs(float(w.std()) * math.sqrt(512) - 1) < 0.01
+    assert abs(float(w.mean())) < 5 / math.sqrt(w.numel() * 512)
+    again = torch.nn.Linear(512, 256).to(torch.bfloat16)
+    gpu_call.fill_on_device(again, seed=3)
+    assert torch.equal(again.weight, layer.weight)           # seeded
+
+
+def test_time_limit_raises_in_a_busy_loop_and_disarms() -> None:
+    start = time.perf_counter()
+    with pytest.raises(gpu_call.CaseTimeout), gpu_call.time_limit(0.05):
+        while time.perf_counter() - start < 5:
+            pass
+    assert time.perf_counter() - start < 1
+    with gpu_call.time_limit(0.05):
+        pass
+    time.sleep(0.1)                                           # no alarm left behind
+
+
+def test_case_row_pairs_the_repetitions() -> None:
+    setting = gpu_call.gpu_model.Setting("default", {"ratio": 0.5})
+    case = gpu_call.Case("sdxl", False, 2, 3, 10, 1)
+    first = gpu_call.CallTime(9.0, 9.0, 2)
+    got = gpu_call.Collected(first={"unmerged": first, "default": first},
+                             peaks={"unmerged": first,
+                                    "default": gpu_call.CallTime(5.0, 5.0, 2, "4096->2048")},
+                             times={"unmerged": [10.0, 12.0, 11.0], "default": [5.0, 8.0, 5.5]},
+                             walls={"unmerged": [10.5, 12.5, 11.5], "default": [5.5, 8.5, 6.0]},
+                             plan={"default": (1.0, 4.0)})
+    row = gpu_call.case_row("SDXL", case, setting, got)
+    assert (row["ms"], row["ms_toma"], row["reps"], row["batch"]) == (11.0, 5.5, 3, 2)
+    # side by side: 10 / 5, 12 / 8, 11 / 5.5
+    assert row["speedup"] == 2.0 and row["speedup_lo"] == 1.5 and row["speedup_hi"] == 2.0
+    assert row["tokens"] == "4096->2048" and row["plan_share"] == 0.25
+    assert "flag" not in row and row["wall_ms_toma"] == 6.0
+    got.times["default"] = [5.0, 8.0]
+    assert gpu_call.case_row("SDXL", case, setting, got)["flag"].startswith("2 repetition(s)")
+
+
+def test_run_keeps_every_case_within_the_budget(monkeypatch, tmp_path) -> None:
+    """Cases run in order with the budget's remainder as their limit; one that no longer fits
+    is not started; a failing case costs only its own rows; rows so far are written after
+    every case."""
+    partial = tmp_path / "partial.json"
+    monkeypatch.setenv("TOMA_GPU_CALL_PARTIAL", str(partial))
+    limits = []
+
+    def measure(case, device, limit, quick=False):
+        limits.append((case.model, limit))
+        if case.model == "flux":
+            raise RuntimeError("broken")
+        return {"rows": [{"model": case.model}], "notes": []}
+
+    monkeypatch.setattr(gpu_call, "measure", measure)
+    cases = (gpu_call.Case("sdxl", False, 1, 3, limit_s=30, min_s=1),
+             gpu_call.Case("flux", False, 1, 3, limit_s=30, min_s=1),
+             gpu_call.Case("wan", False, 1, 3, limit_s=100, min_s=1),
+             gpu_call.Case("sdxl", True, 1, 3, limit_s=100, min_s=60))
+    cfg = default_config(quick=True, comfy=False, device="cpu")
+    out = gpu_call.run(cfg, cases, budget=50 + gpu_call.MARGIN_S)
+    assert [m for m, _ in limits] == ["sdxl", "flux", "wan"]
+    assert limits[0][1] == 30 and limits[2][1] <= 50
+    assert [r["model"] for r in out["rows"]] == ["sdxl", "wan"]
+    assert any("flux: failed: RuntimeError: broken" in n for n in out["notes"])
+    assert any(n.startswith("sdxl compiled: not run") for n in out["notes"])
+    assert json.loads(partial.read_text())["rows"] == out["rows"]
+
+
+def test_summary_puts_the_projection_beside_the_measurement(tmp_path) -> None:
+    (tmp_path / "status.tsv").write_text("section\tstatus\tseconds\tlimit\n"
+                                         "gpu-call\tok\t100\t270\nquality\ttimed out\t75\t75\n")
+    call = {"model": "SDXL base 1024x1024", "setting": "default", "batch": 2, "ms": 80.0,
+            "ms_toma": 60.0, "speedup": 4 / 3, "speedup_lo": 1.2, "speedup_hi": 1.4,
+            "spread": 0.05, "spread_toma": 0.1, "reps": 10, "status": "complete"}
+    projected = {"model": "SDXL base 1024x1024", "setting": "default", "ms": 30.9,
+                 "ms_toma": 24.9, "speedup": 1.24}
+    (tmp_path / "gpu-call.json").write_text(json.dumps(
+        {"sections": {"gpu-call": {"rows": [call], "notes": ["a note"]}}}))
+    text = gpu_summary.summary(tmp_path)
+    assert "| quality | timed out | 75 | 75 |" in text
+    assert "(committed)" in text                 # no gpu-model JSON: the committed projection
+    (tmp_path / "gpu-model.json").write_text(json.dumps(
+        {"sections": {"gpu-model": {"rows": [projected], "targets": []}}}))
+    text = gpu_summary.summary(tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| SDXL"))
+    assert "this run's gpu-model section" in text
+    assert row.split(" | ")[-4:-1] == ["30.9", "24.9", "1.24"]
+    assert "1.20-1.40" in row and "| 0.1 |" in row
