@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from ..toma_core import MergePlan, build_plan, make_regions
+from ..toma_core.merge_plan import Pending
 from .dit_families import BlockKind, Family
 from .run_state import ModelCall, ToMAState, patch_forward
 from .unet_neighbours import in_block_patches
@@ -264,7 +265,7 @@ class DiTToMA:
 
     def merged_args(self, kind: BlockKind, plan: MergePlan, lay: Layout, args: dict,
                     options: dict, call: ModelCall, per_frame: bool,
-                    key: tuple) -> tuple[dict, torch.Tensor | None]:
+                    key: tuple) -> tuple[dict, Pending | None]:
         """The block's arguments for the merged sequence, and plan.begin's base for the
         stream's unmerge (None, and the stream whole, when only the attention merges: the
         attention helper merges it inside the block). Positional rows, masks and frame rows
@@ -302,7 +303,7 @@ class DiTToMA:
         return kept[1]
 
     def restore(self, call: ModelCall, plan: MergePlan, out: torch.Tensor,
-                merged: torch.Tensor, base: torch.Tensor, offset: int) -> torch.Tensor:
+                merged: torch.Tensor, base: Pending, offset: int) -> torch.Tensor:
         """The full-length stream from the block's output on the merged one (plan.finish),
         unless the block returned something else than a merged sequence (a caching pack
         answering from its cache): that is passed on as it is."""

@@ -172,7 +172,10 @@ class UNetToMA:
             if scope == "block":
                 plan = self.plan_for(x, options, lambda: block.norm1(x))
                 if plan is not None:
-                    return plan.around(lambda t: original(t, *args, **kwargs), x)
+                    # ComfyUI's block never updates its input in place (x = n + x); another
+                    # pack's patch of the forward might
+                    return plan.around(lambda t: original(t, *args, **kwargs), x,
+                                       block_keeps_input=not foreign_forward)
             elif scope == "attention":
                 args, kwargs = _with_call_options(args, kwargs, self.with_attention_pair(options))
             else:

@@ -12,9 +12,11 @@ all batch items (GPU habits: few launches, no host syncs, nothing data-dependent
     xr = x[items, slots]                 region layout [B*R, S, C]         one gather
     merged = M @ xr                      [B*R, k, C], viewed [B, R*k, C]  one bmm
 and for a block run on merged tokens ("block scope", `begin` / `finish`):
-    base = xr - U @ merged               before the block: it may update its input in place
-    out_grid = base + U @ block(merged)  = x + U (block(merged) - merged)  one baddbmm
+    out_grid = xr + U @ (block(merged) - merged)    one subtraction, one baddbmm
     grid order back by one gather of out_grid
+A block that updates its input in place (Flux's `img +=`) would overwrite `merged` first: for
+those, begin takes base = xr - U @ merged before the block (one baddbmm more) and finish adds
+U @ block(merged) to it.
 The products are dense over the region (destination columns included): k*S*C multiply-adds per
 region, noise next to the block, for one op each and shapes that never depend on the data.
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -38,6 +40,15 @@ UnmergeMethod = Literal["transpose", "pinv"]
 BatchPolicy = Literal["per_item", "shared"]
 UNMERGE_METHODS: tuple[str, ...] = ("transpose", "pinv")
 BATCH_POLICIES: tuple[str, ...] = ("per_item", "shared")
+
+
+class Pending(NamedTuple):
+    """What `MergePlan.begin` hands `finish`: the grid in region layout [B*R, S, C] (xr, or
+    xr - U @ merged when the block may update its input in place) and the merged grid
+    [B*R, k, C] to subtract from the block's output (None in the in-place case)."""
+
+    base: torch.Tensor
+    merged: torch.Tensor | None
 
 
 def destinations_per_region(ratio: float, regions: Regions) -> int:
@@ -131,24 +142,30 @@ class MergePlan:
         full = self._in_grid_order(torch.bmm(unmerge_w, self._grid_of(y, prefix)))
         return self.splice(y, full, prefix, self.merged_tokens)
 
-    def begin(self, x: torch.Tensor, prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block scope, before the block: (merged stream [B, prefix + R*k + suffix, C], base).
-
-        base = x's grid minus U @ merged, in region layout [B*R, S, C]: taken before the block
-        runs, since blocks may update their input in place (Flux's `img +=`)."""
+    def begin(self, x: torch.Tensor, prefix: int = 0,
+              block_keeps_input: bool = False) -> tuple[torch.Tensor, Pending]:
+        """Block scope, before the block: (merged stream [B, prefix + R*k + suffix, C], what
+        `finish` needs). block_keeps_input: the block leaves its input tensor alone (ComfyUI's
+        UNet blocks); otherwise (Flux's `img +=`) U @ merged is subtracted from the grid now,
+        while merged is still what merge made."""
         self._check(x, self.tokens, prefix)
         merge_w, unmerge_w = self.weights(x.dtype)
         xr = self._regions_of(x, prefix)
         merged = torch.bmm(merge_w, xr)
-        base = xr.baddbmm_(unmerge_w, merged, alpha=-1)
-        return self.splice(x, merged.view(x.shape[0], -1, x.shape[-1]), prefix, self.tokens), base
+        stream = self.splice(x, merged.view(x.shape[0], -1, x.shape[-1]), prefix, self.tokens)
+        if block_keeps_input:
+            return stream, Pending(xr, merged)
+        return stream, Pending(xr.baddbmm_(unmerge_w, merged, alpha=-1), None)
 
-    def finish(self, out: torch.Tensor, base: torch.Tensor, prefix: int = 0) -> torch.Tensor:
+    def finish(self, out: torch.Tensor, pending: Pending, prefix: int = 0) -> torch.Tensor:
         """Block scope, after the block: its output on the merged stream
         out [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C], the grid being
-        x + U (out - merged) (`begin`'s base plus U @ out) and every other token out's own."""
+        x + U (out - merged) and every other token out's own."""
         self._check(out, self.merged_tokens, prefix)
         grid = self._grid_of(out, prefix)
+        base, merged = pending
+        if merged is not None:
+            grid = grid - merged
         if grid.dtype != base.dtype:   # e.g. a low-precision update onto a float32 stream
             dtype = torch.promote_types(base.dtype, grid.dtype)
             base, grid = base.to(dtype), grid.to(dtype)
@@ -157,12 +174,13 @@ class MergePlan:
         return self.splice(out, full, prefix, self.merged_tokens)
 
     def around(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
-               prefix: int = 0) -> torch.Tensor:
+               prefix: int = 0, block_keeps_input: bool = False) -> torch.Tensor:
         """Run a residual block `fn` on merged tokens and unmerge only its update:
         x + unmerge(fn(merge(x)) - merge(x)), so every token keeps its own residual stream.
-        x [B, prefix + N + suffix, C]; fn maps the merged sequence to one of the same shape."""
-        merged, base = self.begin(x, prefix)
-        return self.finish(fn(merged), base, prefix)
+        x [B, prefix + N + suffix, C]; fn maps the merged sequence to one of the same shape
+        (block_keeps_input: see `begin`)."""
+        merged, pending = self.begin(x, prefix, block_keeps_input)
+        return self.finish(fn(merged), pending, prefix)
 
     @staticmethod
     def splice(x: torch.Tensor, grid: torch.Tensor, prefix: int, n: int) -> torch.Tensor:

@@ -94,7 +94,7 @@ def test_toma_block_variant_is_plan_around_the_block(bench: LevelBench, tiles: i
     y, tokens = _run(bench, Variant("toma", "block", 0.5, tiles), x)
     with torch.inference_mode():
         plan = build_plan(bench.block.norm1(x), 8, 8, 0.5, tile_count=tiles)
-        ref = plan.around(lambda t: _block(bench, t), x)
+        ref = plan.around(lambda t: _block(bench, t), x, block_keeps_input=True)
     assert tokens == plan.merged_tokens == 32
     assert torch.equal(y, ref)
 

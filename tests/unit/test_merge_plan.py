@@ -321,10 +321,17 @@ def test_around_is_the_residual_update_unmerged(h: int, w: int, mode: str, tile_
     got = plan.around(block, x, prefix)
     _close(got, want, 2e-6)                                           # measured 4.8e-7
     assert torch.equal(plan.around(in_place, x.clone(), prefix), got)
-    begun, base = plan.begin(x, prefix)
+    begun, pending = plan.begin(x, prefix)
     assert torch.equal(begun, merged)
-    assert base.shape == (2 * plan.regions.count, plan.regions.size, 6)
-    assert torch.equal(plan.finish(block(begun), base, prefix), got)
+    assert pending.base.shape == (2 * plan.regions.count, plan.regions.size, 6)
+    assert pending.merged is None
+    assert torch.equal(plan.finish(block(begun), pending, prefix), got)
+    # a block that leaves its input alone: the update is taken after it, the same sum
+    kept = plan.around(block, x, prefix, block_keeps_input=True)
+    _close(kept, want, 2e-6)                                          # measured 4.8e-7
+    begun, pending = plan.begin(x, prefix, block_keeps_input=True)
+    assert torch.equal(pending.merged.view_as(begun[:, prefix:prefix + plan.merged_tokens]),
+                       begun[:, prefix:prefix + plan.merged_tokens])
     # an identity block returns x itself up to rounding, text tokens exactly
     same = plan.around(lambda t: t, x, prefix)
     _close(same, x, 1e-6)                                             # measured 2.4e-7
@@ -338,11 +345,11 @@ def test_finish_promotes_a_low_precision_update_onto_a_float32_stream() -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 64, 8, generator=g)
     plan = build_plan(x, 8, 8, 0.5, tile_count=4)
-    merged, base = plan.begin(x)
+    merged, pending = plan.begin(x)
     out = (merged + 0.1 * torch.randn(merged.shape, generator=g)).bfloat16()
-    got = plan.finish(out, base.clone())
+    got = plan.finish(out, pending._replace(base=pending.base.clone()))
     assert got.dtype == torch.float32
-    assert torch.equal(got, plan.finish(out.float(), base.clone()))
+    assert torch.equal(got, plan.finish(out.float(), pending._replace(base=pending.base.clone())))
     low = plan.begin(x.bfloat16())
     assert plan.finish(low[0], low[1]).dtype == torch.bfloat16
 
