@@ -20,15 +20,17 @@ import types
 
 import pytest
 import torch
+from plan_reference import direct
 from test_tiny_models import assert_absent, sample_args
 from tiny_models import FAMILIES, TEXT_TOKENS, available, inputs, tiny_patcher, token_grid
 
 import comfy_harness as ch
 from toma_pack.nodes import run_state
 from toma_pack.nodes.apply import apply_toma
-from toma_pack.nodes.dit_families import REGION_TOKENS, VIDEO_REGION_FRAMES
+from toma_pack.nodes.dit_families import VIDEO_REGION_FRAMES
 from toma_pack.nodes.options import make_options
-from toma_pack.toma_core import build_plan, make_regions
+from toma_pack.toma_core import build_plan
+from toma_pack.toma_core.regions import Regions
 
 RATIO = 0.5
 PROTECTED_FRAMES = {"wan22_5b_i2v": 1, "hunyuan_video_i2v_v2": 1}
@@ -167,17 +169,46 @@ def recorded_run(name: str, ratio: float = RATIO, extra: dict | None = None,
     return base, x, inner, outer, out
 
 
+# The node's default regions for the test grids, worked out by hand from the rule (regions of
+# about REGION_TOKENS tokens, VIDEO_REGION_FRAMES frames deep on video unless the model
+# modulates each frame on its own, slabs of near-equal depth): (t, h, w, frames deep) ->
+# (slab, tile row, tile column sizes). 20 tokens a frame: one tile per frame, all frames of a
+# slab in one region; HunyuanVideo 1.5's 7 x 9 over 2 frames (126 tokens): two tiles, 5 and 4
+# columns wide; Flux 2's 7 x 9, one frame: one tile.
+EXPECTED_REGIONS = {
+    (3, 4, 5, 2): ((3,), (4,), (5,)), (2, 4, 5, 1): ((1, 1), (4,), (5,)),
+    (1, 4, 5, 1): ((1,), (4,), (5,)), (3, 3, 5, 2): ((3,), (3,), (5,)),
+    (2, 3, 5, 2): ((2,), (3,), (5,)), (3, 7, 9, 2): ((3,), (7,), (5, 4)),
+    (1, 7, 9, 1): ((1,), (7,), (9,)),
+}
+
+
 def expected_plan(name: str, outer: torch.Tensor, offset: int, grid: tuple[int, int, int]):
-    """The plan the node's defaults give for the grid tokens of `outer`, rebuilt here: regions
-    of about REGION_TOKENS tokens, video ones VIDEO_REGION_FRAMES frames deep unless the model
-    modulates each frame on its own (Wan 2.2 image-to-video)."""
+    """The plan the node's defaults give for the grid tokens of `outer`: the regions above,
+    destinations and weights by toma_core (checked against the method's definition, computed
+    directly in float64, by check_against_definition)."""
     t, h, w = grid
     frames = VIDEO_REGION_FRAMES if group(name) in ("wan", "hunyuan") else 1
     if name == "wan22_5b_i2v":
         frames = 1
-    tiles = max(1, round(h * w * min(frames, t) / REGION_TOKENS))
-    return build_plan(outer, t * h, w, RATIO, offset=offset, center=True,
-                      regions=make_regions(h, w, "tile", tiles, t=t, frames=frames))
+    regions = Regions(t, h, w, *EXPECTED_REGIONS[(t, h, w, min(frames, t))])
+    plan = build_plan(outer, t * h, w, RATIO, offset=offset, center=True, regions=regions)
+    check_against_definition(plan, outer, offset)
+    return plan
+
+
+def check_against_definition(plan, outer: torch.Tensor, offset: int) -> None:
+    """The plan's destinations are the greedy facility location's on the layer-normed grid
+    tokens (plan_reference.direct, float64, loops), up to the first near-tie of each region, and
+    its k follows the ratio."""
+    assert plan.k == round((1 - RATIO) * plan.tokens / plan.regions.count)
+    want = direct(outer, offset, plan.regions, plan.k, 1000.0, center=True)
+    for item in range(outer.shape[0]):
+        for region in range(plan.regions.count):
+            settled = int(want["settled"][item, region])
+            assert torch.equal(plan.dest_slots[item, region, :settled],
+                               want["picks"][item, region, :settled])
+    assert int(want["settled"].sum()) > 0         # the comparison compared something
 
 
 # Tests ------------------------------------------------------------------------------------------

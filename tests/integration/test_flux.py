@@ -15,6 +15,7 @@ import logging
 
 import pytest
 import torch
+from plan_reference import direct
 
 import comfy_harness as ch
 from toma_pack.nodes.apply import apply_toma
@@ -22,6 +23,7 @@ from toma_pack.nodes.dit_families import REGION_TOKENS
 from toma_pack.nodes.dit_patch import existing_replace
 from toma_pack.nodes.options import make_options
 from toma_pack.toma_core import build_plan, destinations_per_region, make_regions
+from toma_pack.toma_core.regions import Regions
 
 DOUBLES, SINGLES = 2, 2         # the harness's tiny Flux
 TEXT_TOKENS = 16
@@ -133,11 +135,21 @@ def expected_merged(h: int, w: int, ratio: float) -> int:
 
 
 def plan_from(outer_args: dict, kind: str, h: int, w: int, ratio: float):
-    """The plan ToMA should have built from a group's first block input (independently)."""
+    """The plan ToMA should have built from a group's first block input: the test grid's
+    8 x 10 image tokens are one region of 80 (regions of about 64 tokens), destinations and
+    weights by toma_core, its destinations checked against the method's definition computed
+    directly in float64 (plan_reference.direct) up to the first near-tie."""
+    assert (h, w) == (8, 10)
     img = outer_args["img"]
     prefix = 0 if kind == "double" else TEXT_TOKENS
-    return build_plan(img, h, w, ratio, tile_count=default_tiles(h, w), offset=prefix,
-                      center=True)
+    plan = build_plan(img, h, w, ratio, regions=Regions(1, h, w, (1,), (h,), (w,)),
+                      offset=prefix, center=True)
+    want = direct(img, prefix, plan.regions, plan.k, 1000.0, center=True)
+    for item in range(img.shape[0]):
+        settled = int(want["settled"][item, 0])
+        assert settled > 0
+        assert torch.equal(plan.dest_slots[item, 0, :settled], want["picks"][item, 0, :settled])
+    return plan
 
 
 # One recorded run shared by several tests ------------------------------------------------------

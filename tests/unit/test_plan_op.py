@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
+from plan_reference import direct, valid_slots
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from toma_pack.toma_core import build_plan, make_regions, plan_op, triton_plan
@@ -26,10 +27,6 @@ from toma_pack.toma_core.regions import Regions
 
 # Tolerances: the largest difference measured (torch 2.13 CPU, Triton 3.6 interpreter, over
 # every case of the test using it) times a margin of about 4, the measurement beside each.
-# A greedy step is a near-tie when its best two float64 gains are closer than TIE: far above the
-# error of a float32 gain here, a sum of S <= 60 similarities each within 3.6e-7 of float64
-# (test_facility_location), so within 2.2e-5.
-TIE = 1e-4
 GAIN_TOL = 2e-15     # float32 pick's float64 gain below the best available: measured 4.4e-16
 F_TOL = 1e-15        # relative f(D) of two greedy paths up to a swapped pick: measured 2.2e-16
 F_END_TOL = 7e-3     # relative f(D) of two greedy paths after a swap: measured 1.6e-3
@@ -58,48 +55,7 @@ def _stream(b: int, length: int, c: int, seed: int, dtype: torch.dtype = torch.f
     return torch.randn(b, length, c, generator=g).to(dtype)
 
 
-def _valid(regions: Regions) -> torch.Tensor:
-    valid = regions.tables().valid
-    return torch.ones(regions.count, regions.size, dtype=torch.bool) if valid is None else valid
-
-
 # ------------------------------------------------------------ the direct per-region computation
-
-
-def direct(stream: torch.Tensor, offset: int, regions: Regions, k: int, tau: float,
-           center: bool) -> dict[str, torch.Tensor]:
-    """The operator's definition, region by region in float64 on the real slots only:
-    picks [B, R, k] (slots), settled [B, R] (how many leading picks no near-tie could swap: the
-    best two gains of every step before differ by more than TIE), p [B, R, k, S] (softmax over
-    destinations of tau * cos, each destination its own only source, pad columns zero)."""
-    b = stream.shape[0]
-    slots, valid = regions.tables().slots, _valid(regions)
-    picks = torch.zeros(b, regions.count, k, dtype=torch.long)
-    settled = torch.full((b, regions.count), k, dtype=torch.long)
-    p = torch.zeros(b, regions.count, k, regions.size, dtype=torch.float64)
-    for i in range(b):
-        for r in range(regions.count):
-            real = valid[r].nonzero().flatten()                 # slot of each real token
-            x = stream[i, offset + slots[r, real]].double()
-            if center:
-                x = x - x.mean(-1, keepdim=True)
-            xn = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-            cos = xn @ xn.T
-            shifted, cover, chosen = cos + 1.0, torch.zeros(len(real), dtype=torch.float64), []
-            for step in range(k):
-                gain = (shifted - cover).clamp_min(0).sum(-1)
-                gain[chosen] = -math.inf
-                top = gain.topk(min(2, len(real) - len(chosen))).values
-                if len(top) == 2 and top[0] - top[1] <= TIE and settled[i, r] == k:
-                    settled[i, r] = step
-                best = int(gain.argmax())                       # first maximum: lowest slot
-                chosen.append(best)
-                cover = torch.maximum(cover, shifted[best])
-            weights = torch.softmax(tau * cos[chosen], dim=0)   # [k, S'] over destinations
-            weights[:, chosen] = torch.eye(k, dtype=torch.float64)
-            picks[i, r] = real[chosen]
-            p[i, r][:, real] = weights
-    return {"picks": picks, "settled": settled, "p": p}
 
 
 def shifted_similarity(stream: torch.Tensor, offset: int, regions: Regions,
@@ -110,7 +66,7 @@ def shifted_similarity(stream: torch.Tensor, offset: int, regions: Regions,
     if center:
         x = x - x.mean(-1, keepdim=True)
     xn = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-    valid = _valid(regions)
+    valid = valid_slots(regions)
     return (xn @ xn.transpose(-1, -2) + 1.0).masked_fill(
         ~(valid[:, :, None] & valid[:, None, :]), 0.0)
 
@@ -175,7 +131,7 @@ def test_reference_is_the_per_region_definition(h: int, w: int, tiles: int, t: i
     # the greedy property on every region, in float64
     shifted = shifted_similarity(stream, offset, regions, center)
     cover = torch.zeros(b, r, s, dtype=torch.float64)
-    blocked = ~_valid(regions).expand(b, r, s).clone()
+    blocked = ~valid_slots(regions).expand(b, r, s).clone()
     for step in range(k):
         gain = (shifted - cover.unsqueeze(-2)).clamp_min(0).sum(-1)
         gain = gain.masked_fill(blocked, -math.inf)
@@ -194,8 +150,8 @@ def test_reference_is_the_per_region_definition(h: int, w: int, tiles: int, t: i
     assert float(((got_f - want_f) / want_f).abs().max()) <= F_END_TOL
     slots = regions.tables().slots
     assert torch.equal(dest, slots.expand(b, r, s).gather(-1, picks).view(b, r * k))
-    assert bool(_valid(regions).expand(b, r, s).gather(-1, picks).all())
-    pad = ~_valid(regions)
+    assert bool(valid_slots(regions).expand(b, r, s).gather(-1, picks).all())
+    pad = ~valid_slots(regions)
     assert not (merge_w.view(b, r, k, s) * pad[None, :, None, :]).any()
     assert not (unmerge_w.view(b, r, s, k) * pad[None, :, :, None]).any()
 
@@ -224,7 +180,7 @@ def test_ties_go_to_the_lowest_slot(h: int, w: int, tiles: int, t: int, frames: 
     slots, which ragged boxes have inside their extent, skipped). Two alternating kinds of token:
     the first two picks are the lowest slot of each kind, then the lowest of the rest."""
     regions = _regions(h, w, tiles, t, frames)
-    valid, k = _valid(regions), regions.min_size
+    valid, k = valid_slots(regions), regions.min_size
     picks = run_reference(torch.ones(1, regions.tokens, 4), 0, regions, k, 5.0, False)[0][0]
     for r in range(regions.count):
         assert picks[r].tolist() == valid[r].nonzero().flatten()[:k].tolist()
@@ -248,7 +204,7 @@ def test_pad_slots_never_picked(h: int, w: int, tiles: int, t: int, frames: int)
     take exactly their real slots."""
     regions = _regions(h, w, tiles, t, frames)
     assert not regions.even
-    valid = _valid(regions)
+    valid = valid_slots(regions)
     stream = _stream(2, regions.tokens, 5, seed=h * w)
     for k in sorted({1, max(1, regions.min_size // 2), regions.min_size}):
         picks = run_reference(stream, 0, regions, k, 5.0, False)[0]
@@ -489,7 +445,7 @@ def test_kernel_matches_the_reference(kernel, h: int, w: int, tiles: int, t: int
     tol = KERNEL_TOL if dtype == torch.float32 else BF16_TOL
     assert float((merge_w.float() - ref[2].float())[same].abs().max()) <= tol
     assert float((unmerge_w.float() - ref[3].float())[same].abs().max()) <= tol
-    slots, valid = tables.slots, _valid(regions)
+    slots, valid = tables.slots, valid_slots(regions)
     assert torch.equal(dest, slots.expand(b, r, s).gather(-1, picks).view(b, r * k))
     assert bool(valid.expand(b, r, s).gather(-1, picks).all())
     assert all(len(set(row)) == k for row in picks.reshape(-1, k).tolist())
