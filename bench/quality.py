@@ -442,7 +442,9 @@ def main(argv: list[str] | None = None) -> None:
     import datetime
     import json
 
-    from .common import machine_info
+    import sys
+
+    from .common import commit, machine_info
     from .config import default_config, setup_comfy
 
     parser = argparse.ArgumentParser(prog="python -m bench.quality")
@@ -464,6 +466,9 @@ def main(argv: list[str] | None = None) -> None:
         runs = [json.loads(p.read_text()) for p in args.combine]
         result = {**runs[-1], "sections": {"quality": combine(runs)},
                   "combined_from": [str(p) for p in args.combine]}
+        result["config"] = {**result["config"], "commit": commit(), "command": " ".join(
+            ["python -m bench.quality", *(sys.argv[1:] if argv is None else argv)]),
+            "runs_commits": [r.get("config", {}).get("commit") for r in runs]}
         from . import quality_plots as plots
 
         for layout in dict.fromkeys(r["model"] for r in result["sections"]["quality"]["rows"]):
@@ -490,7 +495,9 @@ def main(argv: list[str] | None = None) -> None:
               "config": {"device": device.type, "dtype": str(cfg.dtype).replace("torch.", ""),
                          "quick": cfg.quick, "clock": clock, "threads": torch.get_num_threads(),
                          "comfyui": str(ROOT.joinpath(os.environ["COMFYUI_PATH"]).resolve()),
-                         "sections": ["quality"]},
+                         "sections": ["quality"], "commit": commit(),
+                         "command": " ".join(["python -m bench.quality",
+                                              *(sys.argv[1:] if argv is None else argv)])},
               "sections": {"quality": section}}
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / (
         f"{datetime.date.today().isoformat()}-{device.type}-quality-{'-'.join(layouts)}.json")
@@ -506,9 +513,11 @@ def report(result: dict[str, Any]) -> str:
     from .common import markdown_table
 
     section = result["sections"]["quality"]
-    lines = [f"# ToMA quality section ({result['config']['device']}, "
-             f"{result['config']['dtype']})", "",
-             ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), ""]
+    config = result["config"]
+    lines = [f"# ToMA quality section ({config['device']}, {config['dtype']})", "",
+             ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
+             f"commit: {config.get('commit')}", "", f"command: `{config.get('command')}`"
+             + (f" with COMFYUI_PATH={config['comfyui']}" if config.get("comfyui") else ""), ""]
     lines += [f"- {note}" for note in section["notes"]]
     lines += ["", markdown_table(section["rows"], section["columns"]), "", "## Targets", "",
               markdown_table(section["targets"], ["target", "value", "met"]), ""]
