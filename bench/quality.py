@@ -441,7 +441,6 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import datetime
     import json
-
     import sys
 
     from .common import commit, machine_info
