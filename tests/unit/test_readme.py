@@ -105,3 +105,17 @@ def test_every_file_the_readme_links_exists():
     assert any(path.startswith("bench/results/") for path in linked)
     missing = sorted(path for path in linked if not (ROOT / path).exists())
     assert not missing, missing
+
+
+def test_the_code_map_is_true():
+    """Every path the README's code map names exists, and every module of the product's two
+    packages (nodes/, toma_core/) is named there, so the map cannot drift from the code."""
+    code_map = section("### Code map")
+    named = set(re.findall(r"`([\w./-]+)`", code_map))
+    paths = {name for name in named if "/" in name or name.endswith(".py")}
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, missing
+    modules = {str(p.relative_to(ROOT)) for package in ("nodes", "toma_core")
+               for p in (ROOT / package).rglob("*.py") if p.name != "__init__.py"}
+    unnamed = sorted(modules - paths)
+    assert not unnamed, unnamed
