@@ -45,8 +45,16 @@ from typing import Any
 
 import torch
 
-from .common import MIN_REPS, commit, cpu_features, cpu_model, goal, machine_info, markdown_table
-from .config import ROOT, BenchConfig, default_config, setup_comfy
+from .shared.common import (
+    MIN_REPS,
+    commit,
+    cpu_features,
+    cpu_model,
+    goal,
+    machine_info,
+    markdown_table,
+)
+from .shared.config import ROOT, BenchConfig, default_config, setup_comfy
 
 log = logging.getLogger("bench")
 
@@ -56,20 +64,20 @@ OUT_DIR = ROOT / ".cache" / "bench"
 
 
 def _kernels(cfg: BenchConfig) -> dict[str, Any]:
-    from . import kernels
+    from .speed import kernels
 
     return {"rows": kernels.run(cfg), "columns": list(kernels.COLUMNS),
             "notes": [cfg.describe(kernels.reps(cfg)), kernels.LEGEND]}
 
 
 def _unet(cfg: BenchConfig) -> dict[str, Any]:
-    from . import unet_blocks
+    from .speed import unet_blocks
 
     return {**unet_blocks.run(cfg), "columns": list(unet_blocks.COLUMNS)}
 
 
 def _flux(cfg: BenchConfig) -> dict[str, Any]:
-    from . import flux_blocks
+    from .speed import flux_blocks
 
     return {"rows": flux_blocks.run(cfg), "columns": list(flux_blocks.COLUMNS),
             "notes": [cfg.describe(), "speedup_lo/hi: ratios of the side-by-side repetitions; "
@@ -78,43 +86,43 @@ def _flux(cfg: BenchConfig) -> dict[str, Any]:
 
 
 def _fidelity(cfg: BenchConfig) -> dict[str, Any]:
-    from . import fidelity
+    from .speed import fidelity
 
     return {**fidelity.run(cfg), "columns": list(fidelity.COLUMNS)}
 
 
 def _model(cfg: BenchConfig) -> dict[str, Any]:
-    from . import model
+    from .speed import sdxl_step as model
 
     return {**model.run(cfg), "columns": list(model.COLUMNS)}
 
 
 def _quality(cfg: BenchConfig) -> dict[str, Any]:
-    from . import quality
+    from .quality import section as quality
 
     return {**quality.run(cfg), "columns": list(quality.COLUMNS)}
 
 
 def _gpu_model(cfg: BenchConfig) -> dict[str, Any]:
-    from . import gpu_model
+    from .gpu import projected_calls as gpu_model
 
     return gpu_model.run(cfg)
 
 
 def _whole_call(cfg: BenchConfig) -> dict[str, Any]:
-    from . import whole_call
+    from .speed import whole_call
 
     return whole_call.run(cfg)
 
 
 def _gpu_call(cfg: BenchConfig) -> dict[str, Any]:
-    from . import gpu_call
+    from .gpu import measured_calls as gpu_call
 
     return gpu_call.run(cfg)
 
 
 def _dit(cfg: BenchConfig) -> dict[str, Any]:
-    from . import dit_families
+    from .speed import dit_families
 
     # 3 rounds, not cfg's 7: one full-size Wan 14B block runs for minutes on a CPU core
     reps = MIN_REPS
@@ -135,38 +143,40 @@ class Section:
 
 
 SECTIONS: dict[str, Section] = {
-    "kernels": Section(_kernels, "bench/kernels.py: ToMA merge/unmerge/plan vs tomesd and one "
-                                 "SDPA call"),
-    "unet": Section(_unet, "bench/unet_blocks.py: SDXL's 64x64x640 and 32x32x1280 blocks (+ 512/"
-                           "768 px grids): unpatched, ToMA (block / attention scope), lower "
-                           "bound, ToMeSD, ToDo"),
-    "flux": Section(_flux, "bench/flux_blocks.py: Flux double/single blocks", comfy_only=True,
-                    quick=False),
-    "fidelity": Section(_fidelity, "bench/fidelity.py: output error on photographs' token "
-                                   "grids, speed-vs-error frontier"),
-    "model": Section(_model, "bench/model.py: a whole SDXL UNet step at 1024x1024",
+    "kernels": Section(
+        _kernels, "bench/speed/kernels.py: ToMA merge/unmerge/plan vs tomesd and one SDPA call"),
+    "unet": Section(
+        _unet, "bench/speed/unet_blocks.py: SDXL's 64x64x640 and 32x32x1280 blocks (+ 512/768 px "
+               "grids): unpatched, ToMA (block / attention scope), lower bound, ToMeSD, ToDo"),
+    "flux": Section(_flux, "bench/speed/flux_blocks.py: Flux double/single blocks",
+                    comfy_only=True, quick=False),
+    "fidelity": Section(
+        _fidelity, "bench/speed/fidelity.py: output error on photographs' token grids, "
+                   "speed-vs-error frontier"),
+    "model": Section(_model, "bench/speed/sdxl_step.py: a whole SDXL UNet step at 1024x1024",
                      comfy_only=True, quick=False),
-    "quality": Section(_quality, "bench/quality.py: trained fixtures (models/) through "
-                                 "ComfyUI's sampler: ToMA vs ToMeSD, ToDo, EasyCache; speed, "
-                                 "PSNR/SSIM, MMD, held-out loss", comfy_only=True, quick=False),
-    "dit": Section(_dit, "bench/dit_families.py: one full-width block per DiT family (Wan, "
-                         "Qwen-Image, SD3.5, Z-Image): plain, ToMA, lower bound, projected "
-                         "model (about 2 h of CPU at full size)",
-                   comfy_only=True, quick=False),
-    "whole-call": Section(_whole_call, "bench/whole_call.py: one sampling step of SDXL and Flux "
-                                       "(real layers, reduced width) at 1024x1024: unmerged, "
-                                       "ToMA, an older checkout's ToMA (TOMA_BASELINE), both "
-                                       "compiled (TOMA_BENCH_COMPILE)",
-                          comfy_only=True, quick=False),
-    "gpu-model": Section(_gpu_model, "bench/gpu_model.py: one model call of SDXL, Flux.1 dev "
-                                     "and Wan 2.1 14B at real size projected on an H200, "
-                                     "unmerged and ToMA, computing nothing (meta tensors; "
-                                     "about 1.5 min on 2 cores, the same with --quick)",
-                         comfy_only=True),
-    "gpu-call": Section(_gpu_call, "bench/gpu_call.py: the same model calls measured on the GPU "
-                                   "(CUDA events, real size, bf16, random weights), unmerged, "
-                                   "ToMA and under TorchCompileModel; reduced sizes on a CPU",
-                        comfy_only=True, quick=False),
+    "quality": Section(
+        _quality, "bench/quality/section.py: trained fixtures (models/) through ComfyUI's "
+                  "sampler: ToMA vs ToMeSD, ToDo, EasyCache; speed, PSNR/SSIM, MMD, held-out "
+                  "loss", comfy_only=True, quick=False),
+    "dit": Section(
+        _dit, "bench/speed/dit_families.py: one full-width block per DiT family (Wan, Qwen-Image, "
+              "SD3.5, Z-Image): plain, ToMA, lower bound, projected model (about 2 h of CPU at "
+              "full size)", comfy_only=True, quick=False),
+    "whole-call": Section(
+        _whole_call, "bench/speed/whole_call.py: one sampling step of SDXL and Flux (real layers, "
+                     "reduced width) at 1024x1024: unmerged, ToMA, an older checkout's ToMA "
+                     "(TOMA_BASELINE), both compiled (TOMA_BENCH_COMPILE)",
+        comfy_only=True, quick=False),
+    "gpu-model": Section(
+        _gpu_model, "bench/gpu/projected_calls.py: one model call of SDXL, Flux.1 dev and Wan 2.1 "
+                    "14B at real size projected on an H200, unmerged and ToMA, computing nothing "
+                    "(meta tensors; about 1.5 min on 2 cores, the same with --quick)",
+        comfy_only=True),
+    "gpu-call": Section(
+        _gpu_call, "bench/gpu/measured_calls.py: the same model calls measured on the GPU (CUDA "
+                   "events, real size, bf16, random weights), unmerged, ToMA and under "
+                   "TorchCompileModel; reduced sizes on a CPU", comfy_only=True, quick=False),
 }
 
 
@@ -198,7 +208,7 @@ def run_sections(names: list[str], cfg: BenchConfig) -> dict[str, Any]:
         out[name]["seconds"] = time.perf_counter() - start
         log.warning("section %s done in %.0f s", name, out[name]["seconds"])
     if "unet" in out and "fidelity" in out and out["fidelity"]["rows"]:
-        from . import fidelity
+        from .speed import fidelity
 
         out["pareto"] = {"rows": fidelity.pareto(out["unet"]["rows"], out["fidelity"]["rows"]),
                          "columns": list(fidelity.PARETO_COLUMNS),
@@ -386,6 +396,13 @@ def verdict(result: dict[str, Any]) -> list[str]:
         out.append(f"SDXL block {level} at ratio {RATIO}: ToMA {toma['speedup']:.2f}x faster "
                    f"than unmerged" + (f" (peers: {', '.join(peers)})" if peers else "")
                    + (f", output error {error['err']:.3g}" if error else "") + ".")
+    kernels = [r for r in sections.get("kernels", {}).get("rows", []) if r.get("mu_speedup")]
+    if kernels:
+        mu = [r["mu_speedup"] for r in kernels]
+        full = [r["full_speedup"] for r in kernels if r.get("full_speedup")]
+        out.append(f"Merge + unmerge alone: {min(mu):.2f}-{max(mu):.2f}x the speed of tomesd's"
+                   + (f"; with the plan built: {min(full):.2f}-{max(full):.2f}x its matching"
+                      if full else "") + " (batch 2, the rows' token counts and ratios).")
     whole = _find(sections.get("model", {}).get("rows", []), variant="toma")
     if whole and whole.get("speedup"):
         out.append(f"Whole SDXL UNet step at 1024x1024: {whole['speedup']:.2f}x faster.")

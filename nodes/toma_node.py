@@ -78,7 +78,7 @@ BASIC_INPUTS: dict[str, InputSpec] = {
                    "UNet models (SDXL, SD1.5) do not use it; an unreadable value is refused "
                    "when the workflow is queued, whatever the model."}),
     "recompute_every": ("INT", {
-        # 1: on the trained fixtures (bench/quality.py, README "Quality on trained models")
+        # 1: on the trained fixtures (bench/quality/section.py, README "Quality on trained models")
         # rebuilding every step gave clearly better samples on the Flux layout (24.1 dB PSNR
         # against 21.3 for 5 and 18.5 for 10, same speed within noise); on the SDXL layout 1, 5
         # and 10 are close and out of order (30.2, 30.0, 31.8 dB, 2 images); 5 reuses the plan

@@ -103,7 +103,7 @@ if [ ! -f "$tools/.stamp" ] || [ "$(cat "$tools/.stamp")" != "$tools_stamp" ]; t
 fi
 
 # Debian packages the tests need: chromium (the frontend tests), mate-backgrounds (the
-# photographs of the quality section, bench/quality_data.py), shellcheck (actionlint runs the
+# photographs of the quality section, bench/quality/data.py), shellcheck (actionlint runs the
 # workflows' shell steps through it, as on GitHub's runners) and a Chinese font (legible
 # screenshots of the Chinese help pages; the assertions read the page's text). Installed with
 # apt-get when one is missing and we are root; otherwise the tests that need them fail and say

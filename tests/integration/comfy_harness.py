@@ -345,11 +345,13 @@ def record_attention_calls(patcher: ModelPatcher) -> list[str]:
 
 # Tiny models -----------------------------------------------------------------------------------
 def _bench_weights() -> Any:
-    """bench/weights.py, the random-weight fill shared with the benchmarks, loaded by path (no
+    """bench/shared/weights.py, the random-weight fill shared with the benchmarks, loaded by path
+    (no
     sys.path change, so it works inside a ComfyUI server too)."""
     name = "toma_bench_weights"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "bench" / "weights.py")
+        spec = importlib.util.spec_from_file_location(
+            name, REPO_ROOT / "bench" / "shared" / "weights.py")
         sys.modules[name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(sys.modules[name])
     return sys.modules[name]

@@ -1,5 +1,6 @@
-"""bench/gpu_call.py through real ComfyUI on the CPU, at the reduced sizes its CPU path (the
-rehearsal of bench/gpu.sh) runs: every case samples through the node's public path, times each
+"""bench/gpu/measured_calls.py through real ComfyUI on the CPU, at the reduced sizes its CPU path
+(the
+rehearsal of bench/gpu/run.sh) runs: every case samples through the node's public path, times each
 setting against the unmerged call, merges the tokens the ratio asks for and times the plan
 builds; a compiled case compiles each variant on its own, with ToMA inside the graph."""
 
@@ -9,14 +10,15 @@ import pytest
 import torch
 
 import comfy_harness as ch
-from bench import gpu_call, gpu_model
+from bench.gpu import measured_calls as gpu_call
+from bench.gpu import projected_calls as gpu_model
 
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(autouse=True)
 def sdpa():
-    """SDPA attention, as bench.config.setup_comfy picks for the suite (the GPU default)."""
+    """SDPA attention, as bench.shared.config.setup_comfy picks for the suite (the GPU default)."""
     with ch.attention_backend("sdpa"):
         yield
     ch.unload_models()

@@ -1,4 +1,5 @@
-"""bench/gpu_model.py through real ComfyUI: the projection's recording of a model call matches
+"""bench/gpu/projected_calls.py through real ComfyUI: the projection's recording of a model call
+matches
 the call run for real (small models of the three families), and a full-size Flux.1 call on
 meta tensors has the FLOPs of the hand count and merges the tokens the ratio asks for."""
 
@@ -8,13 +9,13 @@ import pytest
 import torch
 
 import comfy_harness as ch
-from bench import gpu_model
-from bench.projection import CallRecorder, project
+from bench.gpu import projected_calls as gpu_model
+from bench.gpu.projection import CallRecorder, project
 
 
 @pytest.fixture(autouse=True)
 def sdpa():
-    """SDPA attention, as bench.config.setup_comfy picks for the suite (the GPU default)."""
+    """SDPA attention, as bench.shared.config.setup_comfy picks for the suite (the GPU default)."""
     with ch.attention_backend("sdpa"):
         yield
     ch.unload_models()

@@ -9,8 +9,11 @@ import pytest
 import torch
 
 import comfy_harness as ch
-from bench import quality, quality_data, quality_models, train
-from bench.config import BenchConfig
+from bench.quality import data as quality_data
+from bench.quality import models as quality_models
+from bench.quality import section as quality
+from bench.quality import train
+from bench.shared.config import BenchConfig
 
 # Small sizes keep this quick: SDXL 64x64 latent (one attention level of 1024 tokens, the
 # smallest that ToMA's auto levels and the peers merge), Flux 32x32 latent (256 image tokens).

@@ -15,15 +15,16 @@ import torch
 import torch.nn.functional as F
 
 import bench.__main__ as suite
-from bench import common, dit_families, kernels, unet_blocks
-from bench.baselines import ToMeSD, tomesd_matching
-from bench.common import Timing, interleaved, speedup, versus_lower_bound
-from bench.config import ROOT, default_config
-from bench.fidelity import pareto
-from bench.photos import photo_tokens
-from bench.reference_blocks import Level
-from bench.unet_blocks import UNPATCHED, LevelBench, Variant, merged_count, output_errors
-from bench.weights import fill_weights
+from bench.shared import common
+from bench.shared.common import Timing, interleaved, speedup, versus_lower_bound
+from bench.shared.config import ROOT, default_config
+from bench.shared.photos import photo_tokens
+from bench.shared.weights import fill_weights
+from bench.speed import dit_families, kernels, unet_blocks
+from bench.speed.baselines import ToMeSD, tomesd_matching
+from bench.speed.fidelity import pareto
+from bench.speed.reference_blocks import Level
+from bench.speed.unet_blocks import UNPATCHED, LevelBench, Variant, merged_count, output_errors
 from toma_pack.toma_core import build_plan
 
 TINY = Level(8, 64, 2)          # 8 x 8 tokens, 64 channels, 1 head
@@ -480,12 +481,13 @@ def test_results_default_to_an_ignored_folder(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_one_random_weight_fill_for_bench_and_tests() -> None:
-    """tests/integration/comfy_harness.py uses bench/weights.py's fill, not a copy."""
+    """tests/integration/comfy_harness.py uses bench/shared/weights.py's fill, not a copy."""
     path = ROOT / "tests" / "integration" / "comfy_harness.py"
     spec = importlib.util.spec_from_file_location("harness_for_test", path)
     harness = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(harness)
-    assert harness.fill_weights.__code__.co_filename == str(ROOT / "bench" / "weights.py")
+    weights = ROOT / "bench" / "shared" / "weights.py"
+    assert harness.fill_weights.__code__.co_filename == str(weights)
     a, b = torch.nn.Linear(16, 8), torch.nn.LayerNorm(8)
     fill_weights(a, seed=3)
     fill_weights(b, seed=3)
@@ -495,14 +497,14 @@ def test_one_random_weight_fill_for_bench_and_tests() -> None:
 
 
 def test_bench_never_reaches_into_closures() -> None:
-    for path in (ROOT / "bench").glob("*.py"):
+    for path in (ROOT / "bench").rglob("*.py"):
         assert "__closure__" not in path.read_text(), path.name
 
 
 # ------------------------------------------------------------------ the report a user reads
 def test_a_target_equal_at_the_shown_precision_is_met():
     """1.2 against >= 1.2 printed as "missed: 1.2 against >= 1.2 (0.0% short)" before."""
-    from bench.common import goal
+    from bench.shared.common import goal
 
     row = {"speedup": 1.19996}
     assert goal("x", row, "speedup", 1.2)["met"] is True

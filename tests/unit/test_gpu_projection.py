@@ -1,4 +1,4 @@
-"""bench/projection.py without ComfyUI: the projection arithmetic on hand-made op lists against
+"""bench/gpu/projection.py without ComfyUI: the projection arithmetic on hand-made op lists against
 hand sums, and the recorder on small meta computations against what the ops must cost."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import sdpa_flop_count
 
-from bench import gpu_model
-from bench.projection import (
+from bench.gpu import projected_calls as gpu_model
+from bench.gpu.projection import (
     GPU,
     CallRecorder,
     DeviceMismatchError,

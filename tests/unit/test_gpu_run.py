@@ -1,5 +1,6 @@
-"""The lent-GPU run without a GPU or ComfyUI: bench/gpu.sh's budget and its `run` call,
-what bench/device_prepare.sh carries, and bench/gpu_call.py's and bench/gpu_summary.py's pieces
+"""The lent-GPU run without a GPU or ComfyUI: bench/gpu/run.sh's budget and its `run` call,
+what bench/gpu/prepare.sh carries, and bench/gpu/measured_calls.py's and bench/gpu/summary.py's
+pieces
 on hand-made inputs."""
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import pytest
 import torch
 
 import bench.__main__ as suite
-from bench import gpu_call, gpu_summary
-from bench.config import ROOT, default_config
+from bench.gpu import measured_calls as gpu_call
+from bench.gpu import summary as gpu_summary
+from bench.shared.config import ROOT, default_config
 
-GPU_SH = ROOT / "bench" / "gpu.sh"
-PREPARE = ROOT / "bench" / "device_prepare.sh"
-PACKAGES = ROOT / "bench" / "device_packages.txt"
+GPU_SH = ROOT / "bench" / "gpu" / "run.sh"
+PREPARE = ROOT / "bench" / "gpu" / "prepare.sh"
+PACKAGES = ROOT / "bench" / "gpu" / "device_packages.txt"
 EIGHT_MINUTES = 480
 RUN_LIMIT = 600          # the device tool's most seconds for one command
 MAX_COMMAND = 2000       # its most characters for one command

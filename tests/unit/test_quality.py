@@ -8,7 +8,10 @@ import math
 import pytest
 import torch
 
-from bench import quality, quality_data, quality_metrics, train
+from bench.quality import data as quality_data
+from bench.quality import metrics as quality_metrics
+from bench.quality import section as quality
+from bench.quality import train
 
 
 def test_train_and_held_out_photos_are_disjoint_and_licensed():

@@ -7,7 +7,7 @@ gpu-model section's projection of the same calls.
 The models and sizes are gpu-model's (bench/gpu_model.MODELS, ComfyUI's own classes at their
 real configuration): SDXL base 1024x1024 (batch 2, cond and uncond in one call), Flux.1 dev
 1024x1024 (batch 1, 512 text tokens), Wan 2.1 14B t2v 832x480x81 (batch 2), bf16, random
-weights (`fill_on_device`: bench/weights.py's distribution, drawn on the device). Settings:
+weights (`fill_on_device`: bench/shared/weights.py's distribution, drawn on the device). Settings:
 gpu-model's SETTINGS, the node's defaults (ratio 0.5) for all three and the paper's (SDXL ratio
 0.5, Flux 0.75, attention scope), applied through the pack's public path (nodes/apply.py
 apply_toma with nodes/options.py make_options).
@@ -21,7 +21,8 @@ first, so nothing queued before is counted), the host's perf_counter beside them
 the host clock. Warm-up calls first (cuBLAS/cuDNN handles, attention kernel choice, Triton's
 compilation of the pack's kernels), then the variants interleaved (order reversed every other
 repetition): median, minimum and spread of each, speedup with the range of the side-by-side
-ratios (bench.common). Peak memory: torch.cuda.max_memory_allocated over one warm-up call, with
+ratios (bench.shared.common). Peak memory: torch.cuda.max_memory_allocated over one warm-up call,
+with
 the weights (peak_gib) and above what was allocated before the call (act_gib). Plan builds: one
 more ToMA call with every plan build (ToMAState.plan's build) bracketed by events, their sum
 against the same call's time (plan_share). Then, if the budget allows, the default setting and
@@ -39,7 +40,7 @@ Every case (a model eagerly, a model compiled) runs under a time limit: repetiti
 when the next round would pass it, and an alarm ends the case at the limit; the section's whole
 budget ($TOMA_GPU_CALL_BUDGET_S, else BUDGET_S) caps every case's limit, and a case that no
 longer fits is not started. After every case the rows so far are written to
-$TOMA_GPU_CALL_PARTIAL when that is set (bench/gpu.sh keeps them if the section is killed).
+$TOMA_GPU_CALL_PARTIAL when that is set (bench/gpu/run.sh keeps them if the section is killed).
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ from typing import Any
 
 import torch
 
-from . import gpu_model
-from .common import MIN_REPS, Timing, speedup
-from .config import BenchConfig, load_pack
+from ..shared.common import MIN_REPS, Timing, speedup
+from ..shared.config import BenchConfig, load_pack
+from . import projected_calls as gpu_model
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,8 @@ def timed_plans(watch: Stopwatch) -> Iterator[list[tuple[Any, Any]]]:
 
 # Models -----------------------------------------------------------------------------------------
 def fill_on_device(module: torch.nn.Module, seed: int = 0, gain: float = 1.0) -> torch.nn.Module:
-    """bench.weights.fill_weights' distribution (biases 0, other vectors 1, matrices and kernels
+    """bench.shared.weights.fill_weights' distribution (biases 0, other vectors 1, matrices and
+    kernels
     normal with std gain / sqrt(fan_in)), drawn where each parameter lives, in its own dtype, by
     a generator on that device: no host tensor, no copy. The values differ from fill_weights'
     (another generator); the distribution is the same."""

@@ -1,8 +1,8 @@
 """Model card of the quality fixtures: loss curves and sample grids (PNG in docs/) and
-models/README.md, from the weights and the training logs that bench/train.py wrote.
+models/README.md, from the weights and the training logs that bench/quality/train.py wrote.
 
     PYTHONPATH=../shared/stubs COMFYUI_PATH=../shared/comfyui/v0.8.0 \
-        .cache/venvs/v0.8.0/bin/python -m bench.quality_card
+        .cache/venvs/v0.8.0/bin/python -m bench.quality.card
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw
 
-from . import quality, quality_data
-from . import quality_models as qm
-from .config import ROOT
+from ..shared.config import ROOT
+from . import data as quality_data
+from . import models as qm
+from . import section as quality
 
 CARD = qm.MODELS_DIR / "README.md"
 LAYOUT_TEXT = {
@@ -28,7 +29,7 @@ LAYOUT_TEXT = {
             "heads of 32 channels. Evaluated at a 128x128 latent (= 128x128 pixels): attention "
             "levels of 4096 and 1024 tokens. Full config in the file's metadata (`unet_config`).",
     "flux": "ComfyUI's Flux class (`comfy.supported_models.Flux`: double and single stream "
-            "blocks, RoPE over axes 4/6/6 with theta 32, see bench/quality_models.py) at hidden "
+            "blocks, RoPE over axes 4/6/6 with theta 32, see bench/quality/models.py) at hidden "
             "64, 4 heads, 10 double + 20 single blocks (Flux.1's 1:2 mix, deep enough for the "
             "default skip_blocks `d0-4, s0-4`), no guidance embedding, context 4 x 64. "
             "Evaluated at a 64x64 latent (= 128x128 pixels): 1024 image tokens. "
@@ -174,7 +175,8 @@ def card(records: dict[str, dict]) -> str:
     lines = ["# Quality fixtures: small diffusion models trained here", "",
              "Two small diffusion models in layouts ComfyUI loads, trained on CPU on natural "
              "photographs so that the quality bench (`python -m bench --sections quality`, "
-             "bench/quality.py) measures token merging on models that have learned something. "
+             "bench/quality/section.py) measures token merging on models that have learned "
+             "something. "
              "They are test fixtures, not image generators.", "",
              "**Limits.** Trained for about half an hour of CPU each (one thread, on a 2-core "
              "machine shared with other jobs). Both denoise held-out photographs far better "
@@ -190,13 +192,15 @@ def card(records: dict[str, dict]) -> str:
              "fell to about 0.33 in 400 steps at the same crop size (0.28 at the evaluation "
              "size; one comparison, with a fresh warm-up, not a controlled one). More steps "
              "should help (not verified): "
-             "`python -m bench.train --layout flux --init models/toma-flux-fixture.safetensors "
+             "`python -m bench.quality.train --layout flux --init "
+             "models/toma-flux-fixture.safetensors "
              "--phases 32:8:2000,64:2:600` continues from these weights. Attention is a larger "
              "share of these narrow models' time than of SDXL's or Flux's (see the README's "
              "quality section).", "",
-             "Reproduce: `python -m bench.train --layout sdxl|flux` (bench/train.py; "
+             "Reproduce: `python -m bench.quality.train --layout sdxl|flux` "
+             "(bench/quality/train.py; "
              "COMFYUI_PATH set, `apt-get install mate-backgrounds`), then "
-             "`python -m bench.quality_card`.", "",
+             "`python -m bench.quality.card`.", "",
              "## Data", "",
              "Photographs (none committed), resized to a short side of "
              f"{quality_data.SHORT_SIDE} px, random crops and horizontal flips:", ""]
@@ -209,7 +213,7 @@ def card(records: dict[str, dict]) -> str:
               "(a fixed random 4-token context and pooled vector each, stored in the file as "
               "`fixture.context` / `fixture.pooled`) and a null class (last) for unconditional "
               "and held-out use. Latents: fixed linear pixel maps, no VAE "
-              "(bench/quality_data.py).", ""]
+              "(bench/quality/data.py).", ""]
     for layout, record in records.items():
         path = qm.weights_path(layout)
         size = path.stat().st_size / 2**20
@@ -236,7 +240,8 @@ def card(records: dict[str, dict]) -> str:
 
 
 def final_held_out(fixture: qm.Fixture, seed: int) -> list[float]:
-    """The held-out loss at the evaluation size that bench.train measures at the end of a run
+    """The held-out loss at the evaluation size that bench.quality.train measures at the end of a
+    run
     (for a run stopped before its end: from the saved weights)."""
     from . import train
 
@@ -252,11 +257,11 @@ def train_per_photo() -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.quality_card")
+    parser = argparse.ArgumentParser(prog="python -m bench.quality.card")
     parser.add_argument("--layouts", default=",".join(qm.LAYOUTS))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    from .config import setup_comfy
+    from ..shared.config import setup_comfy
 
     if not setup_comfy(torch.device("cpu")):
         raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")

@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# A rehearsal of bench/gpu.sh on this (GPU-less) machine, as close to the lent GPU machine as
+# A rehearsal of bench/gpu/run.sh on this (GPU-less) machine, as close to the lent GPU machine as
 # a CPU allows: a venv of Python 3.12 holding torch 2.11.0 (PyPI's build, the device's
 # 2.11.0+cu130 with its CUDA libraries, which imports and runs on a CPU) and ONLY packages
-# that bench/device_packages.txt lists for that machine (at its versions where it gives them),
+# that bench/gpu/device_packages.txt lists for that machine (at its versions where it gives them),
 # then gpu.sh run on the CPU at reduced sizes, installing the carried wheels (.whl) into
 # /tmp/site and importing the carried ComfyUI tree exactly as on the device.
 #
-#   bash bench/device_prepare.sh          # first: fills .device/comfyui and .whl
-#   bash bench/device_rehearsal.sh        # builds the venv if missing, then runs gpu.sh
-#   REHEARSAL_BUILD_ONLY=1 bash bench/device_rehearsal.sh
+#   bash bench/gpu/prepare.sh          # first: fills .device/comfyui and .whl
+#   bash bench/gpu/rehearsal.sh        # builds the venv if missing, then runs gpu.sh
+#   REHEARSAL_BUILD_ONLY=1 bash bench/gpu/rehearsal.sh
 #
 # The venv: .cache/venvs/device-rehearsal (ignored by git; rebuilt when this script's package
 # list changes). Python: $REHEARSAL_PYTHON (default /root/.pyenv/versions/3.12.1/bin/python,
 # this workplace's nearest to the device's 3.12.3). Results: $OUT (default /tmp/gpu-rehearsal).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${REHEARSAL_PYTHON:-/root/.pyenv/versions/3.12.1/bin/python}
 VENV=.cache/venvs/device-rehearsal
-LIST=bench/device_packages.txt
+LIST=bench/gpu/device_packages.txt
 # What the bench and ComfyUI's modules it imports need from the device's packages (names as
 # the list spells them); the versions come from the list where it has one.
 NEEDED=(torch torchvision torchaudio triton numpy safetensors transformers tokenizers
@@ -70,4 +70,4 @@ EOF
 export OUT=${OUT:-/tmp/gpu-rehearsal}
 rm -rf "$OUT" /tmp/site
 mkdir -p "$OUT"
-PATH="$PWD/$VENV/bin:$PATH" PYTHON=python3 bash bench/gpu.sh --device cpu
+PATH="$PWD/$VENV/bin:$PATH" PYTHON=python3 bash bench/gpu/run.sh --device cpu

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 log = logging.getLogger(__name__)
-_ROOT = Path(__file__).resolve().parents[1]   # the checkout (config.ROOT)
+_ROOT = Path(__file__).resolve().parents[2]   # the checkout (config.ROOT)
 
 
 def sync(device: torch.device | str) -> None:

@@ -1,6 +1,6 @@
 """Quality section: ToMA and its peers on the trained fixtures, through ComfyUI's sampler.
 
-For each fixture (models/toma-{sdxl,flux}-fixture.safetensors, see bench/train.py) at its
+For each fixture (models/toma-{sdxl,flux}-fixture.safetensors, see bench/quality/train.py) at its
 evaluation size (128 x 128 pixels: SDXL-layout attention levels of 4096 and 1024 tokens, Flux
 1024 image tokens), every variant (unmerged; ToMA at several settings through the pack's own
 ToMAAdvanced node; ToMeSD; ToDo; ComfyUI's EasyCache) is a ModelPatcher clone, sampled with
@@ -10,10 +10,11 @@ measured:
 - s, speedup: median process CPU time of the whole sampling call (interleaved repetitions),
   and unmerged's time over it;
 - psnr, ssim: of the decoded samples against the unmerged samples of the same seeds;
-- mmd: MMD^2 (x1000, KID's kernel, bench.quality_metrics.mmd) between the sample sets'
+- mmd: MMD^2 (x1000, KID's kernel, bench.quality.metrics.mmd) between the sample sets'
   features, taken from the unmerged model's own middle (SDXL: middle_block's output; Flux: the
   middle single block's image tokens) at a mid noise level;
-- dloss: increase of the held-out denoising loss (bench.train's objective on photographs never
+- dloss: increase of the held-out denoising loss (bench.quality.train's objective on photographs
+never
   trained on, one sampler step from each noise level to 0 through comfy.sample.sample_custom),
   mean over the held-out noise levels, relative to unmerged's (step caching: not applicable,
   it changes nothing within one step).
@@ -35,10 +36,10 @@ from typing import Any
 
 import torch
 
-from . import quality_baselines as qb
-from . import quality_data as data
-from . import quality_models as qm
-from .config import ROOT, BenchConfig, load_pack
+from ..shared.config import ROOT, BenchConfig, load_pack
+from . import baselines as qb
+from . import data
+from . import models as qm
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ def held_out(fixture: qm.Fixture, side: int) -> HeldOut:
 
 
 def denoising_losses(patcher, fixture: qm.Fixture, ho: HeldOut) -> list[float]:
-    """bench.train's loss (mean (denoised - x0)^2 / sigma^2) at each held-out sigma."""
+    """bench.quality.train's loss (mean (denoised - x0)^2 / sigma^2) at each held-out sigma."""
     out = []
     for sigma in ho.sigmas:
         denoised = denoise_once(patcher, fixture, ho.x0, ho.labels, sigma, ho.noise)
@@ -234,7 +235,7 @@ def measure(layout: str, cfg: BenchConfig, quick: bool, reps: int,
             side: int | None = None) -> dict[str, Any]:
     """Rows for every variant of one fixture, plus the images of the picture grid.
     side: latent side (default: the evaluation size, EVAL_LATENT)."""
-    from . import quality_metrics as metrics
+    from . import metrics
 
     side = side or qm.EVAL_LATENT[layout]
     fixture = qm.load(layout, dtype=cfg.dtype, device=cfg.device)
@@ -374,7 +375,7 @@ def targets(rows: list[dict], layout: str) -> list[dict[str, Any]]:
 def run(cfg: BenchConfig, layouts: tuple[str, ...] = qm.LAYOUTS, reps: int | None = None,
         write_pictures: bool = True, side: int | None = None) -> dict[str, Any]:
     """The section: rows of every fixture, targets, and the pictures in docs/."""
-    from . import quality_plots as plots
+    from . import plots
 
     # CPU: one timed run per variant (process CPU time of a whole sampling call; the 2-core
     # machine this was built on had no time for more); GPU: 3, interleaved.
@@ -443,8 +444,8 @@ def main(argv: list[str] | None = None) -> None:
     import json
     import sys
 
-    from .common import commit, machine_info
-    from .config import default_config, setup_comfy
+    from ..shared.common import commit, machine_info
+    from ..shared.config import default_config, setup_comfy
 
     parser = argparse.ArgumentParser(prog="python -m bench.quality")
     parser.add_argument("--layouts", default=",".join(qm.LAYOUTS))
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         result["config"] = {**result["config"], "commit": commit(), "command": " ".join(
             ["python -m bench.quality", *(sys.argv[1:] if argv is None else argv)]),
             "runs_commits": [r.get("config", {}).get("commit") for r in runs]}
-        from . import quality_plots as plots
+        from . import plots
 
         for layout in dict.fromkeys(r["model"] for r in result["sections"]["quality"]["rows"]):
             own = [r for r in result["sections"]["quality"]["rows"] if r["model"] == layout]
@@ -509,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def report(result: dict[str, Any]) -> str:
     """Markdown of a `python -m bench.quality` result: rows, then the targets."""
-    from .common import markdown_table
+    from ..shared.common import markdown_table
 
     section = result["sections"]["quality"]
     config = result["config"]

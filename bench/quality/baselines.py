@@ -3,8 +3,8 @@
 UNet (grid from each block call's `activations_shape`; levels of at least MIN_TOKENS tokens,
 the same placement as ToMA's `auto` levels):
 - ToMeSD, attention scope (tomesd's own placement: self-attention's q/k/v merged, output
-  unmerged) and block scope, from bench.baselines.ToMeSD (tomesd's bipartite matching).
-- ToDo: 2x2 average-pooled keys/values in self-attention (bench.baselines.todo_attn1_patch).
+  unmerged) and block scope, from bench.speed.baselines.ToMeSD (tomesd's bipartite matching).
+- ToDo: 2x2 average-pooled keys/values in self-attention (bench.speed.baselines.todo_attn1_patch).
 Flux (through `optimized_attention_override`, which sees q/k/v [B, heads, txt + N, D] after
 RoPE, so the positions stay right; the image grid h x w and text length are given):
 - ToMeSD: image q/k/v merged by tomesd's matching on the image keys (heads concatenated),
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .baselines import ToMeSD, todo_attn1_patch
+from ..speed.baselines import ToMeSD, todo_attn1_patch
 
 MIN_TOKENS = 1024
 _SLOT = "bench_quality_tomesd"

@@ -1,12 +1,12 @@
 """Train the quality fixtures on CPU: small SDXL- and Flux-layout models on photographs.
 
     COMFYUI_PATH=../shared/comfyui/v0.3.64 nice -n 10 .cache/venvs/v0.3.64/bin/python \
-        -m bench.train --layout sdxl --threads 1 > .cache/train-sdxl.log 2>&1 &
+        -m bench.quality.train --layout sdxl --threads 1 > .cache/train-sdxl.log 2>&1 &
 
 Reproducible: every random draw (weights, class tables, crops, labels, noise levels, noise)
-comes from generators seeded by --seed; data list and licences in bench/quality_data.py.
+comes from generators seeded by --seed; data list and licences in bench/quality/data.py.
 Training is the plain diffusion objective through ComfyUI's own BaseModel.apply_model
-(bench.quality_models.denoising_loss): epsilon MSE for the EPS UNet, velocity MSE for the flow
+(bench.quality.models.denoising_loss): epsilon MSE for the EPS UNet, velocity MSE for the flow
 DiT, noise levels drawn uniformly from the model's own sigma table, 10% of labels dropped to the
 null class (for CFG), AdamW, linear warm-up then cosine decay, gradient clipping at 1, EMA of
 the weights (what is saved). Phases go from small crops (cheap steps, many of them) to the
@@ -14,7 +14,7 @@ evaluation size (so attention sees 4096 / 1024 tokens before it is measured ther
 
 Writes the EMA weights to models/toma-<layout>-fixture.safetensors (every --save-every steps
 and at the end) and the run's log (loss curve, held-out losses, timings) to
-models/toma-<layout>-fixture.json; `python -m bench.quality_card` turns both into the model card.
+models/toma-<layout>-fixture.json; `python -m bench.quality.card` turns both into the model card.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
-from . import quality_data as data
-from . import quality_models as qm
+from . import data
+from . import models as qm
 
-log = logging.getLogger("bench.train")
+log = logging.getLogger("bench.quality.train")
 
 # Phases: (latent side, batch, steps). Pixel crop = latent side * LATENT_PER_PIXEL.
 DEFAULT_PHASES = {
@@ -238,7 +238,8 @@ def _save(fixture: qm.Fixture, ema: EMA, record: dict, out: Path, step: int) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.train", description=__doc__.split(
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.quality.train", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layout", choices=qm.LAYOUTS, required=True)
     parser.add_argument("--phases", default=None,
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = data.missing_sources()
     if missing:
         raise SystemExit("training data missing: " + "; ".join(missing))
-    from .config import setup_comfy
+    from ..shared.config import setup_comfy
 
     if not setup_comfy(torch.device("cpu")):
         raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout (the models are its classes)")

@@ -1,7 +1,7 @@
-"""The summary of a bench/gpu.sh run: which sections ran, and the measured model calls (section
+"""The summary of a bench/gpu/run.sh run: which sections ran, and the measured model calls (section
 gpu-call) beside the gpu-model section's projection of the same calls.
 
-    python -m bench.gpu_summary RESULTS_DIR [--out summary.md]
+    python -m bench.gpu.summary RESULTS_DIR [--out summary.md]
 
 RESULTS_DIR holds gpu.sh's status.tsv and one JSON per section (`python -m bench --out`). The
 projection comes from that run's gpu-model JSON when there is one, else from the committed
@@ -18,8 +18,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .common import markdown_table
-from .config import ROOT
+from ..shared.common import markdown_table
+from ..shared.config import ROOT
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def summary(results: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.gpu_summary")
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu.summary")
     parser.add_argument("results", type=Path, help="gpu.sh's results folder")
     parser.add_argument("--out", type=Path, default=None, help="write the Markdown here too")
     args = parser.parse_args(argv)

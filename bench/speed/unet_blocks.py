@@ -34,10 +34,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..shared.common import MIN_REPS, Timing, peak_memory, speedup, versus_lower_bound
+from ..shared.config import BenchConfig, load_pack, timings
+from ..shared.photos import photo_tokens
 from .baselines import ToMeSD, todo_attn1_patch, todo_tokens, tomesd_matching
-from .common import MIN_REPS, Timing, peak_memory, speedup, versus_lower_bound
-from .config import BenchConfig, load_pack, timings
-from .photos import photo_tokens
 from .reference_blocks import (
     SDXL_LEVELS,
     SMALL_LEVELS,

@@ -3,13 +3,13 @@
 # bf16, each under its own time limit, all within 8 minutes, every result under $OUT.
 #
 # The device tool's `run` call, as is (timeout_s: a minute above the 8 minutes this takes):
-# run: {"command": "bash bench/gpu.sh", "carry": [".device", ".whl"], "timeout_s": 540}
+# run: {"command": "bash bench/gpu/run.sh", "carry": [".device", ".whl"], "timeout_s": 540}
 #
 # Before it, in the checkout the calling session was started in (the one a call sends, also
-# when a helper calls from another worktree): `bash bench/device_prepare.sh` (ComfyUI
+# when a helper calls from another worktree): `bash bench/gpu/prepare.sh` (ComfyUI
 # v0.33.0's code in .device/comfyui, the missing wheels in .whl; it checks the 64 MiB the call
 # may send). A rehearsal on a CPU, in a
-# venv holding only the device's packages: `bash bench/device_rehearsal.sh`, which runs this
+# venv holding only the device's packages: `bash bench/gpu/rehearsal.sh`, which runs this
 # script with `--device cpu` (gpu-call at reduced sizes, the other sections as they run on a
 # CPU). The device's python3 (Python 3.12, torch 2.11 + CUDA 13) is used unless $PYTHON says
 # otherwise.
@@ -21,13 +21,13 @@
 #     cases inside its budget and keeps the finished ones if it is killed), then quality (on the
 #     trained fixtures, --quick), the gpu-model projection, then kernels, unet and flux
 #     (--quick) if time remains;
-#  3. prints a summary table (bench/gpu_summary.py: the measured calls beside the projection)
+#  3. prints a summary table (bench/gpu/summary.py: the measured calls beside the projection)
 #     and leaves in $OUT, flat: gpu.log (all output), summary.md, one JSON per section, and
 #     extras.tar.gz (the Markdown reports, the quality pictures, partial results).
 #
-#   bash bench/gpu.sh [--device cuda|cpu]        # OUT defaults to .cache/gpu-out
+#   bash bench/gpu/run.sh [--device cuda|cpu]        # OUT defaults to .cache/gpu-out
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
+cd "$(dirname "$0")/../.." || exit 1
 DEVICE=cuda
 while [ $# -gt 0 ]; do
   case $1 in
@@ -71,10 +71,10 @@ echo "== gpu.sh on $(hostname) at $(date -u '+%F %T UTC'): device $DEVICE, $("$P
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version \
   --format=csv,noheader
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || { echo "!! wheels did not install (run bench/device_prepare.sh)"; exit 1; }
+  --target /tmp/site .whl/*.whl || { echo "!! wheels did not install (run bench/gpu/prepare.sh)"; exit 1; }
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export COMFYUI_PATH=$PWD/.device/comfyui
-[ -d "$COMFYUI_PATH/comfy" ] || { echo "!! no ComfyUI at $COMFYUI_PATH (run bench/device_prepare.sh)"; exit 1; }
+[ -d "$COMFYUI_PATH/comfy" ] || { echo "!! no ComfyUI at $COMFYUI_PATH (run bench/gpu/prepare.sh)"; exit 1; }
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 echo "== setup done in $((SECONDS - started)) s"
 
@@ -107,7 +107,7 @@ for spec in "${SECTIONS[@]}"; do
 done
 
 echo "== summary"
-"$PY" -m bench.gpu_summary "$RES" --out "$OUT/summary.md"
+"$PY" -m bench.gpu.summary "$RES" --out "$OUT/summary.md"
 for f in "$RES"/*.json; do
   [ -e "$f" ] || continue
   case $f in *.partial.json) continue ;; esac

@@ -45,7 +45,8 @@ so a host read of them gets the true value. A read of a value that depends on th
 the noise cannot be known: `equal` is answered True and a boolean read False (the checks a
 correct plan passes: a sanity check that raises on a flag, a structure test that holds by
 construction); the Op says so (`assumed`) and where it came from, and any other unknown read
-raises UnknownValueError. bench/gpu_model.py validates these answers by running small models
+raises UnknownValueError. bench/gpu/projected_calls.py validates these answers by running small
+models
 for real under the same recorder and comparing the op lists.
 
 `project(ops, gpu)` turns an op list into time: each launching op takes its roofline time

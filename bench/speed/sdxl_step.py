@@ -1,7 +1,8 @@
 """Whole SDXL UNet (ComfyUI only): one denoising step at 1024x1024, with and without ToMA.
 
 Builds ComfyUI's own SDXL model (comfy.supported_models.SDXL with the real SDXL unet_config:
-2.6 B parameters, 70 transformer blocks) with seeded random weights (bench.weights), wraps it in
+2.6 B parameters, 70 transformer blocks) with seeded random weights (bench.shared.weights), wraps
+it in
 a ModelPatcher and samples one Euler step (comfy.sample.sample, cfg 1.0: one UNet forward on
 latent [1, 4, 128, 128], context [1, 77, 2048]) for:
 
@@ -30,9 +31,9 @@ from typing import Any
 
 import torch
 
-from .common import MIN_REPS, Timing, speedup, versus_lower_bound
-from .config import BenchConfig, load_pack
-from .weights import fill_weights
+from ..shared.common import MIN_REPS, Timing, speedup, versus_lower_bound
+from ..shared.config import BenchConfig, load_pack
+from ..shared.weights import fill_weights
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import torch
 
 from .common import Timing, cpu_model, interleaved, now, sync
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 log = logging.getLogger(__name__)
 
 

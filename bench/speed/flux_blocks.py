@@ -1,6 +1,6 @@
 """Full-width Flux blocks: ToMA's replace patches against the plain blocks.
 
-    COMFYUI_PATH=/path/to/ComfyUI python -m bench.flux_blocks [--reps 3] [--threads N]
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.flux_blocks [--reps 3] [--threads N]
         [--clock cpu]
 
 On a machine shared with other jobs use --threads 1: torch's thread pool thrashes when the cores
@@ -18,7 +18,7 @@ Builds ComfyUI's own DoubleStreamBlock and SingleStreamBlock at Flux.1 size (hid
 - the lower bound: the plain block on the merged image token count (2048 / 1024), no merge
   cost; a ToMA block faster than it is flagged (noise or a broken bound), not a result.
 
-Timing: bench.config.timings on the run's clock: warm-up calls, then `reps` rounds that call
+Timing: bench.shared.config.timings on the run's clock: warm-up calls, then `reps` rounds that call
 every variant once in turn; median, minimum and spread per variant; the plan build likewise.
 
 Fidelity: relative L2 error of the block output and of its update (output - input) against the
@@ -43,9 +43,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .common import Timing, machine_info, markdown_table, speedup, versus_lower_bound
-from .config import BenchConfig, default_config, timings
-from .weights import fill_weights
+from ..shared.common import Timing, machine_info, markdown_table, speedup, versus_lower_bound
+from ..shared.config import BenchConfig, default_config, timings
+from ..shared.weights import fill_weights
 
 HIDDEN, HEADS, MLP_RATIO = 3072, 24, 4.0
 GRID, TEXT = 64, 512                       # 64 x 64 = 4096 image tokens
@@ -55,7 +55,7 @@ RATIOS = (0.5, 0.75)
 
 def _comfy() -> None:
     """ComfyUI from COMFYUI_PATH (CPU mode, SDPA attention) and this pack as toma_pack."""
-    from .config import setup_comfy
+    from ..shared.config import setup_comfy
 
     if not setup_comfy(torch.device("cpu")):
         raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")

@@ -13,8 +13,8 @@ C = 1280) and N = 4096 (64x64, C = 640), merge ratios 0.25 and 0.5. Figures per 
 
 tomesd is a dev dependency only; without it its columns say so. Run:
 
-    python bench/kernels.py [--device cuda] [--dtype float16] [--reps 30] [--quick]
-    python -m bench.kernels --threads 1 --clock cpu     # steadier on a shared CPU machine
+    python bench/speed/kernels.py [--device cuda] [--dtype float16] [--reps 30] [--quick]
+    python -m bench.speed.kernels --threads 1 --clock cpu     # steadier on a shared CPU machine
 
 Every time is the median of interleaved repetitions, with its minimum and spread; every speedup
 is the ratio of medians with the range of the side-by-side repetitions' ratios (lo-hi).
@@ -43,12 +43,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-if __package__ in (None, ""):          # run as `python bench/kernels.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):          # run as `python bench/speed/kernels.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.baselines import tomesd_matching
-from bench.common import Timing, machine_info, markdown_table, speedup
-from bench.config import BenchConfig, default_config, load_pack, timings
+from bench.shared.common import Timing, machine_info, markdown_table, speedup
+from bench.shared.config import BenchConfig, default_config, load_pack, timings
+from bench.speed.baselines import tomesd_matching
 
 log = logging.getLogger(__name__)
 

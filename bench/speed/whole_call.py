@@ -9,7 +9,7 @@ with cfg 1: one call of batch 1) of ComfyUI's own SDXL UNet and Flux at 1024x102
 with the layers and depths of the real models at a reduced width (WIDTH below: a real-size SDXL
 call takes about a minute of CPU, Flux several, and compiling them longer). A narrower model
 gives merging's own work a larger share of the call, so its speedups are, if anything, lower
-than the real width's (bench/unet_blocks.py and flux_blocks.py measure real-width blocks).
+than the real width's (bench/speed/unet_blocks.py and flux_blocks.py measure real-width blocks).
 
 - TOMA_BASELINE=PATH: the pack in another checkout (e.g. a worktree of an older commit), loaded
   under its own package name and applied through its own apply_toma: "ToMA baseline" rows give
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from .common import MIN_REPS, interleaved, speedup
-from .config import BenchConfig
+from ..shared.common import MIN_REPS, interleaved, speedup
+from ..shared.config import BenchConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +48,11 @@ LATENT = 128                               # 1024x1024 pixels
 
 def sdxl_patcher():
     """ComfyUI's SDXL UNet with SDXL's levels, depths and head size at SDXL_CHANNELS, fp32,
-    weights from bench.weights."""
+    weights from bench.shared.weights."""
     import comfy.model_patcher
     import comfy.supported_models
 
-    from .weights import fill_weights
+    from ..shared.weights import fill_weights
 
     unet = {"use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4,
             "model_channels": SDXL_CHANNELS, "num_res_blocks": [2, 2, 2],
@@ -73,7 +73,7 @@ def flux_patcher():
     import comfy.model_patcher
     import comfy.supported_models
 
-    from .weights import fill_weights
+    from ..shared.weights import fill_weights
 
     fields = {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)}
     params = {"in_channels": 16, "out_channels": 16, "vec_in_dim": 768, "context_in_dim": 4096,
@@ -187,7 +187,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     notes.append(f"SDXL: SDXL's levels and 70 transformer blocks at model_channels "
                  f"{SDXL_CHANNELS} (real 320), CFG 2 batched; Flux: 19 + 38 blocks, heads of "
                  f"128, hidden {FLUX_HIDDEN} (real 3072), 512 text tokens, cfg 1; one Euler step "
-                 f"of comfy.sample.sample at 1024x1024, SDPA attention (bench.config), node "
+                 f"of comfy.sample.sample at 1024x1024, SDPA attention (bench.shared.config), node "
                  f"defaults")
     if baseline is not None:
         notes.append(f"ToMA baseline: the pack at {baseline}")

@@ -1,13 +1,14 @@
 """One block of each new DiT family at full width: plain, lower bound and ToMA, and the whole
 model projected from them.
 
-    COMFYUI_PATH=/path/to/ComfyUI python -m bench.dit_families --threads 1 --clock cpu
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.dit_families --threads 1 --clock cpu
         [--quick] [--families wan22_5b,wan14b,qwen_image,sd35_large,z_image] [--ratio 0.5]
         [--reps 3] [--family-reps wan14b=2] [--size wan14b=832x480x17]
-        [--toma-hook bench.dit_toma:hook | none] [--out bench/results/<date>-cpu-dit.json]
+        [--toma-hook bench.speed.dit_toma:hook | none] [--out bench/results/<date>-cpu-dit.json]
 
 Builds ComfyUI's own block class of each family at the real model's width (seeded random
-weights from bench.weights, fp32, CPU, SDPA attention) on the token count of a real generation,
+weights from bench.shared.weights, fp32, CPU, SDPA attention) on the token count of a real
+generation,
 and times per family:
 
 - plain: the block on every image token, called the way ComfyUI's block loop calls it;
@@ -20,7 +21,8 @@ and times per family:
   against the plain block's (random weights: it ranks settings, it does not predict image
   quality).
 
-Timing (bench.common.interleaved): one untimed call of every variant first (the warm-up, whose
+Timing (bench.shared.common.interleaved): one untimed call of every variant first (the warm-up,
+whose
 plain and toma outputs give the error; at these sizes one call runs for seconds to minutes),
 then `reps` rounds calling every variant once in turn; median, minimum and spread per variant,
 speedups with the range of the side-by-side ratios. Fewer than 3 repetitions (--family-reps, for
@@ -45,8 +47,8 @@ The hook: `hook(family: str, case: BlockCase, ratio: float)` returns None for a 
 not handle, else a merged block: called with a fresh full-length argument dict (as `case.args()`
 makes it) it returns what `case.original_block` would; `merged_tokens` is the image token count
 it runs on; `build_plan()` builds its plan again (timed apart; the block calls reuse the plan,
-as the blocks of a group do). bench/dit_toma.py's is the default; the pack is importable as
-`toma_pack` (bench.config.setup_comfy).
+as the blocks of a group do). bench/speed/dit_toma.py's is the default; the pack is importable as
+`toma_pack` (bench.shared.config.setup_comfy).
 
 Writes nothing unless --out: then the JSON there and the same report as .md beside it (machine,
 commit, command, notes, table, targets, flags).
@@ -70,7 +72,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .common import (
+from ..shared.common import (
     MIN_REPS,
     Timing,
     commit,
@@ -83,12 +85,12 @@ from .common import (
     speedup,
     versus_lower_bound,
 )
-from .weights import fill_weights
+from ..shared.weights import fill_weights
 
 log = logging.getLogger(__name__)
 
 RATIO = 0.5
-DEFAULT_HOOK = "bench.dit_toma:hook"
+DEFAULT_HOOK = "bench.speed.dit_toma:hook"
 VIDEO_TARGET = 2.2          # projected whole-model speedup of video at ratio 0.5
 LB_TARGET = 1.10            # ToMA within 10% of its lower bound
 COLUMNS = ("family", "variant", "ratio", "image_tokens", "text_tokens", "ms", "spread", "reps",
@@ -143,7 +145,7 @@ class BlockCase:
 
 # Shared input helpers -----------------------------------------------------------------------------
 def _fill(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """bench.weights' seeded fill, in eval mode."""
+    """bench.shared.weights' seeded fill, in eval mode."""
     return fill_weights(module, seed).eval()
 
 
@@ -459,7 +461,7 @@ def load_hook(hook: str | Callable | None) -> Callable | None:
 def _setup() -> None:
     """ComfyUI from COMFYUI_PATH (CPU, SDPA attention) and the pack as toma_pack, unless the
     suite (python -m bench) has done it already."""
-    from .config import setup_comfy
+    from ..shared.config import setup_comfy
 
     if "toma_pack" in sys.modules and "comfy.ldm.modules.attention" in sys.modules:
         return
@@ -587,7 +589,7 @@ def main(argv: list[str] | None = None) -> None:
                a.threads, family_reps)
     result = {"machine": machine_info(),
               "config": {"commit": commit(), "comfyui": os.environ.get("COMFYUI_PATH"),
-                         "command": "python -m bench.dit_families " + " ".join(
+                         "command": "python -m bench.speed.dit_families " + " ".join(
                              sys.argv[1:] if argv is None else argv),
                          "clock": a.clock, "threads": torch.get_num_threads(),
                          "reps": a.reps, "family_reps": family_reps, "ratio": a.ratio,

@@ -1,7 +1,7 @@
 """The trained quality fixtures: model layouts, initialisation, conditioning, safetensors I/O.
 
 Two small diffusion models built from ComfyUI's own classes (needs ComfyUI imported, see
-bench.config.setup_comfy):
+bench.shared.config.setup_comfy):
 
 - "sdxl": comfy.supported_models.SDXL (UNetModel, EPS prediction) with SDXL's block structure
   (3 levels, channel_mult 1/2/4, 2 res blocks per level, attention only at the two lower levels
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .config import ROOT
+from ..shared.config import ROOT
 
 MODELS_DIR = ROOT / "models"
 LAYOUTS = ("sdxl", "flux")
@@ -203,7 +203,7 @@ def load(layout: str, path: Path | None = None, dtype: torch.dtype = torch.float
 
     path = path or weights_path(layout)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} missing: train it with python -m bench.train "
+        raise FileNotFoundError(f"{path} missing: train it with python -m bench.quality.train "
                                 f"--layout {layout}")
     with safe_open(str(path), framework="pt") as f:
         meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .weights import fill_weights
+from ..shared.weights import fill_weights
 
 HEAD_DIM = 64
 CONTEXT_DIM = 2048

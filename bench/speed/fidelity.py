@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from .config import BenchConfig
-from .photos import PHOTOS
+from ..shared.config import BenchConfig
+from ..shared.photos import PHOTOS
 from .reference_blocks import SDXL_LEVELS
 from .unet_blocks import (
     RATIOS,

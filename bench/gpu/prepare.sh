@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fills what bench/gpu.sh needs on the lent GPU machine and cannot find there, in folders git
+# Fills what bench/gpu/run.sh needs on the lent GPU machine and cannot find there, in folders git
 # ignores (.gitignore) that a `run` call carries:
 #
 #   .device/comfyui   ComfyUI v0.33.0 (the newest of the project's source trees, the one the
@@ -7,16 +7,16 @@
 #                     workflow blueprints, API nodes, server and database code, and the tokenizer
 #                     and vocabulary files (no text encoder is built); about 9 MiB
 #   .whl              wheels for Python 3.12 manylinux x86_64 of what ComfyUI's modules imported
-#                     by the bench need and the device lacks (bench/device_packages.txt lists
+#                     by the bench need and the device lacks (bench/gpu/device_packages.txt lists
 #                     what it has); each wheel's own requirements are checked against that list
 #
 # Then it measures what a `run` call would send (tracked and untracked-not-ignored files plus
 # the carried folders) against the 64 MiB limit, and fails above it.
 #
-#   bash bench/device_prepare.sh                   # tree from ../shared/comfyui/v0.33.0
-#   COMFY_TREE=/path/to/ComfyUI bash bench/device_prepare.sh
+#   bash bench/gpu/prepare.sh                   # tree from ../shared/comfyui/v0.33.0
+#   COMFY_TREE=/path/to/ComfyUI bash bench/gpu/prepare.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 COMFY_TREE=${COMFY_TREE:-$ROOT/../shared/comfyui/v0.33.0}
@@ -78,7 +78,7 @@ for spec in "${WHEELS[@]}"; do
 done
 
 echo "== their requirements against the device's packages and the carried wheels"
-"$PY" - bench/device_packages.txt .whl <<'EOF'
+"$PY" - bench/gpu/device_packages.txt .whl <<'EOF'
 import re
 import sys
 import zipfile

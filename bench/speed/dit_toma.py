@@ -1,4 +1,5 @@
-"""ToMA's block patch as bench/dit_families.py's hook: `--toma-hook bench.dit_toma:hook`.
+"""ToMA's block patch as bench/speed/dit_families.py's hook: `--toma-hook
+bench.speed.dit_toma:hook`.
 
 The pack's own DiTToMA (nodes/dit_patch.py) with each family's description (nodes/families/),
 its node defaults (tile_count 0) unless `tiles` / `frames` say otherwise, and a model call
@@ -78,7 +79,7 @@ def hook(family: str, case, ratio: float, tokens_per_region: int | None = None,
          frames: int | None = None) -> MergedBlock | None:
     """The merged block for `case` (a dit_families.BlockCase), its plan built; None for a
     family this does not know. tokens_per_region / frames: other regions than the family's
-    default (bench/dit_tiles.py)."""
+    default (bench/speed/dit_tiles.py)."""
     if family not in FAMILIES:
         return None
     return MergedBlock(family, case, ratio, tokens_per_region, frames)

@@ -12,7 +12,7 @@ for (`as_on_gpu`): ComfyUI's loader only applies the object patches
 (`patch_model(load_weights=False)`), since meta weights cannot move and recent ComfyUI replaces
 meta weights by zeros when it loads them; and the free memory and attention kind that decide
 whether cond and uncond run as one batch are the H200's, not this CPU's. An APPLY_MODEL wrapper
-of our own, the outermost, records the first model call under bench/projection.py's
+of our own, the outermost, records the first model call under bench/gpu/projection.py's
 CallRecorder and then stops sampling; it puts the call's inputs and the model's own tensors (the
 noise schedule) on the meta device first, as a GPU run has them on the GPU, so tensors the call
 creates on the CPU are the host's (and moving them to the device is a blocking copy).
@@ -57,10 +57,10 @@ from typing import Any
 
 import torch
 
-from .common import goal
-from .config import ROOT, BenchConfig, load_pack
+from ..shared.common import goal
+from ..shared.config import ROOT, BenchConfig, load_pack
+from ..shared.weights import fill_weights
 from .projection import GPU, META, CallRecorder, Op, project
-from .weights import fill_weights
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,8 @@ def _randn(*shape: int, seed: int) -> torch.Tensor:
 
 
 # SDXL base: comfy/supported_models.py SDXL plus what model_detection reads from the checkpoint
-# (the same dict as bench/model.py's); Flux.1 dev: model_detection's Flux branch (hidden 3072,
+# (the same dict as bench/speed/sdxl_step.py's); Flux.1 dev: model_detection's Flux branch (hidden
+# 3072,
 # 24 heads = 3072 / sum(axes_dim), 19 double and 38 single blocks in the checkpoint, patch 2 over
 # 16 latent channels: img_in takes 64, vec_in 768 = CLIP-L pooled, context 4096 = T5-XXL,
 # guidance_in present in dev); Wan 2.1 14B t2v: model_detection's Wan branch (dim 5120, heads
@@ -217,7 +218,8 @@ def comfy_config(spec: ModelSpec, unet_config: dict[str, Any] | None = None):
 def build_patcher(spec: ModelSpec, unet_config: dict[str, Any] | None = None, real: bool = False,
                   dtype: torch.dtype = torch.bfloat16, seed: int = 0):
     """A ModelPatcher of `spec`'s model in `dtype`, weights on the meta device (real: on the
-    CPU with bench.weights' seeded fill, for the validation runs); load and offload device the
+    CPU with bench.shared.weights' seeded fill, for the validation runs); load and offload device
+    the
     CPU, as ComfyUI's CPU mode has them."""
     import comfy.model_patcher
 
@@ -689,7 +691,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         f"{H200.name}: bf16 {BF16_PEAK / 1e12:.0f} TFLOP/s and {H200.bandwidth / 1e12:.1f} TB/s "
         f"(measured on the project's H200), fp32 matmul {FP32_PEAK / 1e12:.1f} TFLOP/s, "
         f"{H200.launch_s * 1e6:.0f} us per launch, attention at "
-        f"{H200.attention_efficiency:.0%} of the peak (assumptions: bench/gpu_model.py); "
+        f"{H200.attention_efficiency:.0%} of the peak (assumptions: bench/gpu/projected_calls.py); "
         f"nothing computed: ComfyUI {comfy_version()}'s own classes at real size in bf16 on "
         "meta tensors, one model call through comfy.sample.sample; a projection, not a "
         "measurement",
@@ -702,7 +704,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "kept_mib: device memory the ToMA call leaves alive (plans kept for the next layers and "
         "steps; the unmerged call keeps "
         f"{max(r['kept_mib_plain'] for r in rows):.1f} MiB); assumed_toma: host reads of values "
-        "no projection can know, answered as in bench/projection.py",
+        "no projection can know, answered as in bench/gpu/projection.py",
         "speedup with one assumption changed: " + "; ".join(
             f"{r['model']} {r['setting']}: " + ", ".join(
                 f"{k} {v:.2f}x" for k, v in r["sensitivity"].items()) for r in rows),

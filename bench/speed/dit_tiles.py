@@ -1,10 +1,11 @@
 """Region size for tile_count 0 on the DiT families: error of the merged block against plain.
 
-    COMFYUI_PATH=/path/to/ComfyUI python -m bench.dit_tiles [families ...]
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.dit_tiles [families ...]
 
-For each family of bench/dit_families.py (its --quick sizes: full width, fewer frames and pixels)
+For each family of bench/speed/dit_families.py (its --quick sizes: full width, fewer frames and
+pixels)
 and each region size, the relative L2 error of ToMA's merged block's image update against the
-plain block's, at ratio 0.5 (bench/dit_toma.py's hook; one block, random weights, smooth token
+plain block's, at ratio 0.5 (bench/speed/dit_toma.py's hook; one block, random weights, smooth token
 fields: it ranks region sizes, it does not predict image quality). The defaults in
 nodes/dit_families.py (REGION_TOKENS, VIDEO_REGION_FRAMES) come from this run. Process CPU time
 per merged call is printed beside, for scale only.
