@@ -179,6 +179,23 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
+@pytest.mark.parametrize("scope", ["block", "attention"])
+def test_installed_but_inactive_is_bit_identical(flux, scope, monkeypatch):
+    """Every patch installed and running (wrappers, both block kinds, the attention scope's
+    hooks) with merging outside the active steps (start_percent 0.99): bit-identical to the
+    unmerged model, and every block was counted (ratio 0 runs no ToMA code at all)."""
+    from toma_pack.nodes import run_state
+
+    sent: list[dict] = []
+    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
+    positive, negative = flux_conds()
+    base = sample(flux, LATENT, positive, negative)
+    off = sample(apply_toma(flux, make_options(RATIO, skip_blocks="none", merge_scope=scope,
+                                               start_percent=0.99)), LATENT, positive, negative)
+    assert torch.equal(off, base)
+    assert sent[-1]["layers_total"] == DOUBLES + SINGLES and sent[-1]["layers_merged"] == 0
+
+
 def test_ratio_zero_is_bit_identical(flux, attention):
     positive, negative = flux_conds()
     base = sample(flux, LATENT, positive, negative)

@@ -75,6 +75,16 @@ def test_ratio_zero_is_bit_identical(sdxl):
 
 
 @pytest.mark.parametrize("scope", ["block", "attention"])
+def test_installed_but_inactive_is_bit_identical(sdxl, scope, stats):
+    """Ratio 0 leaves the model unpatched (no ToMA code runs); here every patch is installed and
+    runs on every block (wrappers, the block forwards, the scope decision) with merging outside
+    the active steps (start_percent 0.99): still bit-identical, and every block was counted."""
+    patched = advanced(sdxl, scope=scope, start_percent=0.99)
+    assert torch.equal(run(patched, steps=2), run(sdxl, steps=2))
+    assert stats[-1]["layers_total"] == LAYERS and stats[-1]["layers_merged"] == 0
+
+
+@pytest.mark.parametrize("scope", ["block", "attention"])
 def test_merging_halves_the_self_attention_sequences(sdxl, scope, self_attention_lengths):
     run(sdxl, steps=1, cfg=1.0)
     full = sorted(set(self_attention_lengths))
