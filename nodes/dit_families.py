@@ -13,9 +13,11 @@ Token layout in a block call, per kind (stream = the tensor holding the image gr
 
 prefix: the text when it is in the stream and comes first (`text` "stream_before"), then tokens
 that never merge (reference latents put in front, image-to-video conditioning frames); suffix:
-everything after the grid (reference images, padding, text that comes last). Positional rows
-(RoPE) and attention masks follow the attention sequence, which also holds the text when the
-block attends over [text; image] ("before") or [image; text] ("after").
+everything after the grid (reference images, padding, text that comes last, LTX's guide
+frames). Positional rows (RoPE) and attention masks follow the attention sequence, which also
+holds the text when the block attends over [text; image] ("before") or [image; text] ("after").
+Modulation rows (`rows`: per-token or per-frame timestep embeddings) are spread evenly over
+the stream: R rows of L / R tokens each, one row for all (R 1), one per token or one per frame.
 """
 
 from __future__ import annotations
@@ -54,7 +56,14 @@ class BlockKind:
     text: where the text is (TEXT_POSITIONS, see the module docstring); stream / txt / pe / mask:
     argument names of the image stream, the separate text stream, the positional rows and the
     attention mask (None: the block has none); mask_dims: the mask's token dims;
-    frame_rows: argument holding per-frame modulation rows along dim 1 (Wan's e0), or None;
+    rows: arguments holding modulation rows along dim 1 (Wan's per-frame e0, LTX's per-token
+    timesteps), plain tensors or held in an object the family's `held_rows` reads;
+    more_pe: other arguments holding positional rows over the same sequence (LTX-2's video
+    side of its audio-video attention); a positional-rows argument is a tensor or a tuple whose
+    tensors are rows (LTX's (rotation, split) pair);
+    stream_item: the stream argument is a tuple (LTX-2's (video, audio)) whose item this is;
+    opaque: arguments the patch cannot line up with a merged sequence (LTX's guide attention
+    mask, which addresses fixed token spans): a block call where one is set runs unmerged;
     hook: "dit" (replace patch) or "object" (patch of the block's forward).
     """
 
@@ -67,8 +76,22 @@ class BlockKind:
     pe: str | None = "pe"
     mask: str | None = None
     mask_dims: tuple[int, ...] = (-2, -1)
-    frame_rows: str | None = None
+    rows: tuple[str, ...] = ()
+    more_pe: tuple[str, ...] = ()
+    stream_item: int | None = None
+    opaque: tuple[str, ...] = ()
     hook: str = "dit"
+
+
+@dataclass(frozen=True)
+class HeldRows:
+    """Modulation rows a family's blocks get inside an object rather than as a tensor (LTX-2's
+    compressed timesteps on ComfyUI 0.33). read(value) -> (rows [B, R, C], tokens each row
+    covers), or None for a value it does not hold; write(value, rows, tokens) -> an object of
+    the same kind holding `rows`, each covering `tokens` tokens."""
+
+    read: Callable[[object], tuple[torch.Tensor, int] | None]
+    write: Callable[[object, torch.Tensor, int], object]
 
 
 @dataclass(frozen=True)
@@ -78,7 +101,8 @@ class Family:
     patch: (t, h, w) patch size (images: t 1); tile_count 0 gives regions of about
     `tokens_per_region` tokens, `frames_per_region` frames deep;
     describe(call, base_model, arguments): reads one model call (apply_model's arguments by
-    name) into `call`; returns why the call cannot merge when the user should know, else None.
+    name) into `call`; returns why the call cannot merge when the user should know, else None;
+    held_rows: how its blocks hold modulation rows that are not plain tensors, if they do.
     """
 
     name: str
@@ -89,15 +113,23 @@ class Family:
     tokens_per_region: int = REGION_TOKENS
     frames_per_region: int = 1
     attention_scope: bool = False     # Flux's double blocks have ToMA's attention-only variant
+    held_rows: HeldRows | None = None
 
 
 # Reading a model call -------------------------------------------------------------------------
 def latent_grid(x: object, patch: tuple[int, int, int]) -> tuple[int, int, int] | None:
     """(t, h, w) tokens of a latent [B, C, H, W] or [B, C, T, H, W], each side padded up to
     the patch size (what every family here does); None for anything else."""
-    if not torch.is_tensor(x) or x.dim() not in (4, 5):
+    if not torch.is_tensor(x):
         return None
-    sides = (1, *x.shape[-2:]) if x.dim() == 4 else tuple(x.shape[-3:])
+    return shape_grid(x.shape, patch)
+
+
+def shape_grid(shape: object, patch: tuple[int, int, int]) -> tuple[int, int, int] | None:
+    """latent_grid of a latent's shape (a packed latent's `latent_shapes` entry)."""
+    if not isinstance(shape, (tuple, list, torch.Size)) or len(shape) not in (4, 5):
+        return None
+    sides = (1, *shape[-2:]) if len(shape) == 4 else tuple(shape[-3:])
     return tuple(math.ceil(int(s) / p) for s, p in zip(sides, patch, strict=True))
 
 
@@ -136,6 +168,33 @@ def zero_timestep_frames(call: ModelCall, mask: object, frames: int) -> int:
         while count < len(kept) and kept[count]:
             count += 1
         call.run.memo[key] = count
+    return call.run.memo[key]
+
+
+def conditioned_frames(call: ModelCall, mask: object, frames: int, total: int) -> int | None:
+    """Leading latent frames of a denoise mask [B|1, C|1, total, H, W] that are not all 1:
+    frames the sampler does not fully denoise (LTX's image-to-video and in-place guide frames,
+    timestep (1 - strength) * t), whose tokens' timesteps differ from the generated ones'.
+    Only the first `frames` frames (the video; LTX appends guide frames after it) are read.
+    None when the mask cannot be held as such a prefix: a value below 1 after the first frame
+    of all 1 (an inpainting mask inside the video), a negative value (a token ComfyUI drops), or
+    a mask of another length. 0 without a mask. Read on the host once per run and batch
+    identity (the mask does not change within a run)."""
+    if mask is None:
+        return 0
+    if not torch.is_tensor(mask) or mask.dim() != 5 or mask.shape[2] != total:
+        return None
+    key = ("conditioned_frames", call.identity, tuple(mask.shape), frames)
+    if key not in call.run.memo:
+        video = mask[:, :, :frames].float()
+        low, high = torch.stack((video.amin(dim=(0, 1, 3, 4)),
+                                 video.amax(dim=(0, 1, 3, 4)))).tolist()    # one host read
+        free = [a == 1 and b == 1 for a, b in zip(low, high, strict=True)]
+        count = 0
+        while count < len(free) and not free[count]:
+            count += 1
+        clean = all(free[count:]) and min(low[:count], default=0) >= 0
+        call.run.memo[key] = count if clean else None
     return call.run.memo[key]
 
 

@@ -3,9 +3,10 @@
 Each block of the model gets a patch: a "dit" replace patch where ComfyUI's block loop has them,
 else an object patch on the block's forward (the family says which, families/). A merged block
 runs ComfyUI's own block (or the patch another pack put there before, which ToMA wraps) on a
-shorter sequence: the image grid merged, the positional rows (RoPE) and attention-mask rows of
-the destinations, per-frame modulation rows regrouped; text, reference images, padding and
-protected frames untouched. Only the block's update of the grid is unmerged:
+shorter sequence: the image grid merged, the positional rows (RoPE), attention-mask rows and
+per-token modulation rows of the destinations, per-frame modulation rows regrouped; text,
+audio, reference images, guide frames, padding and protected frames untouched. Only the block's
+update of the grid is unmerged:
     grid_out = grid + unmerge(block(merge(grid)) - merge(grid))
 and every other token comes straight out of the block.
 
@@ -23,7 +24,8 @@ What other packs' code sees, decided on every block call from what ComfyUI hands
   position (`grid_sizes`, the sequence length): such a block runs unmerged, and the user is
   told once (unet_neighbours.in_block_patches; UNet blocks fall back to attention scope).
 - Another pack's "dit" replace patch or object patch of the block wraps the block: ToMA runs
-  it on the merged arguments, like the block itself.
+  it on the merged arguments, like the block itself. Arguments the family marks opaque (an
+  attention mask over fixed token spans) make the block run unmerged when set.
 - An attention override (`optimized_attention_override`: a choice of attention kernel) gets
   the merged queries, keys and values: attention does not care about the sequence's order.
 - In a merged block, transformer_options carry MERGED_FLAG (a second ToMA node leaves the
@@ -67,10 +69,29 @@ class Layout:
     seq_len: int
 
 
+def stream_of(kind: BlockKind, value: object) -> torch.Tensor | None:
+    """The tensor holding the grid in the stream argument's `value` (its `stream_item` where
+    the stream is a tuple), None when it is not there."""
+    if kind.stream_item is not None:
+        if not isinstance(value, (tuple, list)) or len(value) <= kind.stream_item:
+            return None
+        value = value[kind.stream_item]
+    return value if torch.is_tensor(value) else None
+
+
+def with_stream(kind: BlockKind, value: object, tensor: torch.Tensor) -> object:
+    """The stream argument's `value` holding `tensor` in place of its grid tensor."""
+    if kind.stream_item is None:
+        return tensor
+    items = list(value)
+    items[kind.stream_item] = tensor
+    return type(value)(items)
+
+
 def layout(kind: BlockKind, args: dict, call: ModelCall, options: dict) -> Layout | None:
     """The grid's place in this call (dit_families' module docstring), None when the text
     length a single-stream block needs is unknown."""
-    n_stream = args[kind.stream].shape[1]
+    n_stream = stream_of(kind, args[kind.stream]).shape[1]
     prefix = call.data.get("prefix", 0)
     txt = args.get(kind.txt) if kind.txt else None
     n_txt = txt.shape[1] if torch.is_tensor(txt) else 0
@@ -89,8 +110,25 @@ def layout(kind: BlockKind, args: dict, call: ModelCall, options: dict) -> Layou
 
 def token_axis(pe: torch.Tensor) -> int:
     """The token axis of positional rows: [B, 1, L, ...] (Flux, Qwen, HunyuanVideo) or
-    [B, L, 1, ...] (Wan, Lumina, Qwen before ComfyUI 0.8)."""
+    [B, L, 1, ...] (Wan, Lumina, Qwen before ComfyUI 0.8), [B, L, ...] (LTX)."""
     return 2 if pe.dim() > 2 and pe.shape[1] == 1 else 1
+
+
+def position_tensors(value: object) -> list[torch.Tensor]:
+    """The tensors of a positional-rows argument: itself, or those in a tuple (LTX's
+    (rotation, split) pair, (cos, sin) before ComfyUI 0.8)."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [v for v in value if torch.is_tensor(v)]
+    return []
+
+
+def map_positions(value: object, fn: Callable[[torch.Tensor], torch.Tensor]) -> object:
+    """A positional-rows argument with fn applied to each of its tensors."""
+    if torch.is_tensor(value):
+        return fn(value)
+    return type(value)(fn(v) if torch.is_tensor(v) else v for v in value)
 
 
 def merged_options(options: dict, start: int, plan: MergePlan,
@@ -127,18 +165,34 @@ def merge_mask(plan: MergePlan, mask: torch.Tensor | None, dims: tuple[int, ...]
     return out
 
 
-def regroup_frame_rows(rows: torch.Tensor, kept: int, per_kept: int,
-                       per_frame: int) -> torch.Tensor:
+def regroup_frame_rows(rows: torch.Tensor, kept: int, per_kept: int, per_frame: int,
+                       frames: int | None = None) -> tuple[torch.Tensor, int]:
     """Per-frame modulation rows [B, F, ...] for a sequence whose first `kept` frames hold
-    `per_kept` tokens each and the other frames `per_frame` each: every frame's row repeated
-    count / g times, g = gcd of the counts, so that a model spreading R rows evenly over the
-    sequence (Wan's repeat_e: g tokens per row) gives each token its own frame's row. Integer
-    repeats only: no repeat count is read back from the device."""
-    g = math.gcd(per_kept, per_frame) if kept else per_frame
-    moved = rows[:, kept:].repeat_interleave(per_frame // g, dim=1)
-    if not kept:
-        return moved
-    return torch.cat((rows[:, :kept].repeat_interleave(per_kept // g, dim=1), moved), dim=1)
+    `per_kept` tokens each, the next `frames` (default: all the others) `per_frame` each and
+    any after those `per_kept` each again: (every frame's row repeated count / g times, g), g
+    = gcd of the counts, so that a model spreading R rows evenly over the sequence (Wan's
+    repeat_e, LTX-2's compressed timesteps: g tokens per row) gives each token its own
+    frame's row. Integer repeats only: no repeat count is read back from the device."""
+    frames = rows.shape[1] - kept if frames is None else frames
+    after = rows.shape[1] - kept - frames
+    g = math.gcd(per_kept, per_frame) if kept or after else per_frame
+    parts = [rows[:, kept:kept + frames].repeat_interleave(per_frame // g, dim=1)]
+    if kept:
+        parts.insert(0, rows[:, :kept].repeat_interleave(per_kept // g, dim=1))
+    if after:
+        parts.append(rows[:, kept + frames:].repeat_interleave(per_kept // g, dim=1))
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), g
+
+
+@dataclass(frozen=True)
+class RowForm:
+    """How one modulation-rows argument lines up with the stream: `mode` "token" (a row per
+    token: merged like positional rows) or "frame" (a row per frame of the grid: regrouped);
+    `rows` [B, R, ...] the rows, `held` whether they came out of an object (Family.held_rows)."""
+
+    mode: str
+    rows: torch.Tensor
+    held: bool
 
 
 # The patch ---------------------------------------------------------------------------------------
@@ -169,19 +223,22 @@ class DiTToMA:
         found = self.plan_for(kind, index, args, options, call)
         if found is None:
             return run(args)
-        plan, lay, per_frame, key = found
-        merged_args, base = self.merged_args(kind, plan, lay, args, options, call, per_frame,
-                                             key)
+        plan, lay, forms, key = found
+        merged_args, base = self.merged_args(kind, plan, lay, args, options, call, forms, key)
         if self.attention is not None and kind.letter == "d":
             return self.attention.run(index, plan, merged_args, run)
         out = run(merged_args)
-        return {**out, kind.stream: self.restore(call, plan, out[kind.stream],
-                                                 merged_args[kind.stream], base, lay.offset)}
+        got = stream_of(kind, out[kind.stream])
+        restored = self.restore(call, plan, got, stream_of(kind, merged_args[kind.stream]), base,
+                                lay.offset)
+        if restored is got:
+            return out
+        return {**out, kind.stream: with_stream(kind, out[kind.stream], restored)}
 
     def plan_for(self, kind: BlockKind, index: int, args: dict, options: dict,
-                 call: ModelCall | None) -> tuple[MergePlan, Layout, bool, tuple] | None:
-        """(plan, layout, per-frame rows, plan key) for this block call, or None to run it
-        unchanged."""
+                 call: ModelCall | None) -> tuple[MergePlan, Layout, dict, tuple] | None:
+        """(plan, layout, modulation rows by argument name (RowForm), plan key) for this block
+        call, or None to run it unchanged."""
         layer = f"{kind.letter}{index}"
         grid = call.grid if call is not None and call.mergeable else None
         tokens_n = math.prod(grid) if grid else 0
@@ -190,24 +247,25 @@ class DiTToMA:
         def unmerged() -> None:
             self.state.record(call, layer, level, tokens_n, None)
 
-        stream = args.get(kind.stream)
+        stream = stream_of(kind, args.get(kind.stream))
         group = self.groups.get((kind.key, index))
         if (group is None or not tokens_n or not call.active or options.get(MERGED_FLAG)
-                or not torch.is_tensor(stream) or stream.dim() != 3):
+                or stream is None or stream.dim() != 3):
             return unmerged()
         lay = layout(kind, args, call, options)
         if (lay is None or stream.shape[1] < lay.offset + tokens_n
                 or not self.fits(call, kind, args, lay, layer, options)):
             return unmerged()
-        per_frame = self.per_frame_rows(call, kind, args, stream, layer)
-        if per_frame is None:
+        forms = self.row_forms(call, kind, args, stream, lay, layer)
+        if forms is None:
             return unmerged()
-        frames = 1 if per_frame else self.family.frames_per_region
+        frames = 1 if any(f.mode == "frame" for f in forms.values()) else (
+            self.family.frames_per_region)
         key = (kind.key, group, grid, lay.offset, stream.shape[0], frames)
         plan = self.state.plan(call, key, lambda: self.build(call, stream, lay.offset, grid,
                                                              frames))
         self.state.record(call, layer, level, tokens_n, plan)
-        return None if plan is None else (plan, lay, per_frame, key)
+        return None if plan is None else (plan, lay, forms, key)
 
     def build(self, call: ModelCall, stream: torch.Tensor, offset: int,
               grid: tuple[int, int, int], frames: int) -> MergePlan | None:
@@ -225,19 +283,26 @@ class DiTToMA:
 
     def fits(self, call: ModelCall, kind: BlockKind, args: dict, lay: Layout, layer: str,
              options: dict) -> bool:
-        """Whether positional rows and mask line up with the sequence, and no other pack's
-        in-block patch reads tokens by their grid position (else the block runs unmerged)."""
-        pe = args.get(kind.pe) if kind.pe else None
-        if torch.is_tensor(pe) and pe.shape[token_axis(pe)] != lay.seq_len:
-            self.state.note(call, f"positional rows {tuple(pe.shape)} do not match the "
-                                  f"{lay.seq_len}-token sequence; block {layer} and others like "
-                                  f"it run unmerged")
-            return False
+        """Whether positional rows and mask line up with the sequence, no opaque argument is
+        set, and no other pack's in-block patch reads tokens by their grid position (else the
+        block runs unmerged)."""
+        for name in (kind.pe, *kind.more_pe) if kind.pe else kind.more_pe:
+            for pe in position_tensors(args.get(name)):
+                if pe.shape[token_axis(pe)] != lay.seq_len:
+                    self.state.note(call, f"positional rows {tuple(pe.shape)} do not match the "
+                                          f"{lay.seq_len}-token sequence; block {layer} and "
+                                          f"others like it run unmerged")
+                    return False
         mask = args.get(kind.mask) if kind.mask else None
         if torch.is_tensor(mask) and not mask_fits(mask, kind.mask_dims, lay.seq_len):
             self.state.note(call, f"attention mask {tuple(mask.shape)} does not span the "
                                   f"{lay.seq_len}-token sequence; block {layer} and others like "
                                   f"it run unmerged")
+            return False
+        opaque = [name for name in kind.opaque if args.get(name) is not None]
+        if opaque:
+            self.state.note(call, f"{self.family.label} blocks get {', '.join(opaque)}, which "
+                                  f"addresses fixed token spans; those blocks run unmerged")
             return False
         foreign = in_block_patches(options)
         if foreign:
@@ -247,49 +312,89 @@ class DiTToMA:
             return False
         return True
 
-    def per_frame_rows(self, call: ModelCall, kind: BlockKind, args: dict,
-                       stream: torch.Tensor, layer: str) -> bool | None:
-        """Whether the block modulates each frame with its own row (then regions are one frame
-        deep); None when those rows cannot be lined up with a merged sequence."""
-        rows = args.get(kind.frame_rows) if kind.frame_rows else None
-        if not torch.is_tensor(rows) or rows.dim() < 3 or rows.shape[1] == 1:
-            return False
-        t, h, w = call.grid
-        frames = call.data.get("protected_frames", 0) + t
-        if rows.shape[1] != frames or stream.shape[1] != frames * h * w:
-            self.state.note(call, f"per-frame modulation ({rows.shape[1]} rows) does not line "
-                                  f"up with {frames} frames of tokens; block {layer} and others "
-                                  f"like it run unmerged")
+    def read_rows(self, value: object, length: int) -> tuple[torch.Tensor, int, bool] | None:
+        """(rows [B, R, ...], tokens each row covers, held in an object) of a modulation-rows
+        argument over a stream of `length` tokens; None for no rows (absent, or one for all)."""
+        held = self.family.held_rows.read(value) if self.family.held_rows else None
+        if held is not None:
+            rows, per_row = held
+            return None if rows.shape[1] == 1 else (rows, per_row, True)
+        if not torch.is_tensor(value) or value.dim() < 3 or value.shape[1] == 1:
             return None
-        return True
+        per_row = length // value.shape[1] if length % value.shape[1] == 0 else 0
+        return value, per_row, False
+
+    def row_forms(self, call: ModelCall, kind: BlockKind, args: dict, stream: torch.Tensor,
+                  lay: Layout, layer: str) -> dict[str, RowForm] | None:
+        """How each modulation-rows argument of the block lines up with the merged sequence
+        (argument name -> RowForm; rows one for all are left out). None when some cannot be
+        lined up: rows spread over other than the whole stream, or per-frame rows where the
+        tokens around the grid are not whole frames."""
+        t, h, w = call.grid
+        forms: dict[str, RowForm] = {}
+        for name in kind.rows:
+            found = self.read_rows(args.get(name), stream.shape[1])
+            if found is None:
+                continue
+            rows, per_row, held = found
+            after = stream.shape[1] - lay.offset - t * h * w
+            if per_row * rows.shape[1] != stream.shape[1]:
+                mode = None
+            elif per_row == 1:
+                mode = "token"
+            elif per_row == h * w and lay.offset % per_row == 0 and after % per_row == 0:
+                mode = "frame"
+            else:
+                mode = None
+            if mode is None:
+                self.state.note(call, f"modulation rows {name} ({rows.shape[1]} rows) do not line "
+                                      f"up with {stream.shape[1]} tokens of {t}x{h}x{w} frames; "
+                                      f"block {layer} and others like it run unmerged")
+                return None
+            forms[name] = RowForm(mode, rows, held)
+        return forms
 
     def merged_args(self, kind: BlockKind, plan: MergePlan, lay: Layout, args: dict,
-                    options: dict, call: ModelCall, per_frame: bool,
+                    options: dict, call: ModelCall, forms: dict[str, RowForm],
                     key: tuple) -> tuple[dict, Pending | None]:
         """The block's arguments for the merged sequence, and plan.begin's base for the
         stream's unmerge (None, and the stream whole, when only the attention merges: the
-        attention helper merges it inside the block). Positional rows, masks and frame rows
-        are the same for every block of a group in a call: merged once, kept in call.data."""
+        attention helper merges it inside the block). Positional rows, masks and modulation
+        rows are the same for every block of a group in a call: merged once, kept in
+        call.data."""
         out, base = dict(args), None
         if self.attention is None or kind.letter != "d":
-            out[kind.stream], base = plan.begin(args[kind.stream], lay.offset)
-        pe = args.get(kind.pe) if kind.pe else None
-        if torch.is_tensor(pe):
-            out[kind.pe] = self.once(call, ("pe", key), pe, lambda: plan.merge_positions(
-                pe, token_axis(pe), lay.seq_start))
+            merged, base = plan.begin(stream_of(kind, args[kind.stream]), lay.offset)
+            out[kind.stream] = with_stream(kind, args[kind.stream], merged)
+        for name in (kind.pe, *kind.more_pe) if kind.pe else kind.more_pe:
+            value = args.get(name)
+            if position_tensors(value):
+                out[name] = self.once(call, ("pe", name, key), value, lambda v=value: (
+                    map_positions(v, lambda pe: plan.merge_positions(pe, token_axis(pe),
+                                                                     lay.seq_start))))
         mask = args.get(kind.mask) if kind.mask else None
         if torch.is_tensor(mask):
             out[kind.mask] = self.once(call, ("mask", key), mask, lambda: merge_mask(
                 plan, mask, kind.mask_dims, lay.seq_start, lay.seq_len))
-        if per_frame:
-            t, h, w = call.grid
-            rows = args[kind.frame_rows]
-            out[kind.frame_rows] = self.once(call, ("frames", key), rows, lambda:
-                                             regroup_frame_rows(
-                                                 rows, call.data.get("protected_frames", 0),
-                                                 h * w, plan.merged_tokens // t))
+        for name, form in forms.items():
+            value = args[name]
+            out[name] = self.once(call, ("rows", name, key), value,
+                                  lambda v=value, f=form: self.merged_rows(call, plan, lay, v, f))
         out["transformer_options"] = merged_options(options, lay.seq_start, plan, call.grid)
         return out, base
+
+    def merged_rows(self, call: ModelCall, plan: MergePlan, lay: Layout, value: object,
+                    form: RowForm) -> object:
+        """A modulation-rows argument for the merged sequence: per-token rows those of the
+        destinations, per-frame rows regrouped (regroup_frame_rows; regions are one frame deep
+        then, so every merged frame holds merged_tokens / t tokens), in the form they came."""
+        t, h, w = call.grid
+        if form.mode == "token":
+            rows, per_row = plan.merge_positions(form.rows, 1, lay.offset), 1
+        else:
+            rows, per_row = regroup_frame_rows(form.rows, lay.offset // (h * w), h * w,
+                                               plan.merged_tokens // t, t)
+        return self.family.held_rows.write(value, rows, per_row) if form.held else rows
 
     @staticmethod
     def once(call: ModelCall, key: tuple, source: torch.Tensor,
@@ -302,13 +407,14 @@ class DiTToMA:
             call.data[key] = kept
         return kept[1]
 
-    def restore(self, call: ModelCall, plan: MergePlan, out: torch.Tensor,
-                merged: torch.Tensor, base: Pending, offset: int) -> torch.Tensor:
+    def restore(self, call: ModelCall, plan: MergePlan, out: torch.Tensor | None,
+                merged: torch.Tensor, base: Pending, offset: int) -> torch.Tensor | None:
         """The full-length stream from the block's output on the merged one (plan.finish),
         unless the block returned something else than a merged sequence (a caching pack
         answering from its cache): that is passed on as it is."""
-        if out.shape[:2] != merged.shape[:2]:
-            self.state.note(call, f"a block returned {out.shape[1]} tokens for a merged input of "
+        if out is None or out.shape[:2] != merged.shape[:2]:
+            got = "no stream" if out is None else f"{out.shape[1]} tokens"
+            self.state.note(call, f"a block returned {got} for a merged input of "
                                   f"{merged.shape[1]}; its output is passed on unchanged")
             return out
         return plan.finish(out, base, offset)

@@ -13,7 +13,7 @@ from ..dit_families import (
     zero_timestep_frames,
 )
 
-KINDS = (BlockKind("double_block", "blocks", "", "none", frame_rows="vec"),)
+KINDS = (BlockKind("double_block", "blocks", "", "none", rows=("vec",)),)
 
 
 def family(diffusion_model) -> Family | None:
