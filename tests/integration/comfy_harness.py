@@ -464,6 +464,14 @@ def sample(patcher: ModelPatcher, latent: torch.Tensor, positive: Conditioning,
                                disable_pbar=True, seed=seed)
 
 
+def flat(samples: Any) -> torch.Tensor:
+    """Samples as one tensor: a NestedTensor's streams (LTX-2's video and audio) each
+    flattened per batch item and joined, [B, N]; a tensor as it is."""
+    if getattr(samples, "is_nested", False):
+        return torch.cat([t.flatten(1) for t in samples.unbind()], dim=1)
+    return samples
+
+
 def unload_models() -> None:
     """Drop ComfyUI's loaded-model list so a test's models and patches don't outlive it."""
     if "comfy.model_management" in sys.modules:

@@ -27,9 +27,10 @@ from tiny_models import (
     inputs,
     tiny_patcher,
     token_grid,
+    video_of,
 )
 
-from comfy_harness import comfy_version, sample, shared_trees
+from comfy_harness import comfy_version, flat, sample, shared_trees
 
 # (batch, latent height, latent width, latent frames): odd sizes, an odd frame count.
 ODD_VIDEO = (2, 7, 9, 3)
@@ -90,15 +91,19 @@ def test_family_samples_finite_output_of_the_latent_shape(name: str) -> None:
     x = inputs(name, patcher, batch, height, width, frames)
     out = sample(patcher, x.latent, x.positive, x.negative, steps=2, cfg=cfg,
                  noise_mask=x.noise_mask)
-    assert out.shape == x.latent.shape
-    assert torch.isfinite(out).all()
+    assert out.shape == x.latent.shape and flat(out).shape == flat(x.latent).shape
+    assert torch.isfinite(flat(out)).all()
     # The model ran: a sample, not the empty latent (mean |out| measured 0.87-4.5 over the
-    # families on the three versions).
-    assert out.abs().mean() > 0.5
+    # families on the three versions; LTX's video 1.11-1.31).
+    assert flat(out).abs().mean() > 0.5
     if x.noise_mask is not None:
-        # The start frame is kept (noise mask 0), the rest is generated.
-        torch.testing.assert_close(out[:, :, :1], x.latent[:, :, :1])
-        assert not torch.allclose(out[:, :, 1:], x.latent[:, :, 1:])
+        # Frames the noise mask keeps (0: the start frame, LTX's guide frame) come out as they
+        # went in, the rest is generated.
+        video, latent = video_of(out), video_of(x.latent)
+        kept = x.noise_mask.amax(dim=(0, 1, 3, 4)) == 0
+        assert kept.any() and not kept.all()
+        torch.testing.assert_close(video[:, :, kept], latent[:, :, kept])
+        assert not torch.allclose(video[:, :, ~kept], latent[:, :, ~kept])
 
 
 def test_builders_are_deterministic() -> None:
@@ -120,9 +125,31 @@ _HV_ARGS = {"double_block": {"img", "txt", "vec", "pe", "attention_mask", "modul
             "single_block": {"img", "vec", "pe", "attention_mask", "modulation_dims",
                              "transformer_options"}}
 _TWO_STREAM_ARGS = {"double_block": {"img", "txt", "vec", "pe", "transformer_options"}}
+# LTX-Video: the text is cross-attention context with its mask; ComfyUI 0.33 adds the guide
+# attention mask and the prompt's timestep. LTX-2: `img` is (video, audio), every other
+# argument comes per stream (v_ / a_), the cross-stream ones too.
+_LTXV_ARGS = {"double_block": {"img", "txt", "attention_mask", "vec", "pe",
+                               "transformer_options"}}
+_LTXV_033 = {"self_attention_mask", "prompt_timestep"}
+_LTX2_ARGS = {"double_block": {"img", "v_context", "a_context", "attention_mask", "v_timestep",
+                               "a_timestep", "v_pe", "a_pe", "v_cross_pe", "a_cross_pe",
+                               "v_cross_scale_shift_timestep", "a_cross_scale_shift_timestep",
+                               "v_cross_gate_timestep", "a_cross_gate_timestep",
+                               "transformer_options"}}
+_LTX2_033 = {"self_attention_mask", "v_prompt_timestep", "a_prompt_timestep"}
 DIT_ARGS = {"wan": _TWO_STREAM_ARGS, "qwen": _TWO_STREAM_ARGS, "hunyuan": _HV_ARGS,
             "sd3": {"double_block": {"img", "txt", "vec", "transformer_options"}},
-            "lumina2": {}, "z_image": {}, "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS}
+            "lumina2": {}, "z_image": {}, "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS,
+            "ltxv": _LTXV_ARGS, "ltx2": _LTX2_ARGS}
+
+
+def dit_args(name: str) -> dict[str, set[str]]:
+    """DIT_ARGS of the family on this ComfyUI (LTX's grow in 0.33)."""
+    expected = DIT_ARGS[_group(name)]
+    more = {"ltxv": _LTXV_033, "ltx2": _LTX2_033}.get(_group(name))
+    if more and comfy_version() >= (0, 33):
+        return {kind: names | more for kind, names in expected.items()}
+    return expected
 
 
 def _group(name: str) -> str:
@@ -131,8 +158,10 @@ def _group(name: str) -> str:
 
 def _pe_token_axis(name: str) -> int:
     """Axis of the RoPE rows' token dimension: Wan [1, L, 1, ...] and Qwen-Image before 0.8
-    [B, L, 1, ...]; Qwen-Image from 0.8, HunyuanVideo, Flux 2, Chroma [B, 1, L, ...]."""
-    if _group(name) == "wan" or (_group(name) == "qwen" and comfy_version() < (0, 8)):
+    [B, L, 1, ...], LTX [B, L, ...] (each tensor of its pair); Qwen-Image from 0.8,
+    HunyuanVideo, Flux 2, Chroma [B, 1, L, ...]."""
+    if _group(name) in ("wan", "ltxv", "ltx2") or (
+            _group(name) == "qwen" and comfy_version() < (0, 8)):
         return 1
     return 2
 
@@ -169,28 +198,38 @@ def test_dit_replace_patches_see_the_documented_sequence(name: str) -> None:
         return
     _, x, calls, plain, out = record_dit_calls(name)
     # A patch that calls original_block(args) as given reproduces the model exactly.
-    assert torch.equal(out, plain)
+    assert torch.equal(flat(out), flat(plain))
 
-    expected = DIT_ARGS[_group(name)]
+    expected = dit_args(name)
     assert {(k, i) for k, i, _ in calls} == {(k, i) for k in expected for i in range(2)}
-    image = math.prod(token_grid(name, x.latent.shape))
+    image = math.prod(token_grid(name, x.latent.shape))   # LTX: its guide frames included
     for ref in x.positive[0][1].get("reference_latents", []):
         image += math.prod(token_grid(name, ref.shape))   # Qwen edit: appended to the image
     text = None
+    video_only = _group(name) in ("wan", "ltxv", "ltx2")   # the text is cross-attention only
     for kind, _, args in calls:
         assert set(args) == expected[kind], kind
+        stream = args["img"]
+        if isinstance(stream, tuple):                      # LTX-2: (video, audio)
+            video, audio = stream
+            assert audio.shape[1] == family(name).audio_tokens
+            stream = video
         if kind == "double_block":
             # The image stream holds exactly the image (+ reference) tokens.
-            assert args["img"].shape[1] == image
-            text = args["txt"].shape[1]
-            sequence = image if _group(name) == "wan" else text + image
+            assert stream.shape[1] == image
+            text = args["txt"].shape[1] if "txt" in args else 0
+            sequence = image if video_only else text + image
         else:
             # Single blocks: one sequence of text and image tokens.
             sequence = text + image
-            assert args["img"].shape[1] == sequence
-        if "pe" in args:
-            # RoPE rows: one per token of the attention sequence (Wan: image only).
-            assert args["pe"].shape[_pe_token_axis(name)] == sequence
+            assert stream.shape[1] == sequence
+        for key in ("pe", "v_pe", "v_cross_pe"):
+            # RoPE rows: one per token of the attention sequence (Wan, LTX: image only), in
+            # each tensor of LTX's pairs.
+            pe = args.get(key)
+            for rows in (pe if isinstance(pe, tuple) else (pe,)):
+                if torch.is_tensor(rows):
+                    assert rows.shape[_pe_token_axis(name)] == sequence
 
 
 def test_hunyuan_video_token_order_follows_flipped_img_txt() -> None:

@@ -63,9 +63,13 @@ class Family:
     start_frame: image-to-video through the latent: frame 0 holds the (seeded) start image and
     the noise mask keeps it (0 there, 1 elsewhere), as Wan22ImageToVideoLatent and
     HunyuanImageToVideo "v2 (replace)" do;
-    text_tokens: length of the tiny text context; model_class: the diffusion model's class
-    (module path, class) whose presence the tests also check; patch: the transformer's patch
-    (t, h, w) over the latent.
+    text_tokens / text_dim: length and width of the tiny text context; model_class: the
+    diffusion model's class (module path, class) whose presence the tests also check; patch:
+    the transformer's patch (t, h, w) over the latent;
+    audio_tokens: LTX-2's audio latent [B, 8, audio_tokens, 16] sampled with the video (the
+    latent a NestedTensor of both, as LTXVConcatAVLatent makes it), 0 for none;
+    guides: (latent, noise mask, positive, negative, seed) -> the same after ComfyUI's own
+    conditioning node code has added what it adds there (LTXVAddGuide's guide frames).
     """
 
     name: str
@@ -79,6 +83,9 @@ class Family:
     start_frame: bool = False
     patch: tuple[int, int, int] = (1, 2, 2)
     text_tokens: int = TEXT_TOKENS
+    text_dim: int = TEXT_DIM
+    audio_tokens: int = 0
+    guides: Callable[..., tuple] | None = None
 
 
 # Toy unet_configs, in each family's real layout -------------------------------------------------
@@ -174,6 +181,43 @@ def _known_fields(params: dict[str, Any], dataclass_type: type,
     return {k: v for k, v in params.items() if k in names}
 
 
+def _ltxv() -> dict[str, Any]:
+    """LTX-Video: 128-ch latent, 1x1x1 patches, 4 heads of 16 (RoPE over t, h, w: 10 of the
+    64 channels per axis, 4 padding), text projected from TEXT_DIM."""
+    return {"image_model": "ltxv", "in_channels": 128, "cross_attention_dim": 64,
+            "attention_head_dim": 16, "num_attention_heads": 4, "caption_channels": TEXT_DIM,
+            "num_layers": 2}
+
+
+def _ltx2() -> dict[str, Any]:
+    """LTX-2 (LTXAVModel): the video side as _ltxv, an audio side of 4 heads of 8 (audio latent
+    8 channels x 16 frequency bins = 128 in), the text context [video; audio] halves of
+    TEXT_DIM each; ComfyUI 0.33's text connectors at toy size (unused: the context comes
+    processed, 2 x TEXT_DIM wide)."""
+    return {**_ltxv(), "image_model": "ltxav", "audio_in_channels": 128,
+            "audio_cross_attention_dim": 32, "audio_attention_head_dim": 8,
+            "audio_num_attention_heads": 4, "connector_attention_head_dim": 8,
+            "connector_num_attention_heads": 2, "connector_num_layers": 1}
+
+
+def _ltx_guide(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any, negative: Any,
+               seed: int) -> tuple:
+    """LTXVAddGuide at frame_idx 0, strength 1 with one latent frame of guide (seeded): ComfyUI's
+    own append_keyframe appends it to the latent after the video, with mask 0 there and its
+    token positions in the conditioning's keyframe_idxs."""
+    import comfy_harness
+
+    comfy_harness.comfy_top_level_nodes()
+    from comfy_extras.nodes_lt import LTXVAddGuide, get_noise_mask
+
+    guide = _randn(latent.shape[0], latent.shape[1], 1, *latent.shape[3:], seed=seed + 11)
+    noise_mask = get_noise_mask({"samples": latent} if mask is None else
+                                {"samples": latent, "noise_mask": mask})
+    positive, negative, latent, noise_mask = LTXVAddGuide.append_keyframe(
+        positive, negative, 0, latent, noise_mask, guide, 1.0, (8, 32, 32))
+    return latent, noise_mask, positive, negative
+
+
 # Conditioning extras ----------------------------------------------------------------------------
 def _clip_vision(attribute: str, tokens: int, dim: int, batch: int, seed: int) -> Any:
     import comfy.clip_vision
@@ -232,8 +276,9 @@ def _hunyuan15(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
 
 
 def _text_mask(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
-    """Lumina 2 / Z-Image text encoders hand over their attention mask [1, L] (1 = token); a
-    single prompt has no padding. v0.3.64 needs it (num_tokens comes from it)."""
+    """Lumina 2 / Z-Image and LTX-Video text encoders hand over their attention mask [1, L]
+    (1 = token); a single prompt has no padding. v0.3.64's Lumina needs it (num_tokens comes
+    from it), every version's LTX-Video (its forward takes it)."""
     return {"attention_mask": torch.ones(1, TEXT_TOKENS, dtype=torch.long)}
 
 
@@ -259,6 +304,8 @@ _HV = ("comfy.ldm.hunyuan_video.model", "HunyuanVideo")
 _LUMINA = ("comfy.ldm.lumina.model", "NextDiT")
 _MMDIT = ("comfy.ldm.modules.diffusionmodules.mmdit", "OpenAISignatureMMDITWrapper")
 _QWEN = ("comfy.ldm.qwen_image.model", "QwenImageTransformer2DModel")
+_LTXV = ("comfy.ldm.lightricks.model", "LTXVModel")
+_LTXAV = ("comfy.ldm.lightricks.av_model", "LTXAVModel")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -311,6 +358,19 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            patch=(1, 1, 1)),
     Family("chroma", "Chroma", _flux_like("chroma", **_CHROMA),
            ("comfy.ldm.chroma.model", "Chroma")),
+    # LTX-Video text-to-video, image-to-video (LTXVImgToVideo: the image's frame kept by the
+    # noise mask, 1 - strength = 0) and a guide frame appended (LTXVAddGuide).
+    # LTX-Video's T5 hands its attention mask over with the text.
+    Family("ltxv", "LTXV", _ltxv, _LTXV, video=True, patch=(1, 1, 1), extra_conds=_text_mask),
+    Family("ltxv_i2v", "LTXV", _ltxv, _LTXV, video=True, patch=(1, 1, 1),
+           extra_conds=_text_mask, start_frame=True),
+    Family("ltxv_guide", "LTXV", _ltxv, _LTXV, video=True, patch=(1, 1, 1),
+           extra_conds=_text_mask, guides=_ltx_guide),
+    # LTX-2 video with audio, text- and image-to-video.
+    Family("ltx2", "LTXAV", _ltx2, _LTXAV, video=True, patch=(1, 1, 1), text_dim=2 * TEXT_DIM,
+           audio_tokens=5),
+    Family("ltx2_i2v", "LTXAV", _ltx2, _LTXAV, video=True, patch=(1, 1, 1),
+           text_dim=2 * TEXT_DIM, audio_tokens=5, start_frame=True),
 )}
 
 
@@ -398,22 +458,35 @@ def inputs(name: str, patcher: ModelPatcher, batch: int = 1, height: int = 8, wi
     shape = latent_shape(name, patcher, batch, height, width, frames)
 
     def cond(offset: int) -> Conditioning:
-        context = _randn(batch, fam.text_tokens, TEXT_DIM, seed=seed + offset)
+        context = _randn(batch, fam.text_tokens, fam.text_dim, seed=seed + offset)
         # Text encoders without a pooled output still hand ComfyUI "pooled_output": None.
         return [[context, {"pooled_output": None, **fam.extra_conds(batch, shape, seed + offset)}]]
 
-    latent = torch.zeros(shape)
-    if not fam.start_frame:
-        return SampleInputs(latent, cond(0), cond(100))
-    latent[:, :, :1] = _randn(batch, shape[1], 1, *shape[3:], seed=seed + 3)
-    mask = torch.ones(1, 1, *shape[2:])
-    mask[:, :, :1] = 0.0
-    return SampleInputs(latent, cond(0), cond(100), mask)
+    latent, mask = torch.zeros(shape), None
+    if fam.start_frame:
+        latent[:, :, :1] = _randn(batch, shape[1], 1, *shape[3:], seed=seed + 3)
+        mask = torch.ones(1, 1, *shape[2:])
+        mask[:, :, :1] = 0.0
+    positive, negative = cond(0), cond(100)
+    if fam.guides is not None:
+        latent, mask, positive, negative = fam.guides(latent, mask, positive, negative, seed)
+    if fam.audio_tokens:
+        import comfy.nested_tensor
+
+        audio = torch.zeros(batch, 8, fam.audio_tokens, 16)
+        latent = comfy.nested_tensor.NestedTensor((latent, audio))
+    return SampleInputs(latent, positive, negative, mask)
+
+
+def video_of(latent: Any) -> torch.Tensor:
+    """The video (or image) part of a latent or a sample: LTX-2's first stream of its
+    NestedTensor, else the tensor itself."""
+    return latent.unbind()[0] if getattr(latent, "is_nested", False) else latent
 
 
 def token_grid(name: str, latent: torch.Size | tuple[int, ...]) -> tuple[int, int, int]:
-    """Image tokens (t, h, w) of the family's model for a latent [B, C, (T,) H, W]: every
-    family pads each side up to its patch."""
+    """Image tokens (t, h, w) of the family's model for a latent [B, C, (T,) H, W] (LTX-2's
+    NestedTensor has its video's shape): every family pads each side up to its patch."""
     pt, ph, pw = family(name).patch
     frames = latent[2] if len(latent) == 5 else 1
     return (-(-frames // pt), -(-latent[-2] // ph), -(-latent[-1] // pw))

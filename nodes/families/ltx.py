@@ -1,0 +1,116 @@
+"""LTX-Video and LTX-2 (comfy/ldm/lightricks): one kind of block on the video tokens of
+1x1x1 patches of the latent, frame by frame, with RoPE over (t, h, w) and the text as
+cross-attention context.
+
+- LTX-2 (LTXAVModel) runs a video and an audio stream through each block (`img` = (video,
+  audio)); the audio tokens, their own attention and the text never merge. The video side of
+  its audio-video attention (queries, and keys for the audio's queries) takes the merged video.
+- Guide frames (LTXVAddGuide) are appended to the latent after the video, their token
+  positions in `keyframe_idxs`: their tokens are the stream's suffix and never merge.
+- Image-to-video and in-place guide frames are the leading frames the denoise mask does not
+  leave all to the sampler (LTXVImgToVideo: 1 - strength on the image's frames): their tokens
+  get other timesteps and never merge. Timesteps come per token (LTX-Video, LTX-2 before
+  ComfyUI 0.33) or per frame (LTX-2 on 0.33, held compressed): merged with the tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..dit_families import (
+    VIDEO_REGION_FRAMES,
+    BlockKind,
+    Family,
+    HeldRows,
+    conditioned_frames,
+    set_grid,
+    shape_grid,
+)
+
+VIDEO = BlockKind("double_block", "transformer_blocks", "", "none", txt=None, rows=("vec",),
+                  opaque=("self_attention_mask",))
+AUDIO_VIDEO = BlockKind("double_block", "transformer_blocks", "", "none", txt=None, pe="v_pe",
+                        more_pe=("v_cross_pe",), stream_item=0,
+                        rows=("v_timestep", "v_cross_scale_shift_timestep",
+                              "v_cross_gate_timestep"),
+                        opaque=("self_attention_mask",))
+
+
+def family(diffusion_model) -> Family | None:
+    from comfy.ldm.lightricks import model
+
+    try:
+        from comfy.ldm.lightricks import av_model  # LTX-2: ComfyUI 0.8 and later
+    except ImportError:
+        av_model = None
+    if type(diffusion_model) is model.LTXVModel:
+        kinds, label = (VIDEO,), "LTX-Video"
+    elif av_model is not None and type(diffusion_model) is av_model.LTXAVModel:
+        kinds, label = (AUDIO_VIDEO,), "LTX-2"
+    else:
+        return None
+    patch = tuple(int(p) for p in diffusion_model.patchifier.patch_size)
+
+    def describe(call, base_model, arguments: dict) -> str | None:
+        """The (t, h, w) grid of the video latent's frames before the guide frames (x, or the
+        first of `latent_shapes` where LTX-2 packs video and audio into one latent), the
+        leading frames the denoise mask conditions in front of it (conditioned_frames)."""
+        return describe_call(call, arguments, patch)
+
+    return description(patch, kinds, label, describe, held_rows(av_model))
+
+
+def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = (VIDEO,),
+                label: str = "LTX-Video", describe=None, held: HeldRows | None = None) -> Family:
+    """LTX's Family (benchmarks call blocks without a model call to describe)."""
+    return Family("ltx", label, kinds, patch, describe, frames_per_region=VIDEO_REGION_FRAMES,
+                  held_rows=held)
+
+
+def describe_call(call, arguments: dict, patch: tuple[int, int, int]) -> str | None:
+    """Fills `call` from one LTX model call (see `family`); returns why it cannot merge when
+    the user should know."""
+    shapes = arguments.get("latent_shapes")
+    shape = shapes[0] if shapes else getattr(arguments.get("x"), "shape", None)
+    grid = shape_grid(shape, patch)
+    if grid is None or len(shape) != 5:
+        call.mergeable = False
+        return None
+    total, h, w = grid
+    if arguments.get("generated_keyframes") is not None:
+        call.mergeable = False
+        return ("LTX keyframe slots (generated_keyframes) mark frames inside the video; those "
+                "model calls run unmerged")
+    keyframes = arguments.get("keyframe_idxs")
+    guides = int(keyframes.shape[2]) if torch.is_tensor(keyframes) else 0
+    if guides % (h * w):
+        call.mergeable = False
+        return (f"LTX guide tokens ({guides}) are not whole {h}x{w} frames; those model calls run "
+                "unmerged")
+    frames = total - guides // (h * w)
+    kept = conditioned_frames(call, arguments.get("denoise_mask"), frames, total)
+    if kept is None:
+        call.mergeable = False
+        return ("the LTX denoise mask keeps tokens inside the video (not only leading frames), "
+                "which merged tokens cannot keep apart; those model calls run unmerged")
+    set_grid(call, (frames, h, w), protect_frames=kept)
+    return None
+
+
+def held_rows(av_model) -> HeldRows | None:
+    """LTX-2's compressed timesteps (ComfyUI 0.33: CompressedTimestep, rows [B, R, C] of
+    `patches_per_frame` tokens each), where this ComfyUI has them."""
+    held = getattr(av_model, "CompressedTimestep", None) if av_model is not None else None
+    if held is None:
+        return None
+
+    def read(value: object) -> tuple[torch.Tensor, int] | None:
+        if not isinstance(value, held):
+            return None
+        return value.data, int(value.patches_per_frame)
+
+    def write(value: object, rows: torch.Tensor, tokens: int) -> object:
+        return held(rows, tokens, per_frame=True)
+
+    return HeldRows(read, write)
+
