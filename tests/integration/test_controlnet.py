@@ -13,9 +13,12 @@ ComfyUI has two kinds of ControlNet:
   block. The ModelPatcher is not touched, so there is no node order: ToMA's patches cannot be
   put before or after the ControlNet, and ComfyUI's core has no other model patch that these
   ControlNets come with.
-- Model patches (comfy_extras/nodes_model_patch.py: QwenImageDiffsynthControlnet, a "double_block"
-  patch that computes and adds its residual after every Qwen-Image block): there the ToMA node
-  and the patch node are both model nodes, and both orders are tested.
+- Model patches (comfy_extras/nodes_model_patch.py): QwenImageDiffsynthControlnet, a
+  "double_block" patch that computes and adds its residual after every Qwen-Image block, and
+  ZImageFunControlnet (0.8+), "noise_refiner" and "double_block" patches that run Z-Image Fun
+  control layers beside the model and add their residuals after some of its layers. There the
+  ToMA node and the patch node are both model nodes, and both orders are tested. (SUPIR, the
+  SDXL model patch of 0.33, has its widths fixed at SDXL's: no tiny one can be built.)
 
 For each: the control acts (samples with it differ from samples without, with ToMA and
 without), ToMA + ControlNet stays as close to the unmerged model + ControlNet as ToMA alone to
@@ -29,6 +32,7 @@ Nodes and samplers run under torch.inference_mode, as ComfyUI's executor runs ev
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import types
 from collections.abc import Callable, Iterator
@@ -83,13 +87,15 @@ MEASURED = {
     "qwen_instantx": Measured(control=0.755, control_toma=0.756, toma_cn=0.0391, ratio=0.432),
     "qwen_fun": Measured(control=0.523, control_toma=0.523, toma_cn=0.0648, ratio=0.715),
     "diffsynth": Measured(control=0.589, control_toma=0.587, toma_cn=0.0763, ratio=0.842),
+    "zimage_fun": Measured(control=0.658, control_toma=0.655, toma_cn=0.192, ratio=0.571),
 }
 # Bounds: measured x 0.9 and x 1.1 (a near-tie between two destinations falling the other way
 # moves the samples by a few percent, see test_flux).
 LOW, HIGH = 0.9, 1.1
 # Merged blocks' output vs input + U (inner update): the same sum in another order, measured
-# <= 8.2e-8 of the stream's largest value (Flux, v0.8.0; Qwen-Image 6.1e-8), bound x3.
-CARRY_TOLERANCE = 2.5e-7
+# <= 9.7e-8 of the stream's largest value (Z-Image; Flux 8.2e-8 on v0.8.0, Qwen-Image 6.1e-8),
+# bound x3.
+CARRY_TOLERANCE = 2.9e-7
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -127,20 +133,23 @@ def _as_comfyui_runs_nodes() -> Iterator[None]:
 # Building ControlNets as ComfyUI's loaders do ---------------------------------------------------
 class LatentEncoder:
     """Stands in for the VAE that ControlNetApplyAdvanced and the model-patch nodes take with
-    ControlNets working on latents (Qwen-Image's); the ControlNet code calls only `encode` and
-    `spacial_compression_encode` on it. encode: IMAGE [B, H, W, 3] -> 8x8 average pool -> a fixed
-    seeded 3 -> 16 channel map, [B, 16, 1, H/8, W/8] as ComfyUI's Wan VAE (Qwen-Image's) returns
-    an image's latent."""
+    ControlNets working on latents (Qwen-Image's, Z-Image's); the ControlNet code calls only
+    `encode` and `spacial_compression_encode` on it. encode: IMAGE [B, H, W, 3] -> 8x8 average
+    pool -> a fixed seeded 3 -> 16 channel map: [B, 16, 1, H/8, W/8] as ComfyUI's Wan VAE
+    (Qwen-Image's) returns an image's latent, [B, 16, H/8, W/8] with frames=False as the Flux VAE
+    (Z-Image's) does."""
 
-    def __init__(self, seed: int = 11) -> None:
+    def __init__(self, seed: int = 11, frames: bool = True) -> None:
         self.weight = torch.randn(16, 3, generator=torch.Generator().manual_seed(seed))
+        self.frames = frames
 
     def spacial_compression_encode(self) -> int:
         return 8
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
         x = torch.nn.functional.avg_pool2d(pixels[..., :3].movedim(-1, 1), 8)
-        return torch.einsum("oc,bchw->bohw", self.weight, x).unsqueeze(2)
+        latent = torch.einsum("oc,bchw->bohw", self.weight, x)
+        return latent.unsqueeze(2) if self.frames else latent
 
 
 def _operations() -> Any:
@@ -298,8 +307,33 @@ class RunRecorder:
 
         return patch
 
+    def patch_layers(self, model: ModelPatcher, depth: int, inner: bool) -> None:
+        """Object patches on the forward of Lumina 2 / Z-Image's `layers` (which ComfyUI calls
+        without replace patches; ToMA patches the same forwards), recording x in and out like
+        the "dit" patches record img; each wraps the object patch that was there."""
+        for i in range(depth):
+            layer = model.get_model_object(f"diffusion_model.layers.{i}")
+            key = f"diffusion_model.layers.{i}.forward"
+            previous = model.object_patches.get(key) or types.MethodType(type(layer).forward,
+                                                                         layer)
+            model.add_object_patch(key, self._layer(i, layer, previous, inner))
+
+    def _layer(self, index: int, layer: torch.nn.Module, previous: Callable,
+               inner: bool) -> Callable:
+        signature = inspect.signature(types.MethodType(type(layer).forward, layer))
+
+        def forward(*args, **kwargs) -> torch.Tensor:
+            x = signature.bind(*args, **kwargs).arguments["x"]
+            entry = {"kind": "layer", "index": index, "in": {"img": x.clone()}}
+            out = previous(*args, **kwargs)
+            entry["out"] = {"img": out.clone()}
+            (self.calls[-1].inner if inner else self.calls[-1].outer).append(entry)
+            return out
+
+        return forward
+
     def patch_final(self, model: ModelPatcher, path: str) -> None:
-        """Record the input of diffusion_model.<path> (Flux's final_layer, Qwen's norm_out)."""
+        """Record the input of diffusion_model.<path> (final_layer; Qwen's norm_out)."""
         module = model.get_model_object(f"diffusion_model.{path}")
         original = types.MethodType(type(module).forward, module)
 
@@ -473,23 +507,27 @@ def rebuilt_plan(stream: torch.Tensor, prefix: int, h: int, w: int) -> MergePlan
     return plan
 
 
+# kind of block -> (row of the first image token in its stream, the stream's full length)
+Layout = dict[str, tuple[int, int]]
+
+
 def check_boundaries(call: ModelCallRecord,
-                     residuals: list[tuple[str, int, torch.Tensor | None]], text: int,
-                     tokens: int) -> None:
+                     residuals: list[tuple[str, int, torch.Tensor | None]], layout: Layout,
+                     tokens: int, final_from: int = 0) -> None:
     """Between blocks: every block's output stream leaves ToMA's patch at full length, the next
-    block's input is that output plus the residual added to its `tokens` image rows, and the
-    stream after the last block likewise. residuals: (kind, index, residual or None) of each
-    block in order; text: the text rows in front of the image in single-stream blocks."""
+    block's input is that output plus the residual added to its first `tokens` image rows, and
+    the stream after the last block (from row `final_from`: Flux's final layer takes the image
+    rows) likewise. residuals: (kind, index, residual or None) of each block in order."""
     blocks = call.outer
     assert [(b["kind"], b["index"]) for b in blocks] == [(k, i) for k, i, _ in residuals]
     for n, (block, (kind, _, residual)) in enumerate(zip(blocks, residuals, strict=True)):
         out = block["out"]["img"]
-        prefix = text if kind == "single_block" else 0
-        assert out.shape[1] == prefix + tokens
+        offset, length = layout[kind]
+        assert out.shape[1] == length
         expected = out.clone()
         if residual is not None:
             assert residual.shape[1] == tokens
-            expected[:, prefix:prefix + tokens] += residual
+            expected[:, offset:offset + tokens] += residual
         if n + 1 < len(blocks):
             following = blocks[n + 1]
             seen = following["in"]["img"]
@@ -499,10 +537,10 @@ def check_boundaries(call: ModelCallRecord,
             if "txt" in following["in"]:
                 assert torch.equal(following["in"]["txt"], block["out"]["txt"])
         else:
-            assert torch.equal(call.final, expected[:, prefix:])
+            assert torch.equal(call.final, expected[:, final_from:])
 
 
-def check_carried_through(call: ModelCallRecord, text: int, h: int, w: int) -> float:
+def check_carried_through(call: ModelCallRecord, layout: Layout, h: int, w: int) -> float:
     """In every merged block the stream (residuals included) passes token by token: the output
     is the input plus the unmerged update of the merged block, U (inner out - inner in), U from
     the plan rebuilt from the group's first input. Returns the largest deviation relative to the
@@ -511,13 +549,13 @@ def check_carried_through(call: ModelCallRecord, text: int, h: int, w: int) -> f
     plans: dict[str, MergePlan] = {}
     for outer, inner in zip(call.outer, call.inner, strict=True):
         kind = outer["kind"]
-        prefix = text if kind == "single_block" else 0
+        offset, _ = layout[kind]
         x_in, x_out = outer["in"]["img"], outer["out"]["img"]
         assert inner["in"]["img"].shape[1] < x_in.shape[1]      # merged inside
         if kind not in plans:
-            plans[kind] = rebuilt_plan(x_in, prefix, h, w)
+            plans[kind] = rebuilt_plan(x_in, offset, h, w)
         plan = plans[kind]
-        update = plan.unmerge(inner["out"]["img"] - inner["in"]["img"], prefix)
+        update = plan.unmerge(inner["out"]["img"] - inner["in"]["img"], offset)
         worst = max(worst, float((x_out - x_in - update).abs().max() / x_in.abs().max()))
     return worst
 
@@ -536,6 +574,7 @@ def test_flux_residuals_join_full_length_streams(flux):
     recorder.patch_final(model, "final_layer")
     run_flux(model, *flux["controlled"])
     h, w = DIT_LATENT[0] // 2, DIT_LATENT[1] // 2
+    layout = {"double_block": (0, h * w), "single_block": (FLUX_TEXT, FLUX_TEXT + h * w)}
     assert len(recorder.calls) == STEPS
     worst = 0.0
     for call in recorder.calls:
@@ -544,8 +583,8 @@ def test_flux_residuals_join_full_length_streams(flux):
                                                                 "output": 38}
         residuals = [("double_block", i, call.control["input"][i]) for i in range(2)]
         residuals += [("single_block", i, call.control["output"][i]) for i in range(2)]
-        check_boundaries(call, residuals, FLUX_TEXT, h * w)
-        worst = max(worst, check_carried_through(call, FLUX_TEXT, h, w))
+        check_boundaries(call, residuals, layout, h * w, final_from=FLUX_TEXT)
+        worst = max(worst, check_carried_through(call, layout, h, w))
     print(f"flux: largest deviation from the update rule {worst:.2e}")
     assert worst < CARRY_TOLERANCE
 
@@ -562,6 +601,11 @@ def run_qwen(model: ModelPatcher, positive: Conditioning,
              negative: Conditioning) -> torch.Tensor:
     x = tiny_models.inputs("qwen_image", model, height=DIT_LATENT[0], width=DIT_LATENT[1])
     return ch.sample(model, x.latent, positive, negative, steps=STEPS, cfg=2.0)
+
+
+def qwen_layout() -> Layout:
+    """Qwen-Image's image stream: the 8 x 10 image tokens alone (text is a stream of its own)."""
+    return {"double_block": (0, DIT_LATENT[0] // 2 * (DIT_LATENT[1] // 2))}
 
 
 def qwen_options() -> ToMAOptions:
@@ -628,8 +672,8 @@ def test_qwen_instantx_residuals_join_full_length_streams(qwen):
         assert {k: len(v) for k, v in call.control.items()} == {"input": 60, "middle": 0,
                                                                 "output": 0}
         check_boundaries(call, [("double_block", i, call.control["input"][i]) for i in range(2)],
-                         0, h * w)
-        worst = max(worst, check_carried_through(call, 0, h, w))
+                         qwen_layout(), h * w)
+        worst = max(worst, check_carried_through(call, qwen_layout(), h, w))
     print(f"qwen instantx: largest deviation from the update rule {worst:.2e}")
     assert worst < CARRY_TOLERANCE
 
@@ -697,8 +741,9 @@ def test_qwen_fun_residual_joins_the_full_length_stream(qwen, qwen_fun):
         assert len(call.control.get("input", ())) == 60
         first, second = call.control["input"][:2]
         assert first is not None and second is None
-        check_boundaries(call, [("double_block", 0, first), ("double_block", 1, None)], 0, h * w)
-        assert check_carried_through(call, 0, h, w) < CARRY_TOLERANCE
+        check_boundaries(call, [("double_block", 0, first), ("double_block", 1, None)],
+                         qwen_layout(), h * w)
+        assert check_carried_through(call, qwen_layout(), h, w) < CARRY_TOLERANCE
 
 
 # Qwen-Image, DiffSynth model-patch ControlNet ---------------------------------------------------
@@ -803,5 +848,163 @@ def test_diffsynth_residuals_join_full_length_streams(qwen, diffsynth, order, mo
             assert index == block["index"]
             assert img.shape[1] == h * w and torch.equal(img, block["out"]["img"])
             residuals.append(("double_block", index, out * STRENGTH))
-        check_boundaries(call, residuals, 0, h * w)
-        assert check_carried_through(call, 0, h, w) < CARRY_TOLERANCE
+        check_boundaries(call, residuals, qwen_layout(), h * w)
+        assert check_carried_through(call, qwen_layout(), h, w) < CARRY_TOLERANCE
+
+
+# Z-Image, Fun model-patch ControlNet ------------------------------------------------------------
+# The Fun ControlNet's patch counts its control steps through Z-Image's 2 noise refiner layers
+# (the tiny family has 1) and injects after every round(30 / control layers)-th main layer, 30
+# being Z-Image's depth: with 6 control layers after layers 0, 5, ... Its step state carries
+# over from one model call to the next and is started afresh only when the last one it stood at
+# is past the next call's first: 6 layers (residuals after 0 and 5) do that, 2 would not.
+ZIMAGE = {"n_refiner_layers": 2, "n_layers": 6}
+ZIMAGE_LAYERS = ZIMAGE["n_layers"]
+ZIMAGE_INJECTED = (0, 5)
+ZIMAGE_TEXT = 32               # the tiny text (7 tokens) padded to pad_tokens_multiple 32
+ZIMAGE_IMAGE = 96              # 8 x 10 = 80 image tokens padded to 96
+
+
+def zimage_available() -> bool:
+    return tiny_models.available("z_image")
+
+
+def assert_zimage_absent() -> None:
+    """Before 0.8 (v0.3.64 among the tested versions) ComfyUI has neither Z-Image nor its Fun
+    ControlNet."""
+    assert ch.comfy_version() < (0, 8)
+    assert importlib.util.find_spec("comfy.ldm.lumina.controlnet") is None
+
+
+def zimage_node(model: ModelPatcher, seed: int = 9) -> ModelNode:
+    """model -> model with ComfyUI's ZImageFunControlnet node applied (called with its inputs by
+    name, as ComfyUI calls nodes), its MODEL_PATCH as ModelPatchLoader builds a Z-Image Fun
+    ControlNet (ZImage_Control with the defaults a 6-control-layer checkpoint gets: no refiner
+    control, manual_cast operations) at the tiny model's width and heads."""
+    import comfy.ldm.lumina.controlnet
+    import comfy.model_patcher
+    import comfy.ops
+
+    patches = importlib.import_module("comfy_extras.nodes_model_patch")
+    config = _config(model)
+    control = comfy.ldm.lumina.controlnet.ZImage_Control(
+        dim=config["dim"], n_heads=config["n_heads"], n_kv_heads=config["n_kv_heads"],
+        ffn_dim_multiplier=config["ffn_dim_multiplier"], device=ch.CPU, dtype=torch.float32,
+        operations=comfy.ops.manual_cast)
+    ch.fill_weights(control, seed)
+    patcher_class = getattr(comfy.model_patcher, "CoreModelPatcher",
+                            comfy.model_patcher.ModelPatcher)
+    model_patch = patcher_class(control, load_device=ch.CPU, offload_device=ch.CPU)
+    node = patches.ZImageFunControlnet
+    image, vae = hint_image(DIT_LATENT), LatentEncoder(frames=False)
+
+    def apply(m: ModelPatcher) -> ModelPatcher:
+        return getattr(node(), node.FUNCTION)(model=m, model_patch=model_patch, vae=vae,
+                                              strength=STRENGTH, image=image)[0]
+
+    return apply
+
+
+def run_zimage(model: ModelPatcher, positive: Conditioning,
+               negative: Conditioning) -> torch.Tensor:
+    x = tiny_models.inputs("z_image", model, height=DIT_LATENT[0], width=DIT_LATENT[1])
+    return ch.sample(model, x.latent, positive, negative, steps=STEPS, cfg=2.0)
+
+
+def zimage_options() -> ToMAOptions:
+    return make_options(RATIO, skip_blocks="none")
+
+
+@pytest.fixture(scope="module")
+def zimage() -> dict[str, Any] | None:
+    if not zimage_available():
+        return None
+    model = tiny_models.tiny_patcher("z_image", **ZIMAGE)
+    x = tiny_models.inputs("z_image", model, height=DIT_LATENT[0], width=DIT_LATENT[1])
+    return {"model": model, "plain": (x.positive, x.negative), "patch": zimage_node(model)}
+
+
+@pytest.fixture(scope="module")
+def zimage_samples(zimage) -> dict[str, Any] | None:
+    if zimage is None:
+        return None
+    model, plain, patch = zimage["model"], zimage["plain"], zimage["patch"]
+    base = run_zimage(model, *plain)
+    toma = run_zimage(apply_toma(model, zimage_options()), *plain)
+    alone = run_zimage(patch(model), *plain)
+    by_order = {order: run_zimage(
+        apply_toma(patch(model), zimage_options()) if order == "patch_first"
+        else patch(apply_toma(model, zimage_options())), *plain) for order in ORDERS}
+    return {"samples": Samples(base, alone, toma, by_order["toma_first"]),
+            "by_order": by_order}
+
+
+def test_zimage_fun_acts_with_and_without_toma_in_both_orders(zimage_samples):
+    if zimage_samples is None:
+        return assert_zimage_absent()
+    m = zimage_samples["samples"].measured()
+    check_acts("zimage_fun", m)
+    toma = zimage_samples["samples"].toma
+    for order, out in zimage_samples["by_order"].items():
+        assert rel_err(out, toma) > MEASURED["zimage_fun"].control_toma * LOW, order
+
+
+def test_zimage_fun_toma_stays_as_close_as_without_in_both_orders(zimage_samples):
+    """Its "noise_refiner" and "double_block" patches run outside the layers ToMA patches (the
+    noise refiner is not merged; the main layers' patches after each layer, on the full
+    sequence): both orders give the same model, bit-identical samples."""
+    if zimage_samples is None:
+        return assert_zimage_absent()
+    m = zimage_samples["samples"].measured()
+    outs = zimage_samples["by_order"]
+    assert torch.equal(outs["patch_first"], outs["toma_first"])
+    check_close("zimage_fun", m)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_zimage_fun_residual_joins_the_full_length_stream(zimage, order, monkeypatch):
+    """The patch's control layers read the first layer's input (img_input, the full image rows,
+    which ToMA leaves as they were); their residuals are added after layers 0 and 5 to the 80
+    image rows of the full [text; image; padding] sequence ToMA hands on, nothing after the
+    others. ToMA merges every layer inside and carries the residuals through the next ones."""
+    if zimage is None:
+        return assert_zimage_absent()
+    import comfy.ldm.lumina.controlnet
+
+    seen: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    control_class = comfy.ldm.lumina.controlnet.ZImage_Control
+    control_block = control_class.forward_control_block
+
+    def recording(self, layer_id, control_context, x, *args, **kwargs):
+        out = control_block(self, layer_id, control_context, x, *args, **kwargs)
+        seen.append((layer_id, x.clone(), out[0].clone()))
+        return out
+
+    monkeypatch.setattr(control_class, "forward_control_block", recording)
+    model, plain, patch = zimage["model"], zimage["plain"], zimage["patch"]
+    recorder = RunRecorder()
+    inner = (patch(model) if order == "patch_first" else model).clone()
+    recorder.patch_layers(inner, ZIMAGE_LAYERS, inner=True)
+    toma = apply_toma(inner, zimage_options())
+    if order == "toma_first":
+        toma = patch(toma)
+    recorder.patch_layers(toma, ZIMAGE_LAYERS, inner=False)
+    recorder.wrap_calls(toma)
+    recorder.patch_final(toma, "final_layer")
+    run_zimage(toma, *plain)
+    h, w = DIT_LATENT[0] // 2, DIT_LATENT[1] // 2
+    layout = {"layer": (ZIMAGE_TEXT, ZIMAGE_TEXT + ZIMAGE_IMAGE)}
+    per_call = len(ZIMAGE_INJECTED)
+    assert len(recorder.calls) == STEPS and len(seen) == per_call * STEPS
+    for n, call in enumerate(recorder.calls):
+        first_input = call.outer[0]["in"]["img"]
+        residuals: list[tuple[str, int, torch.Tensor | None]] = [
+            ("layer", i, None) for i in range(ZIMAGE_LAYERS)]
+        for k, (layer_id, x, residual) in enumerate(seen[per_call * n:per_call * (n + 1)]):
+            assert layer_id == k
+            assert torch.equal(x, first_input[:, ZIMAGE_TEXT:ZIMAGE_TEXT + h * w])
+            residuals[ZIMAGE_INJECTED[k]] = ("layer", ZIMAGE_INJECTED[k], residual * STRENGTH)
+        check_boundaries(call, residuals, layout, h * w)
+        worst = check_carried_through(call, layout, h, w)
+        print(f"z-image: largest deviation from the update rule {worst:.2e}")
+        assert worst < CARRY_TOLERANCE
