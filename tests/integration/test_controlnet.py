@@ -593,10 +593,6 @@ def test_flux_residuals_join_full_length_streams(flux):
 QWEN_KINDS = {"double_block": 2}
 
 
-def qwen_available() -> bool:
-    return tiny_models.available("qwen_image")
-
-
 def run_qwen(model: ModelPatcher, positive: Conditioning,
              negative: Conditioning) -> torch.Tensor:
     x = tiny_models.inputs("qwen_image", model, height=DIT_LATENT[0], width=DIT_LATENT[1])
