@@ -10,10 +10,10 @@ the same on every ComfyUI version (the >= 0.17 attn1 patches would only see Q/K/
 full-length projection).
 
 bench/speed/flux_blocks.py (Flux.1-size blocks, 4096 image + 512 text tokens, fp32 CPU, ratio 0.5;
-bench/results/2026-12-01-cpu.md): double block "block" 1.86x vs "attention" 1.34x faster than
-plain; relative L2 error of the image update 0.14 vs 0.10, the same as a merged single block's
-0.13 (merged whole either way). Whole model (default skips): 1.71x vs 1.57x. Hence merge_scope
-"auto" merges whole blocks.
+bench/results/2026-12-01-cpu-suite.md): double block "block" 2.03x vs "attention" 1.33x faster
+than plain; relative L2 error of the image update 0.14 vs 0.10, the same as a merged single
+block's 0.13 (merged whole either way). Whole model (default skips): 1.68x vs 1.52x. Hence
+merge_scope "auto" merges whole blocks.
 """
 
 from __future__ import annotations

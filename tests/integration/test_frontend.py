@@ -391,6 +391,10 @@ async def _help_view(cdp: Cdp, record: PageRecord, node_type: str, locale: str) 
     box = await _node_rect(cdp, node_id)
     title_height = await cdp.evaluate("globalThis.LiteGraph.NODE_TITLE_HEIGHT")
     await browser.click(cdp, box["x"] + 40, box["y"] + title_height / 2)  # select the node
+    # Let the canvas draw the selection before looking for its toolbox: with Chromium 156 and
+    # frontend 1.35, polling right after the click never saw the toolbox appear (120 s), while
+    # the same poll after a few drawn frames finds it at once.
+    await cdp.frames(10)
     button = await cdp.wait_for(JS_INFO_BUTTON, UI_TIMEOUT_S, "the selection toolbox's info button")
     await browser.click(cdp, button["x"], button["y"])
     paragraphs = help_paragraphs(help_page(node_type, locale))

@@ -119,3 +119,26 @@ def test_the_code_map_is_true():
                for p in (ROOT / package).rglob("*.py") if p.name != "__init__.py"}
     unnamed = sorted(modules - paths)
     assert not unnamed, unnamed
+
+
+# Result files from before the suite recorded its commit and command: the README says so where
+# it quotes them, and quotes a re-run that has both beside them.
+PREDATE_THE_RECORD = {"bench/results/2026-12-01-cpu-quality-sdxl-combined.md",
+                      "bench/results/2026-12-01-cpu-quality-flux-combined.md"}
+
+
+def test_every_result_the_readme_quotes_says_how_it_was_made():
+    """Each result file the README links has a JSON beside it that records the machine, the
+    commit and the command of its run (but for the ones listed above, which the README marks)."""
+    import json
+
+    linked = sorted(set(re.findall(r"\((bench/results/[^)]+\.md)\)", README)))
+    assert linked
+    for path in linked:
+        result = json.loads((ROOT / path).with_suffix(".json").read_text())
+        assert result.get("machine"), path
+        if path in PREDATE_THE_RECORD:
+            assert "predate the results' record of their commit" in README
+            continue
+        config = result.get("config", {})
+        assert config.get("commit") and config.get("command"), path
