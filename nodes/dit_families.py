@@ -171,6 +171,23 @@ def zero_timestep_frames(call: ModelCall, mask: object, frames: int) -> int:
     return call.run.memo[key]
 
 
+def given_frames(call: ModelCall, mask: object) -> int:
+    """Leading latent frames a concatenated image-to-video mask [B, C, T, H, W] marks as given
+    entirely (all 1: Wan's c_concat mask channels, 1 - concat_mask, on the start image's
+    frames). 0 without such a mask. Read on the host once per run and batch identity (the mask
+    does not change within a run)."""
+    if not torch.is_tensor(mask) or mask.dim() != 5:
+        return 0
+    key = ("given_frames", call.identity, tuple(mask.shape))
+    if key not in call.run.memo:
+        given = (mask.float().amin(dim=(0, 1, 3, 4)) == 1).tolist()
+        count = 0
+        while count < len(given) and given[count]:
+            count += 1
+        call.run.memo[key] = count
+    return call.run.memo[key]
+
+
 def conditioned_frames(call: ModelCall, mask: object, frames: int, total: int) -> int | None:
     """Leading latent frames of a denoise mask [B|1, C|1, total, H, W] that are not all 1:
     frames the sampler does not fully denoise (LTX's image-to-video and in-place guide frames,
