@@ -35,19 +35,20 @@ LAYOUT_TEXT = {
             "Evaluated at a 64x64 latent (= 128x128 pixels): 1024 image tokens. "
             "Full config in the file's metadata (`flux_params`).",
 }
+LOADING = (
+    "**Loading.** Load a fixture with the pack's loader: `bench.quality.models.load(\"sdxl\")` "
+    "or `load(\"flux\")` (ComfyUI importable, e.g. through bench.shared.config.setup_comfy "
+    "with COMFYUI_PATH set) builds ComfyUI's class from bench/quality/models.py's config and "
+    "loads the weights strictly; its `.patcher()` is the ModelPatcher a ToMA node takes, and "
+    "its `conditioning(labels, h, w)` the class conditioning. ComfyUI's own loaders (Load "
+    "Diffusion Model, `comfy.sd.load_diffusion_model`) cannot detect these layouts (\"Could not "
+    "detect model type\"). A model built from the stored `unet_config` through ComfyUI's SDXL "
+    "config gets its 64-channel heads, which these weights load into without an error but "
+    "which is a different, worse model: use `model_config`. In the metadata, `steps` counts "
+    "every training step behind the weights, `run_steps` the last run's.")
 SAMPLE_CLASSES = 6
 SAMPLE_STEPS = 16
 SAMPLE_CFGS = (1.0, 4.0)      # the quality bench's (1) and a usual guidance scale
-
-
-def runs(record: dict) -> list[dict]:
-    """The training runs behind a record, oldest first (a run continued with --init keeps the
-    record of the run it started from under "prior")."""
-    chain = []
-    while record is not None:
-        chain.append(record)
-        record = record.get("prior")
-    return chain[::-1]
 
 
 def run_seconds(run: dict, clock: str) -> float:
@@ -59,7 +60,7 @@ def whole_curve(record: dict) -> tuple[list[dict], list[tuple[int, str]]]:
     """The loss curve over all runs (steps counted from the first run's start) and the step
     where each phase that ran ends, with its label."""
     curve, edges, offset = [], [], 0
-    for i, run in enumerate(runs(record)):
+    for i, run in enumerate(qm.training_runs(record)):
         curve += [{**c, "step": c["step"] + offset} for c in run["curve"]]
         end, stop = offset, offset + run["steps_done"]
         for phase in run["phases"]:
@@ -138,7 +139,7 @@ def sample_grid(fixture: qm.Fixture, path: Path) -> None:
 def _held_out_table(record: dict) -> list[str]:
     """Untrained, after each run that finished (steps counted from the start), now / untrained."""
     columns, steps = [], 0
-    for run in runs(record):
+    for run in qm.training_runs(record):
         steps += run["steps_done"]
         if "held_out_trained" in run:
             columns.append((f"after {steps} steps", run["held_out_trained"]))
@@ -158,7 +159,7 @@ def _held_out_table(record: dict) -> list[str]:
 def _runs_text(record: dict) -> list[str]:
     """One line per training run: phases, steps done, times."""
     lines = []
-    for i, run in enumerate(runs(record)):
+    for i, run in enumerate(qm.training_runs(record)):
         start = "from scratch" if i == 0 else "continued from the previous run's weights"
         planned = sum(p["steps"] for p in run["phases"])
         stopped = "" if run["steps_done"] == planned else f" (stopped at {run['steps_done']})"
@@ -173,11 +174,13 @@ def _runs_text(record: dict) -> list[str]:
 def card(records: dict[str, dict]) -> str:
     """models/README.md."""
     lines = ["# Quality fixtures: small diffusion models trained here", "",
-             "Two small diffusion models in layouts ComfyUI loads, trained on CPU on natural "
+             "Two small diffusion models built from ComfyUI's own model classes (its SDXL UNet "
+             "and its Flux transformer), trained on CPU on natural "
              "photographs so that the quality bench (`python -m bench --sections quality`, "
              "bench/quality/section.py) measures token merging on models that have learned "
              "something. "
              "They are test fixtures, not image generators.", "",
+             LOADING, "",
              "**Limits.** Trained for about half an hour of CPU each (one thread, on a 2-core "
              "machine shared with other jobs). Both denoise held-out photographs far better "
              "than an untrained model (tables below), and their samples from pure noise are no "
@@ -219,11 +222,12 @@ def card(records: dict[str, dict]) -> str:
         size = path.stat().st_size / 2**20
         lines += [f"## {layout}-layout: `{path.relative_to(ROOT)}` ({size:.1f} MiB, fp16)", ""]
         lines.append(LAYOUT_TEXT[layout])
+        chain = qm.training_runs(record)
         lines += ["", f"- parameters: {record['params'] / 1e6:.2f} M; seed {record['seed']}; "
                       f"AdamW lr {record['lr']}, EMA {record['ema']}",
-                  f"- steps done: {sum(r['steps_done'] for r in runs(record))}; training time "
-                  f"{sum(run_seconds(r, 'cpu') for r in runs(record)) / 60:.1f} min CPU, "
-                  f"{sum(run_seconds(r, 'wall') for r in runs(record)) / 60:.1f} min wall "
+                  f"- steps done: {sum(r['steps_done'] for r in chain)}; training time "
+                  f"{sum(run_seconds(r, 'cpu') for r in chain) / 60:.1f} min CPU, "
+                  f"{sum(run_seconds(r, 'wall') for r in chain) / 60:.1f} min wall "
                   "(1 thread, nice 5-10, on a 2-core machine shared with other jobs), "
                   f"torch {record['torch']}, ComfyUI {record['comfyui']}",
                   *_runs_text(record),
@@ -259,6 +263,8 @@ def train_per_photo() -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.quality.card")
     parser.add_argument("--layouts", default=",".join(qm.LAYOUTS))
+    parser.add_argument("--text-only", action="store_true",
+                        help="rewrite models/README.md only, not the pictures")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     from ..shared.config import setup_comfy
@@ -274,10 +280,12 @@ def main(argv: list[str] | None = None) -> None:
             record["held_out_trained"] = final_held_out(fixture, record["seed"])
             log_path.write_text(json.dumps(record, indent=1))
         records[layout] = record
-        loss_curve(record, ROOT / "docs" / f"quality-train-{layout}.png")
-        sample_grid(fixture, ROOT / "docs" / f"quality-samples-{layout}.png")
+        if not args.text_only:
+            loss_curve(record, ROOT / "docs" / f"quality-train-{layout}.png")
+            sample_grid(fixture, ROOT / "docs" / f"quality-samples-{layout}.png")
     CARD.write_text(card(records) + "\n")
-    print(f"wrote {CARD} and docs/quality-train-*.png, docs/quality-samples-*.png")
+    print(f"wrote {CARD}" + ("" if args.text_only else
+                             " and docs/quality-train-*.png, docs/quality-samples-*.png"))
 
 
 if __name__ == "__main__":

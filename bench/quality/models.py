@@ -176,6 +176,22 @@ class Fixture:
                                                 offload_device=torch.device("cpu"))
 
 
+def training_runs(record: dict) -> list[dict]:
+    """The training runs behind a training record, oldest first (a run continued with --init
+    keeps the record of the run it started from under "prior")."""
+    chain = []
+    while record is not None:
+        chain.append(record)
+        record = record.get("prior")
+    return chain[::-1]
+
+
+def total_steps(record: dict, step: int) -> int:
+    """Optimiser steps behind weights saved at `step` of the run `record` describes: its
+    earlier runs' and these."""
+    return step + sum(run["steps_done"] for run in training_runs(record)[:-1])
+
+
 def build(layout: str, n_classes: int, seed: int) -> Fixture:
     """An untrained fixture with seeded weights."""
     model = model_config(layout).get_model({}, device=torch.device("cpu"))

@@ -229,7 +229,9 @@ def _save(fixture: qm.Fixture, ema: EMA, record: dict, out: Path, step: int) -> 
     net = fixture.model.diffusion_model
     ema.swap(net)
     record["steps_done"] = step
-    qm.save(fixture, out, {"steps": step, "seed": record["seed"],
+    # "steps": every step behind these weights (a continued run's earlier ones included).
+    qm.save(fixture, out, {"steps": qm.total_steps(record, step), "run_steps": step,
+                           "seed": record["seed"],
                            "classes": record["train_photos"],
                            "unet_config" if fixture.layout == "sdxl" else "flux_params":
                            qm.SDXL_UNET if fixture.layout == "sdxl" else qm.FLUX_PARAMS})

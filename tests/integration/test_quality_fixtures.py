@@ -38,8 +38,29 @@ def test_fixture_loads_into_comfy_classes(layout):
 
     expected = comfy.model_base.SDXL if layout == "sdxl" else comfy.model_base.Flux
     assert type(fixture.model) is expected
-    assert fixture.meta["steps"] > 0
     assert fixture.tables["context"].shape[0] == len(quality_data.train_photos()) + 1
+
+
+def test_fixture_metadata_counts_every_training_step(layout):
+    """The file's `steps` is every step behind its weights (continued runs' earlier steps
+    included: the training log's runs), `run_steps` the last run's."""
+    import json
+
+    fixture = quality_models.load(layout)
+    record = json.loads(quality_models.weights_path(layout).with_suffix(".json").read_text())
+    runs = quality_models.training_runs(record)
+    assert len(runs) > 1          # the committed fixtures were trained in several runs
+    assert fixture.meta["steps"] == sum(run["steps_done"] for run in runs)
+    assert fixture.meta["run_steps"] == runs[-1]["steps_done"]
+
+
+def test_comfyui_loader_cannot_detect_the_fixtures(layout):
+    """What the model card says: ComfyUI's own diffusion-model loader refuses these layouts
+    (load them with the pack's bench.quality.models.load)."""
+    import comfy.sd
+
+    with pytest.raises(RuntimeError, match="Could not detect model type"):
+        comfy.sd.load_diffusion_model(str(quality_models.weights_path(layout)))
 
 
 def test_trained_denoises_far_better_than_untrained(layout):
