@@ -32,17 +32,17 @@ from .run_state import ModelCall
 
 TEXT_POSITIONS = ("before", "after", "stream_before", "stream_after", "none")
 # tile_count 0: regions of about REGION_TOKENS tokens, VIDEO_REGION_FRAMES frames deep for
-# video. Measured with bench/speed/dit_tiles.py (ComfyUI's blocks at full width, random weights,
-# smooth token fields, ratio 0.5, relative L2 error of the block's image update): 64 tokens beat
-# 16, 36 and 144 on SD3.5 Large (0.107 against 0.120, 0.114, 0.119) and Qwen-Image (0.126
-# against 0.132, 0.129, 0.139) at 768x768; Z-Image 0.170, within 2% of its best (0.167, 16
-# tokens). On video, regions two frames deep beat one-frame regions: Wan 2.1 14B at 832x480x5
-# 0.104 (32 tokens per frame) against 0.114-0.117, Wan 2.2 5B at 1280x704x9 0.103 against
-# 0.106-0.115 (0.099-0.100 for 4 frames or 64 tokens per frame, 2 frames). Flux too: on the
-# trained Flux-layout fixture (bench/quality/section.py, 1024 image tokens, medians of 3 runs) 16
-# tiles
-# of 64 tokens gave samples of 24.1 dB PSNR against the unmerged ones (SSIM 0.904, held-out
-# loss +13.6%) at 1.53x, 64 tiles 23.2 dB (+16.0%) at 1.58x, 256 tiles 20.3 dB (+18.1%) at 1.55x.
+# video. Measured with bench/speed/dit_tiles.py (bench/results/2026-12-01-cpu-dit-tiles.md:
+# ComfyUI's blocks at full width, random weights, smooth token fields, ratio 0.5, relative L2
+# error of the block's image update): 64 tokens beat 16, 36 and 144 on SD3.5 Large (0.108
+# against 0.116, 0.113, 0.127) and Qwen-Image (0.130 against 0.136, 0.133, 0.145) at 768x768;
+# Z-Image 0.183, 9% above its best (0.168, 16 tokens). On video, regions two frames deep beat
+# one-frame regions: Wan 2.1 14B at 832x480x5 0.105 against 0.113-0.119 (0.104 for 32 tokens
+# over 2 frames), Wan 2.2 5B at 1280x704x9 0.111 against 0.114-0.115 (0.105 for 32 over 2).
+# Flux too: on the trained Flux-layout fixture (bench/quality/section.py, 1024 image tokens,
+# medians of 3 runs) 16 tiles of 64 tokens gave samples of 24.1 dB PSNR against the unmerged
+# ones (SSIM 0.904, held-out loss +13.6%) at 1.53x, 64 tiles 23.2 dB (+16.0%) at 1.58x, 256
+# tiles 20.3 dB (+18.1%) at 1.55x.
 REGION_TOKENS = 64
 VIDEO_REGION_FRAMES = 2
 
