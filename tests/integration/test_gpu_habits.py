@@ -82,8 +82,9 @@ def test_extra_ops_per_steady_model_call_within_budget(name):
 
 # Host syncs -------------------------------------------------------------------------------------
 SYNC_FAMILIES = ["wan21_t2v", "wan22_5b", "wan22_5b_i2v", "qwen_image", "qwen_image_edit", "sd3",
-                 "sd35", "hunyuan_video", "hunyuan_video15", "lumina2", "z_image", "flux2",
-                 "chroma", "ltxv", "ltxv_i2v", "ltxv_guide", "ltx2", "ltx2_i2v"]
+                 "sd35", "hunyuan_video", "hunyuan_video15", "hunyuan_image", "lumina2",
+                 "z_image", "flux2", "chroma", "ltxv", "ltxv_i2v", "ltxv_guide", "ltx2",
+                 "ltx2_i2v", "hidream"]
 
 
 def assert_no_syncs(plain: OpCounter, toma: OpCounter) -> None:
