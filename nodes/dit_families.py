@@ -64,7 +64,10 @@ class BlockKind:
     stream_item: the stream argument is a tuple (LTX-2's (video, audio)) whose item this is;
     opaque: arguments the patch cannot line up with a merged sequence (LTX's guide attention
     mask, which addresses fixed token spans): a block call where one is set runs unmerged;
-    hook: "dit" (replace patch) or "object" (patch of the block's forward).
+    hook: "dit" (replace patch) or "object" (patch of the block's forward);
+    returns: for an object-patched block whose forward returns a tuple (HiDream's double
+    blocks: image and text tokens), the argument names of its items; () when it returns the
+    stream alone.
     """
 
     key: str
@@ -81,6 +84,7 @@ class BlockKind:
     stream_item: int | None = None
     opaque: tuple[str, ...] = ()
     hook: str = "dit"
+    returns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

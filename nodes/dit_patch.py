@@ -434,7 +434,9 @@ class DiTToMA:
     def forward_patch(self, kind: BlockKind, index: int, module: torch.nn.Module,
                       original: Callable) -> Callable:
         """An object patch for block `index`'s forward: its arguments by name, as the block's
-        own signature names them, through block_call; `original` is what ran there before."""
+        own signature names them, through block_call; `original` is what ran there before. A
+        forward returning a tuple (kind.returns) is seen by name like a "dit" patch's outputs
+        and returns the same tuple."""
         signature = inspect.signature(types.MethodType(type(module).forward, module))
 
         def forward(*args, **kwargs):
@@ -446,9 +448,13 @@ class DiTToMA:
             def run(a: dict) -> dict:
                 bound = signature.bind(*args, **kwargs)
                 bound.arguments.update(a)
-                return {kind.stream: original(*bound.args, **bound.kwargs)}
+                result = original(*bound.args, **bound.kwargs)
+                if not kind.returns:
+                    return {kind.stream: result}
+                return dict(zip(kind.returns, result, strict=True))
 
-            return self.block_call(kind, index, named, run)[kind.stream]
+            out = self.block_call(kind, index, named, run)
+            return tuple(out[name] for name in kind.returns) if kind.returns else out[kind.stream]
 
         return forward
 

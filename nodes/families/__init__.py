@@ -8,9 +8,9 @@ which must get the "not supported" error rather than a wrong merge.
 from __future__ import annotations
 
 from ..dit_families import Family
-from . import flux, hunyuan_video, ltx, lumina, qwen_image, sd3, wan
+from . import flux, hidream, hunyuan_image, hunyuan_video, ltx, lumina, qwen_image, sd3, wan
 
-MODULES = (flux, wan, qwen_image, hunyuan_video, sd3, lumina, ltx)
+MODULES = (flux, wan, qwen_image, hunyuan_video, hunyuan_image, sd3, lumina, ltx, hidream)
 
 
 def family_of(diffusion_model) -> Family | None:

@@ -22,7 +22,7 @@ def family(diffusion_model) -> Family | None:
     from comfy.ldm.hunyuan_video.model import HunyuanVideo
 
     if type(diffusion_model) is not HunyuanVideo or len(diffusion_model.patch_size) != 3:
-        return None     # 2-D patches: HunyuanImage 2.1, not a video model
+        return None     # 2-D patches: HunyuanImage 2.1 (families/hunyuan_image.py)
     patch = tuple(int(p) for p in diffusion_model.patch_size)
     flipped = bool(getattr(diffusion_model.double_blocks[0], "flipped_img_txt", False))
 

@@ -4,10 +4,10 @@ each family from ComfyUI's own classes, tests/integration/tiny_models.py).
 Each merged run is recorded by two patches of every block: an inner one installed before ToMA
 (another pack's patch: ToMA wraps it, so it sees exactly what reaches ComfyUI's block) and an
 outer one installed after (it sees the block's real input). Where the family's blocks have
-"dit" replace patches these are replace patches; Lumina 2 / Z-Image get object patches of the
-blocks' forward, like ToMA's own. The plan is rebuilt here from the outer input with toma_core,
-and the layout of each family's block input is written out here from ComfyUI's code
-(grid_place), independently of nodes/families/.
+"dit" replace patches these are replace patches; Lumina 2 / Z-Image and HiDream get object
+patches of the blocks' forward, like ToMA's own. The plan is rebuilt here from the outer
+input with toma_core, and the layout of each family's block input is written out here from
+ComfyUI's code (grid_place), independently of nodes/families/.
 
 A family this ComfyUI lacks is not skipped: the test asserts it is absent.
 """
@@ -51,7 +51,7 @@ NAMES = list(FAMILIES)
 
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
-                   "ltxv", "ltx2"):
+                   "ltxv", "ltx2", "hidream"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -104,7 +104,7 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     if g in ("lumina2", "z_image"):
         text = lumina_text(name, args["x"].shape[1], frame_tokens)
         return text, text
-    return protected, protected                                 # Wan, SD3, LTX
+    return protected, protected                                 # Wan, SD3, LTX, HiDream
 
 
 # Recording patches ------------------------------------------------------------------------------
@@ -135,12 +135,14 @@ class Recorder:
 
     def install(self, model) -> None:
         dm = model.model.diffusion_model
-        if hasattr(dm, "layers"):                               # Lumina 2 / Z-Image
-            for i, layer in enumerate(dm.layers):
-                key = f"diffusion_model.layers.{i}.forward"
+        blocks = [(kind, attr) for kind, attr in OBJECT_BLOCKS if hasattr(dm, attr)]
+        for kind, attr in blocks:                   # Lumina 2 / Z-Image, HiDream
+            for i, layer in enumerate(getattr(dm, attr)):
+                key = f"diffusion_model.{attr}.{i}.forward"
                 previous = model.object_patches.get(key) or types.MethodType(
                     type(layer).forward, layer)
-                model.add_object_patch(key, self.forward(i, layer, previous))
+                model.add_object_patch(key, self.forward(kind, i, layer, previous))
+        if blocks:
             return
         replace = model.model_options.setdefault("transformer_options", {}).get(
             "patches_replace", {}).get("dit", {})
@@ -161,27 +163,41 @@ class Recorder:
 
         return f
 
-    def forward(self, index: int, layer, previous):
+    def forward(self, kind: str, index: int, layer, previous):
         signature = inspect.signature(types.MethodType(type(layer).forward, layer))
+        stream = STREAM.get(kind, "image_tokens")
 
         def f(*args, **kwargs):
-            self.calls.append(_snapshot("layer", index, signature.bind(*args, **kwargs).arguments))
+            self.calls.append(_snapshot(kind, index, signature.bind(*args, **kwargs).arguments))
             if self.unmerged:
                 bound = signature.bind(*args, **kwargs)
-                bound.arguments["x"] = bound.arguments["x"].clone()
+                bound.arguments[stream] = bound.arguments[stream].clone()
                 self.references.append(
-                    type(layer).forward(layer, *bound.args, **bound.kwargs).clone())
+                    _clone(type(layer).forward(layer, *bound.args, **bound.kwargs)))
             out = previous(*args, **kwargs)
-            self.outputs.append(out.clone())
+            self.outputs.append(_clone(out))   # HiDream's double blocks: (image, text)
             return out
 
         return f
 
 
+# Blocks ComfyUI calls without replace patches: (kind, diffusion model attribute).
+OBJECT_BLOCKS = (("layer", "layers"), ("double_block", "double_stream_blocks"),
+                 ("single_block", "single_stream_blocks"))
 STREAM = {"layer": "x"}
+
+
+def stream_name(name: str, kind: str) -> str:
+    """The block argument holding the grid: Lumina's `x`, HiDream's `image_tokens`, else
+    `img`."""
+    return "image_tokens" if group(name) == "hidream" else STREAM.get(kind, "img")
+
+
 # Arguments holding positional rows over the grid's sequence (a tensor, or a tuple whose
 # tensors are rows: LTX's (rotation, split) pair, (cos, sin) before ComfyUI 0.8).
-PE = {"layer": ("freqs_cis",), "ltx2": ("v_pe", "v_cross_pe")}
+PE = {"layer": ("freqs_cis",), "ltx2": ("v_pe", "v_cross_pe"), "hidream": ("rope",)}
+# The separate text stream of two-stream blocks: it reaches the block as it came.
+TEXT = {"hidream": "text_tokens"}
 # Arguments holding modulation rows spread evenly over the stream (ComfyUI's repeat_e and
 # LTX-2's compressed timesteps: R rows of L / R tokens each).
 ROWS = {"wan": ("vec",), "ltxv": ("vec",),
@@ -316,7 +332,7 @@ def test_merged_blocks_follow_the_plan(name):
     for (kind, index, a), (_, _, b) in zip(inner, outer, strict=True):
         if "txt" in b and torch.is_tensor(b["txt"]):
             txt_len = b["txt"].shape[1]
-        stream = STREAM.get(kind, "img")
+        stream = stream_name(name, kind)
         got, given = stream_tensor(a[stream]), stream_tensor(b[stream])
         offset, seq_start = grid_place(name, base, kind, txt_len, h * w, b)
         if index == 0:                                          # a group's first block
@@ -329,6 +345,9 @@ def test_merged_blocks_follow_the_plan(name):
         assert torch.equal(got[:, offset + m:], given[:, offset + n:])
         assert torch.equal(got[:, offset:offset + m], plan.merge(given, offset)[
             :, offset:offset + m])                              # measured bit-identical
+        text = TEXT.get(group(name), "txt")
+        if torch.is_tensor(b.get(text)):                        # the text: untouched
+            assert torch.equal(a[text], b[text])
         if isinstance(b[stream], (tuple, list)):                # LTX-2's audio: untouched
             for other_a, other_b in zip(a[stream][1:], b[stream][1:], strict=True):
                 assert torch.equal(other_a, other_b)
@@ -404,6 +423,8 @@ UPDATE_ERROR = {
     "hunyuan_video_i2v": 0.73,   # 0.484
     "hunyuan_video_i2v_v2": 0.68,   # 0.451
     "hunyuan_video15": 0.84,   # 0.561
+    "hunyuan_image": 0.93,   # 0.621
+    "hidream": 1.22,   # 0.811
     "sd3": 1.02,   # 0.681
     "sd35": 0.89,   # 0.591
     "lumina2": 1.16,   # 0.773
@@ -437,13 +458,14 @@ def test_merged_block_outputs_follow_the_update_rule(name):
     for (kind, index, a), a_out, (_, _, b), b_out, ref in calls:
         if "txt" in b and torch.is_tensor(b["txt"]):
             txt_len = b["txt"].shape[1]
-        stream = STREAM.get(kind, "img")
+        stream = stream_name(name, kind)
         offset, _ = grid_place(name, base, kind, txt_len, h * w, b)
         if index == 0:
             plans[kind] = expected_plan(name, stream_tensor(b[stream]), offset, grid)
         plan = plans[kind]
         m = plan.merged_tokens
-        if isinstance(b_out, tuple):          # LTX-2's audio, as the block put it out
+        if isinstance(b_out, tuple):          # LTX-2's audio, HiDream's text, as the block put
+            # them out
             for other_b, other_a in zip(b_out[1:], a_out[1:], strict=True):
                 assert torch.equal(other_b, other_a)
         b_out, a_out, ref = stream_tensor(b_out), stream_tensor(a_out), stream_tensor(ref)
@@ -629,6 +651,30 @@ def test_hunyuan_video_reference_latent_never_merges():
         assert a["img"].shape[1] < b["img"].shape[1]
         checked += head >= 0
     assert checked == len(inner) > 0
+
+
+def test_hidream_e1_edit_image_runs_unmerged(caplog):
+    """HiDream-E1's edit image (concat_latent_image, handed to the model as image_cond) is put
+    beside the latent along the width before patching, so its tokens share every row of the
+    token grid with the image: model calls with it run unmerged (samples equal the unmerged
+    model's bit for bit) and the user is told once."""
+    import logging
+
+    name = "hidream"
+    if not available(name):
+        return assert_absent(name)
+    model = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, model, batch, height, width, frames)
+    image = torch.randn(1, 16, height, width, generator=torch.Generator().manual_seed(5))
+    for cond in (x.positive, x.negative):
+        cond[0][1]["concat_latent_image"] = image
+    base = ch.sample(model, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        out = ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    assert torch.equal(out, base)
+    assert len([r for r in caplog.records if "HiDream-E1" in r.getMessage()]) == 1
 
 
 def test_default_widgets_on_hunyuan_video15_as_comfyui_builds_it():

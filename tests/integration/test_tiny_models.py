@@ -116,8 +116,9 @@ def test_builders_are_deterministic() -> None:
 
 
 # "dit" replace patches each family's block loop calls: kind -> the argument names it passes.
-# Wan, Qwen-Image and SD3 have one kind ("double_block"), HunyuanVideo, Flux 2 and Chroma two,
-# Lumina 2 / Z-Image none (their loop has no patches_replace: object patches only).
+# Wan, Qwen-Image and SD3 have one kind ("double_block"), HunyuanVideo (and HunyuanImage 2.1),
+# Flux 2 and Chroma two, Lumina 2 / Z-Image and HiDream none (their loop has no
+# patches_replace: object patches only).
 _FLUX_ARGS = {"double_block": {"img", "txt", "vec", "pe", "attn_mask", "transformer_options"},
               "single_block": {"img", "vec", "pe", "attn_mask", "transformer_options"}}
 _HV_ARGS = {"double_block": {"img", "txt", "vec", "pe", "attention_mask", "modulation_dims_img",
@@ -139,7 +140,7 @@ _LTX2_ARGS = {"double_block": {"img", "v_context", "a_context", "attention_mask"
 _LTX2_033 = {"self_attention_mask", "v_prompt_timestep", "a_prompt_timestep"}
 DIT_ARGS = {"wan": _TWO_STREAM_ARGS, "qwen": _TWO_STREAM_ARGS, "hunyuan": _HV_ARGS,
             "sd3": {"double_block": {"img", "txt", "vec", "transformer_options"}},
-            "lumina2": {}, "z_image": {}, "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS,
+            "lumina2": {}, "z_image": {}, "hidream": {}, "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS,
             "ltxv": _LTXV_ARGS, "ltx2": _LTX2_ARGS}
 
 
@@ -256,3 +257,53 @@ def test_wan22_5b_image_to_video_modulates_per_frame() -> None:
     assert {args["vec"].shape[1] for _, _, args in calls} == {frames}
     _, _, calls, _, _ = record_dit_calls("wan22_5b")
     assert {args["vec"].shape[1] for _, _, args in calls} == {1}
+
+
+def test_hidream_blocks_see_the_documented_sequence() -> None:
+    """HiDream's blocks, called without replace patches (object patches of their forward here):
+    double-stream blocks get the image tokens alone and the text [T5; last Llama layer; their
+    own Llama layer] as text_tokens, and return (image, text); single-stream blocks get one
+    sequence [image; T5; last Llama layer; their own Llama layer] and no text_tokens. RoPE rows
+    [B, L, 1, D / 2, 2, 2] cover image and text; no image mask (a single latent)."""
+    import inspect
+    import types
+
+    from tiny_models import HIDREAM_LLAMA_TOKENS, TEXT_TOKENS
+
+    if not available("hidream"):
+        assert_absent("hidream")
+        return
+    patcher = tiny_patcher("hidream")
+    (batch, height, width, frames), cfg = sample_args("hidream")
+    x = inputs("hidream", patcher, batch, height, width, frames)
+    plain = sample(patcher, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    calls: list = []
+    patched = patcher.clone()
+    dm = patcher.model.diffusion_model
+    for attr in ("double_stream_blocks", "single_stream_blocks"):
+        for i, block in enumerate(getattr(dm, attr)):
+            signature = inspect.signature(types.MethodType(type(block).forward, block))
+            original = types.MethodType(type(block).forward, block)
+
+            def forward(*args, _sig=signature, _original=original, _attr=attr, **kwargs):
+                out = _original(*args, **kwargs)
+                calls.append((_attr, dict(_sig.bind(*args, **kwargs).arguments), out))
+                return out
+
+            patched.add_object_patch(f"diffusion_model.{attr}.{i}.forward", forward)
+    out = sample(patched, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    assert torch.equal(out, plain)
+    image = math.prod(token_grid("hidream", x.latent.shape))
+    text = TEXT_TOKENS + 2 * HIDREAM_LLAMA_TOKENS
+    assert [c[0] for c in calls[:4]] == ["double_stream_blocks"] * 2 + ["single_stream_blocks"] * 2
+    for attr, args, result in calls:
+        assert args["image_tokens_masks"] is None
+        assert args["rope"].shape[1:3] == (image + text, 1)
+        if attr == "double_stream_blocks":
+            assert args["image_tokens"].shape[1] == image
+            assert args["text_tokens"].shape[1] == text
+            assert isinstance(result, tuple) and result[0].shape == args["image_tokens"].shape
+        else:
+            assert args["image_tokens"].shape[1] == image + text
+            assert args.get("text_tokens") is None
+            assert torch.is_tensor(result) and result.shape == args["image_tokens"].shape

@@ -27,15 +27,6 @@ def tiny_wan_camera():
         {**config, "model_type": "camera", "in_dim": 32}))
 
 
-def tiny_hunyuan_image():
-    """HunyuanImage 2.1: HunyuanVideo's class with 2-D patches, an image model."""
-    import comfy.supported_models
-    import tiny_models
-
-    config = tiny_models.family("hunyuan_video").unet_config()
-    return _patcher(comfy.supported_models.HunyuanImage21({**config, "patch_size": [2, 2]}))
-
-
 def tiny_hunyuan3d():
     """Hunyuan3D 2: Flux's block classes on shape latents, not an image grid."""
     import comfy.supported_models
@@ -62,7 +53,6 @@ def tiny_svd():
 
 
 MODELS = {"wan_camera": (tiny_wan_camera, "CameraWanModel"),
-          "hunyuan_image": (tiny_hunyuan_image, "HunyuanVideo"),
           "hunyuan3d": (tiny_hunyuan3d, "Hunyuan3Dv2"), "svd": (tiny_svd, "video UNet")}
 
 

@@ -41,6 +41,7 @@ CLIP_VISION_TOKENS = 257
 CLIP_VISION_DIM = 1280
 SIGLIP_DIM = 1152          # HunyuanVideo 1.5: vision_in = MLPProj(1152, hidden)
 BYT5_DIM = 1472            # HunyuanVideo 1.5: ByT5Mapper(in_dim=1472)
+HIDREAM_LLAMA_TOKENS = 5   # HiDream's Llama context, another length than the T5 one
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,19 @@ def _hunyuan_video(**overrides: Any) -> Callable[[], dict[str, Any]]:
                   "meanflow_sum": False, **overrides}
         return _known_fields(params, hv.HunyuanVideoParams, keep=("image_model",))
     return config
+
+
+def _hidream() -> dict[str, Any]:
+    """HiDream-I1: patch 2 over the Flux 16-channel latent, 4 heads of 16 (RoPE axes 8+4+4,
+    the real 64+32+32 scaled), MoE feed-forward of 4 experts (2 active), 2 double and 2 single
+    blocks taking Llama layers 0, 1, 2, 2 (the real model's 48 blocks take layers 0-31, the
+    last repeated), T5 and Llama states TEXT_DIM wide."""
+    return {"image_model": "hidream", "patch_size": 2, "in_channels": 16, "out_channels": 16,
+            "num_layers": 2, "num_single_layers": 2, "attention_head_dim": 16,
+            "num_attention_heads": 4, "caption_channels": [TEXT_DIM, TEXT_DIM],
+            "text_emb_dim": POOLED_DIM, "num_routed_experts": 4, "num_activated_experts": 2,
+            "axes_dims_rope": [8, 4, 4], "max_resolution": [128, 128],
+            "llama_layers": [0, 1, 2, 2]}
 
 
 def _mmdit(qk_norm: str | None, x_block_self_attn_layers: list[int]) -> Callable[[], dict]:
@@ -275,6 +289,21 @@ def _hunyuan15(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
             "conditioning_byt5small": _randn(batch, 5, BYT5_DIM, seed=seed + 8)}
 
 
+def _hunyuan_image(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """HunyuanImage 2.1's text encoder output: ByT5 glyph tokens with the Qwen2.5-VL context
+    (ComfyUI appends them to the refined text)."""
+    return {"conditioning_byt5small": _randn(batch, 5, BYT5_DIM, seed=seed + 8)}
+
+
+def _hidream_llama(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """HiDream's text encoders: pooled CLIP-L + CLIP-G output and the Llama 3.1 hidden states
+    of every layer [B, layers, L, C] (conditioning_llama3; 3 layers of HIDREAM_LLAMA_TOKENS),
+    the T5 states being the context."""
+    return {**_pooled(batch, shape, seed),
+            "conditioning_llama3": _randn(batch, 3, HIDREAM_LLAMA_TOKENS, TEXT_DIM,
+                                          seed=seed + 6)}
+
+
 def _text_mask(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     """Lumina 2 / Z-Image and LTX-Video text encoders hand over their attention mask [1, L]
     (1 = token); a single prompt has no padding. v0.3.64's Lumina needs it (num_tokens comes
@@ -342,6 +371,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                           use_cond_type_embedding=True, vision_in_dim=SIGLIP_DIM,
                           meanflow_sum=True),
            _HV, video=True, extra_conds=_hunyuan15, patch=(1, 1, 1)),
+    # HunyuanImage 2.1: HunyuanVideo's class with 2-D patches (1x1 over a 64-ch latent, RoPE
+    # over h and w), ByT5 glyph tokens, no pooled vector.
+    Family("hunyuan_image", "HunyuanImage21",
+           _hunyuan_video(in_channels=64, out_channels=64, vec_in_dim=None, patch_size=[1, 1],
+                          axes_dim=[8, 8], byt5=True),
+           _HV, extra_conds=_hunyuan_image, patch=(1, 1, 1)),
+    Family("hidream", "HiDream", _hidream,
+           ("comfy.ldm.hidream.model", "HiDreamImageTransformer2DModel"),
+           extra_conds=_hidream_llama),
     Family("sd3", "SD3", _mmdit(None, []), _MMDIT, extra_conds=_pooled),
     # SD3.5: RMS q/k norm; Medium's MMDiT-X second self-attention in block 0.
     Family("sd35", "SD3", _mmdit("rms", [0]), _MMDIT, extra_conds=_pooled),

@@ -1,0 +1,47 @@
+"""HiDream-I1 (and E1's edit calls, which run unmerged): double-stream blocks with the image in
+one stream and the text in the other (attention over [image; text]), then single-stream blocks
+on one sequence [image; text; this block's Llama layer], the text (T5 and Llama states) after
+the image. ComfyUI calls the blocks without replace patches: ToMA patches each block's forward.
+The double blocks return (image, text); the single blocks drop the Llama layer they were given
+again after the block. The MoE feed-forward routes each merged token like any other token.
+"""
+
+from __future__ import annotations
+
+from ..dit_families import BlockKind, Family, latent_grid, set_grid
+
+# image_tokens_masks (a key mask over the image tokens, only for a list of latents of other
+# sizes, which ComfyUI's forward never builds) lines up with fixed token spans: opaque.
+_BLOCK = {"stream": "image_tokens", "pe": "rope", "opaque": ("image_tokens_masks",),
+          "hook": "object"}
+KINDS = (BlockKind("double_block", "double_stream_blocks", "d", "after", txt="text_tokens",
+                   returns=("image_tokens", "text_tokens"), **_BLOCK),
+         BlockKind("single_block", "single_stream_blocks", "s", "stream_after", txt=None,
+                   **_BLOCK))
+
+
+def family(diffusion_model) -> Family | None:
+    from comfy.ldm.hidream.model import HiDreamImageTransformer2DModel
+
+    if type(diffusion_model) is not HiDreamImageTransformer2DModel:
+        return None
+    size = int(diffusion_model.patch_size)
+    patch = (1, size, size)
+
+    def describe(call, base_model, arguments: dict) -> str | None:
+        """The (1, h, w) grid of latent x [B, C, H, W]. HiDream-E1's edit image (image_cond) is
+        put beside the latent along the width before patching, so its tokens sit inside every
+        row of the token grid: those calls run unmerged rather than merge it."""
+        if arguments.get("image_cond") is not None:
+            call.mergeable = False
+            return ("HiDream-E1's edit image shares every row of the token grid with the image; "
+                    "those model calls run unmerged")
+        set_grid(call, latent_grid(arguments.get("x"), patch))
+        return None
+
+    return description(patch, describe)
+
+
+def description(patch: tuple[int, int, int], describe=None) -> Family:
+    """HiDream's Family (benchmarks call blocks without a model call to describe)."""
+    return Family("hidream", "HiDream", KINDS, patch, describe)

@@ -1,0 +1,34 @@
+"""HunyuanImage 2.1: ComfyUI builds it from HunyuanVideo's model class with 2-D patches over its
+64-channel image latent (supported_models.HunyuanImage21), so its blocks and token layout are
+HunyuanVideo's: double blocks with text and image in two streams, then single blocks on one
+sequence of both, image first before ComfyUI 0.33 and text first from 0.33. The text stream
+holds the refined Qwen2.5-VL states with the ByT5 glyph tokens appended: none of it merges.
+Its refiner has 3-D patches and is a HunyuanVideo model to ToMA (families/hunyuan_video.py)."""
+
+from __future__ import annotations
+
+from ..dit_families import Family, latent_grid, set_grid
+from .hunyuan_video import kinds
+
+
+def family(diffusion_model) -> Family | None:
+    from comfy.ldm.hunyuan_video.model import HunyuanVideo
+
+    if type(diffusion_model) is not HunyuanVideo or len(diffusion_model.patch_size) != 2:
+        return None
+    patch = (1, *(int(p) for p in diffusion_model.patch_size))
+    flipped = bool(getattr(diffusion_model.double_blocks[0], "flipped_img_txt", False))
+
+    def describe(call, base_model, arguments: dict) -> str | None:
+        """The (1, h, w) grid of latent x [B, C, H, W]. A guiding frame index (an image-to-video
+        input, not one of this model's) would modulate a fixed count of leading tokens of
+        the single blocks' [text; image] sequence on their own, which a merged sequence would
+        shift: such calls run unmerged."""
+        if arguments.get("guiding_frame_index") is not None:
+            call.mergeable = False
+            return ("HunyuanImage with a guiding frame index modulates fixed token spans; those "
+                    "model calls run unmerged")
+        set_grid(call, latent_grid(arguments.get("x"), patch))
+        return None
+
+    return Family("hunyuan_image", "HunyuanImage 2.1", kinds(flipped), patch, describe)
