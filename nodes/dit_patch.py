@@ -108,10 +108,18 @@ def layout(kind: BlockKind, args: dict, call: ModelCall, options: dict) -> Layou
     return Layout(prefix, prefix, n_stream)
 
 
-def token_axis(pe: torch.Tensor) -> int:
-    """The token axis of positional rows: [B, 1, L, ...] (Flux, Qwen, HunyuanVideo) or
-    [B, L, 1, ...] (Wan, Lumina, Qwen before ComfyUI 0.8), [B, L, ...] (LTX)."""
-    return 2 if pe.dim() > 2 and pe.shape[1] == 1 else 1
+def token_axis(pe: torch.Tensor, seq_len: int) -> int | None:
+    """The token axis of positional rows over a `seq_len`-token sequence: [B, 1, L, ...] (Flux,
+    Qwen, HunyuanVideo), [B, L, 1, ...] (Wan, Lumina, Qwen before ComfyUI 0.8), [B, L, D]
+    (LTX's interleaved rows), [B, H, L, D/2] (LTX's split rows on ComfyUI 0.8: heads first) or
+    [B, L, H, ...] (LTX's split rows later): where neither of axes 1 and 2 has size 1, the one
+    of length `seq_len`. None when that cannot tell (H = L), and the block runs unmerged."""
+    if pe.dim() > 2 and pe.shape[1] == 1:
+        return 2
+    if pe.dim() <= 3 or pe.shape[2] == 1:
+        return 1
+    axes = [axis for axis in (1, 2) if pe.shape[axis] == seq_len]
+    return axes[0] if len(axes) == 1 else None
 
 
 def position_tensors(value: object) -> list[torch.Tensor]:
@@ -288,7 +296,8 @@ class DiTToMA:
         block runs unmerged)."""
         for name in (kind.pe, *kind.more_pe) if kind.pe else kind.more_pe:
             for pe in position_tensors(args.get(name)):
-                if pe.shape[token_axis(pe)] != lay.seq_len:
+                axis = token_axis(pe, lay.seq_len)
+                if axis is None or pe.shape[axis] != lay.seq_len:
                     self.state.note(call, f"positional rows {tuple(pe.shape)} do not match the "
                                           f"{lay.seq_len}-token sequence; block {layer} and "
                                           f"others like it run unmerged")
@@ -370,8 +379,8 @@ class DiTToMA:
             value = args.get(name)
             if position_tensors(value):
                 out[name] = self.once(call, ("pe", name, key), value, lambda v=value: (
-                    map_positions(v, lambda pe: plan.merge_positions(pe, token_axis(pe),
-                                                                     lay.seq_start))))
+                    map_positions(v, lambda pe: plan.merge_positions(
+                        pe, token_axis(pe, lay.seq_len), lay.seq_start))))
         mask = args.get(kind.mask) if kind.mask else None
         if torch.is_tensor(mask):
             out[kind.mask] = self.once(call, ("mask", key), mask, lambda: merge_mask(

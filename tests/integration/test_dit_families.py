@@ -793,3 +793,39 @@ def test_wan_start_image_dependence(name, monkeypatch):
     merged = _start_image_change(name, RATIO)
     print(f"{name}: start image change moved {kept:.4f} kept, {merged:.4f} merged")
     assert kept < 0.1 and kept < merged / 4
+
+
+@pytest.mark.parametrize("name", ["ltxv", "ltx2"])
+def test_ltx_split_rope_merges(name, caplog):
+    """LTX checkpoints may ask for split RoPE (rope_type "split" in their config): rows
+    [B, H, L, D/2] on ComfyUI 0.8 (heads before tokens), [B, L, H, ...] later; ComfyUI 0.3.64's
+    LTX-Video has interleaved rows only and ignores the option. Blocks merge
+    there too (no "positional rows do not match" refusal), every block's rows as long as its
+    merged stream along their token axis."""
+    import logging
+
+    if not available(name):
+        return assert_absent(name)
+    model = tiny_patcher(name, rope_type="split")
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, model, batch, height, width, frames)
+    seen = []
+    recorder = model.clone()
+    kind = "v_pe" if name == "ltx2" else "pe"
+
+    def record(args, extra):
+        stream = stream_tensor(args["img"])
+        seen.append((stream.shape[1], [p.shape for p in args[kind] if torch.is_tensor(p)]))
+        return extra["original_block"](args)
+
+    for i in range(len(model.model.diffusion_model.transformer_blocks)):
+        recorder.set_model_patch_replace(record, "dit", "double_block", i)
+    toma = apply_toma(recorder, make_options(RATIO, skip_blocks="none"))
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        out = ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    assert not [r for r in caplog.records if "positional rows" in r.getMessage()]
+    full = math.prod(token_grid(name, x.latent.shape))
+    assert seen and all(length < full for length, _ in seen)
+    for length, shapes in seen:
+        assert shapes and all(length in (s[1], s[2]) and s[1] != s[2] for s in shapes)
+    assert torch.isfinite(ch.flat(out)).all()
