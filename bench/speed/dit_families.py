@@ -395,9 +395,11 @@ def ltx2_case(name: str, size: Size, text: int = 1024) -> BlockCase:
     The arguments come from LTXAVModel's own forward (capture_block) on a t2v call: video
     latent [1, 128, t, h, w], audio latent [1, 8, frames / 25 fps x 25, 16] (the audio VAE's
     25 latents a second, LTXVEmptyLatentAudio), Gemma 3 text after the connectors [1, 1024,
-    2 x 3840] (padded to 1024 with registers), one timestep. args: {"img": (video, audio),
-    v_context, v_pe, ... as the block loop hands them}; the lower bound cuts the video and
-    its RoPE rows (v_pe, v_cross_pe); audio and text unchanged."""
+    2 x 3840] (padded to 1024 with registers), one timestep; RoPE in its split form with
+    float64 frequencies (the checkpoint's config chooses; the block's cost is the same either
+    way). args: {"img": (video, audio), v_context, v_pe, ... as the block loop hands them};
+    the lower bound cuts the video and its RoPE rows (v_pe, v_cross_pe); audio and text
+    unchanged."""
     try:
         from comfy.ldm.lightricks.av_model import LTXAVModel
     except ImportError as exc:
