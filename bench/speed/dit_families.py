@@ -2,7 +2,8 @@
 model projected from them.
 
     COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.dit_families --threads 1 --clock cpu
-        [--quick] [--families wan22_5b,wan14b,qwen_image,sd35_large,z_image] [--ratio 0.5]
+        [--quick] [--families wan22_5b,wan14b,qwen_image,sd35_large,z_image,ltx2,ltxv]
+        [--ratio 0.5]
         [--reps 3] [--family-reps wan14b=2] [--size wan14b=832x480x17]
         [--toma-hook bench.speed.dit_toma:hook | none] [--out bench/results/<date>-cpu-dit.json]
 
@@ -40,6 +41,11 @@ Sizes (pixels -> latent -> token grid t x h x w):
   qwen_image  Qwen-Image, width 3072, 60 blocks: 1328x1328 -> 83x83 = 6889 (+ 256 text)
   sd35_large  SD3.5 Large, width 2432, 38 blocks: 1024x1024 -> 64x64 = 4096 (+ 154 text)
   z_image     Z-Image, width 3840, 30 blocks: 1024x1024 -> 64x64 = 4096 (+ 256 text)
+  ltx2        LTX-2 19B, video width 4096, 48 blocks: 768x512, 121 frames (VAE 32x32 pixels,
+              8 frames after the first) -> 16x16x24 = 6144 video tokens (+ 121 audio tokens,
+              25 a second at 25 fps; 1024 text tokens as cross-attention context)
+  ltxv        LTX-Video 2B, width 2048, 28 blocks: 768x512, 97 frames -> 13x16x24 = 4992
+              (+ 128 text tokens as cross-attention context)
 --quick uses fewer frames / smaller images (same widths); --size name=WxH[xF] overrides one.
 On one CPU core a plain Wan 14B block at full size takes about 8 minutes: time --quick first.
 
@@ -93,6 +99,7 @@ RATIO = 0.5
 DEFAULT_HOOK = "bench.speed.dit_toma:hook"
 VIDEO_TARGET = 2.2          # projected whole-model speedup of video at ratio 0.5
 LB_TARGET = 1.10            # ToMA within 10% of its lower bound
+VIDEO_FAMILIES = ("wan22_5b", "wan14b", "ltx2", "ltxv")     # held to VIDEO_TARGET
 COLUMNS = ("family", "variant", "ratio", "image_tokens", "text_tokens", "ms", "spread", "reps",
            "speedup", "speedup_lo", "speedup_hi", "vs_lb", "lb_speedup", "plan_ms",
            "err_update", "flag", "note")
@@ -106,7 +113,7 @@ class Size:
     height: int
     frames: int = 1
     spatial: int = 8        # VAE downscale
-    temporal: int = 4       # VAE frame compression (video): latent frames = (frames-1)//4 + 1
+    temporal: int = 4       # VAE frame compression (video): latent frames (frames-1)//temporal + 1
     patch: int = 2          # spatial patch of the transformer
 
     def grid(self) -> tuple[int, int, int]:
@@ -322,6 +329,140 @@ def z_image_case(name: str, size: Size, text: int = 256) -> BlockCase:
                      lambda out: out["img"][:, text:])
 
 
+
+# LTX (comfy/ldm/lightricks) ---------------------------------------------------------------------
+FRAME_RATE = 25        # the LTX nodes' default
+
+
+class _CapturedError(Exception):
+    """Raised by the capturing patch: the block's arguments are in hand, the call can stop."""
+
+
+def capture_block(call: Callable[[dict], Any]) -> tuple[dict, Callable]:
+    """(arguments, original_block) of a model's block 0 as its own forward hands them to a
+    "dit" replace patch: `call(transformer_options)` runs the model's forward, which stops at
+    the block. Arguments are exactly what sampling gives the block (RoPE, timestep rows and
+    their held form on every ComfyUI version), not a copy of the model's preprocessing."""
+    found: dict[str, Any] = {}
+
+    def patch(args: dict, extra: dict) -> dict:
+        found.update(args=args, original=extra["original_block"])
+        raise _CapturedError
+
+    options = {"patches_replace": {"dit": {("double_block", 0): patch}}}
+    try:
+        call(options)
+    except _CapturedError:
+        pass
+    if not found:
+        raise RuntimeError("the model ran no replace patch on its first block")
+    return found["args"], found["original"]
+
+
+def one_block_model(cls: type, strip: tuple[str, ...], **config: Any) -> torch.nn.Module:
+    """ComfyUI's model `cls` at the real config with one block, seeded weights, CPU fp32.
+    Built on the meta device first so that `strip` (parts the forward does not use, such as
+    LTX-2's text connectors, ~1B parameters) never take memory."""
+    ops = _ops()
+    model = cls(num_layers=1, dtype=ops["dtype"], device=torch.device("meta"),
+                operations=ops["operations"], **config)
+    for name in strip:
+        setattr(model, name, torch.nn.Identity())
+    return _fill(model.to_empty(device="cpu"), 1)
+
+
+def latent_video(grid: tuple[int, int, int], channels: int, seed: int) -> torch.Tensor:
+    """A smooth latent [1, channels, t, h, w] (smooth_tokens laid out as a video latent):
+    after the 1x1x1 patch embedding its tokens resemble their neighbours as real ones do."""
+    t, h, w = grid
+    return smooth_tokens(grid, channels, seed).transpose(1, 2).reshape(1, channels, t, h, w)
+
+
+def _narrow_tokens(value: Any, n: int, length: int) -> Any:
+    """LTX RoPE rows (rotation [B, L, H, D/2, 2, 2], split flag) cut to the first n of
+    `length` tokens; anything else as it is."""
+    if isinstance(value, tuple):
+        return tuple(_narrow_tokens(v, n, length) for v in value)
+    if torch.is_tensor(value) and value.dim() > 2 and value.shape[1] == length:
+        return value[:, :n]
+    return value
+
+
+def ltx2_case(name: str, size: Size, text: int = 1024) -> BlockCase:
+    """LTX-2 (LTXAVModel, 19B): BasicAVTransformerBlock, video width 4096 (32 heads of 128),
+    audio width 2048 (32 heads of 64), text as cross-attention context, 48 blocks.
+
+    The arguments come from LTXAVModel's own forward (capture_block) on a t2v call: video
+    latent [1, 128, t, h, w], audio latent [1, 8, frames / 25 fps x 25, 16] (the audio VAE's
+    25 latents a second, LTXVEmptyLatentAudio), Gemma 3 text after the connectors [1, 1024,
+    2 x 3840] (padded to 1024 with registers), one timestep; RoPE in its split form with
+    float64 frequencies (the checkpoint's config chooses; the block's cost is the same either
+    way). args: {"img": (video, audio), v_context, v_pe, ... as the block loop hands them};
+    the lower bound cuts the video and its RoPE rows (v_pe, v_cross_pe); audio and text
+    unchanged."""
+    try:
+        from comfy.ldm.lightricks.av_model import LTXAVModel
+    except ImportError as exc:
+        raise RuntimeError("this ComfyUI has no LTX-2") from exc
+    model = one_block_model(LTXAVModel, ("video_embeddings_connector",
+                                         "audio_embeddings_connector"),
+                            rope_type="split", frequencies_precision="float64")
+    grid = size.grid()
+    # LTXVEmptyLatentAudio: frames / frame rate seconds at the audio VAE's 16 kHz / hop 160 /
+    # 4x downsampling = 25 latents a second
+    audio = round(size.frames / FRAME_RATE * 25)
+    g = torch.Generator().manual_seed(3)
+    vx = latent_video(grid, 128, 2)
+    ax = torch.randn(1, 8, audio, 16, generator=g)
+    context = torch.randn(1, text, 2 * 3840, generator=g)
+    sigma = torch.full((1,), 0.7)
+    with torch.inference_mode():
+        captured, original = capture_block(lambda options: model(
+            [vx, ax], (sigma, sigma), context, frame_rate=FRAME_RATE,
+            transformer_options=options))
+    block = model.transformer_blocks[0]
+    full = math.prod(grid)
+
+    def args(keep: int | None = None) -> dict:
+        n = keep or full
+        video, sound = captured["img"]
+        out = {**captured, "img": (video[:, :n].clone(), sound.clone()),
+               "transformer_options": {}}
+        for key in ("v_pe", "v_cross_pe"):
+            out[key] = _narrow_tokens(captured[key], n, full)
+        return out
+
+    return BlockCase(name, block, grid, text, 48, args, original, lambda out: out["img"][0])
+
+
+def ltxv_case(name: str, size: Size, text: int = 128) -> BlockCase:
+    """LTX-Video 2B (LTXVModel's defaults, the 0.9.x 2B models): BasicTransformerBlock at width
+    2048 (32 heads of 64), T5 text [1, 128, 4096] (padded to 128) with its attention mask as
+    cross-attention context, 28 blocks; arguments from LTXVModel's own forward
+    (capture_block), one timestep. The lower bound cuts the video and its RoPE rows."""
+    from comfy.ldm.lightricks.model import LTXVModel
+
+    model = one_block_model(LTXVModel, ())
+    grid = size.grid()
+    g = torch.Generator().manual_seed(3)
+    x = latent_video(grid, 128, 2)
+    context = torch.randn(1, text, 4096, generator=g)
+    mask = torch.ones(1, text, dtype=torch.long)
+    with torch.inference_mode():
+        captured, original = capture_block(lambda options: model(
+            x, torch.full((1,), 0.7), context, mask, frame_rate=FRAME_RATE,
+            transformer_options=options))
+    block = model.transformer_blocks[0]
+    full = math.prod(grid)
+
+    def args(keep: int | None = None) -> dict:
+        n = keep or full
+        return {**captured, "img": captured["img"][:, :n].clone(),
+                "pe": _narrow_tokens(captured["pe"], n, full), "transformer_options": {}}
+
+    return BlockCase(name, block, grid, text, 28, args, original, lambda out: out["img"])
+
+
 # name -> (builder, real size, quick size)
 FAMILIES: dict[str, tuple[Callable[[str, Size], BlockCase], Size, Size]] = {
     "wan22_5b": (lambda n, s: wan_case(n, 3072, 14336, 30, s),
@@ -331,6 +472,11 @@ FAMILIES: dict[str, tuple[Callable[[str, Size], BlockCase], Size, Size]] = {
     "qwen_image": (qwen_case, Size(1328, 1328), Size(768, 768)),
     "sd35_large": (sd35_case, Size(1024, 1024), Size(768, 768)),
     "z_image": (z_image_case, Size(1024, 1024), Size(768, 768)),
+    # LTX's VAE: 32x32 pixels and 8 frames (after the first) per latent token, 1x1x1 patches
+    "ltx2": (ltx2_case, Size(768, 512, 121, spatial=32, temporal=8, patch=1),
+             Size(768, 512, 17, spatial=32, temporal=8, patch=1)),
+    "ltxv": (ltxv_case, Size(768, 512, 97, spatial=32, temporal=8, patch=1),
+             Size(768, 512, 17, spatial=32, temporal=8, patch=1)),
 }
 
 
@@ -441,7 +587,7 @@ def targets(rows: list[dict], ratio: float) -> list[dict]:
             out.append(goal(f"{row['family']}: ToMA block within 10% of its lower bound "
                             f"(vs_lb <= {LB_TARGET:.2f})", row, "vs_lb", LB_TARGET,
                             higher=False))
-        elif row["variant"].startswith("projected") and row["family"].startswith("wan"):
+        elif row["variant"].startswith("projected") and row["family"] in VIDEO_FAMILIES:
             out.append(goal(f"{row['family']}: projected whole-model speedup >= {VIDEO_TARGET} "
                             f"(video, CPU)", row, "speedup", VIDEO_TARGET))
     return [t for t in out if t is not None]

@@ -16,7 +16,21 @@ import torch
 
 # bench family -> the pack's families module that describes it
 FAMILIES = {"wan22_5b": "wan", "wan14b": "wan", "qwen_image": "qwen_image",
-            "sd35_large": "sd3", "z_image": "lumina"}
+            "sd35_large": "sd3", "z_image": "lumina", "ltx2": "ltx", "ltxv": "ltx"}
+
+
+def family_spec(family: str, module):
+    """The pack's Family for a bench family (what nodes/families/<module>.family gives the
+    real model): LTX with 1x1x1 patches, LTX-2 with its audio-video block kind and its
+    compressed timesteps; the others from their description((1, 2, 2))."""
+    if family == "ltx2":
+        from comfy.ldm.lightricks import av_model
+
+        return module.description((1, 1, 1), (module.AUDIO_VIDEO,), "LTX-2", None,
+                                  module.held_rows(av_model))
+    if family == "ltxv":
+        return module.description((1, 1, 1))
+    return module.description((1, 2, 2))
 
 
 class MergedBlock:
@@ -34,7 +48,7 @@ class MergedBlock:
         from toma_pack.nodes.run_state import ModelCall, ToMAState
 
         module = importlib.import_module(f"toma_pack.nodes.families.{FAMILIES[family]}")
-        spec = module.description((1, 2, 2))
+        spec = family_spec(family, module)
         if tokens_per_region is not None:
             spec = dataclasses.replace(spec, tokens_per_region=tokens_per_region)
         if frames is not None:
