@@ -141,9 +141,10 @@ def _from_latent(fixture: qm.Fixture, x: torch.Tensor) -> torch.Tensor:
 
 
 def sample(patcher, fixture: qm.Fixture, labels: torch.Tensor, side: int,
-           steps: int = STEPS, cfg: float = 1.0) -> torch.Tensor:
+           steps: int = STEPS, cfg: float = 1.0, sampler: str = "euler",
+           scheduler: str = "normal") -> torch.Tensor:
     """One sample per label (one batch, seed SEED) of a side x side latent, in model space
-    [n, C, side, side]; negative: the null class."""
+    [n, C, side, side]; negative: the null class; ComfyUI's `sampler` and `scheduler`."""
     import comfy.sample
 
     channels = fixture.model.latent_format.latent_channels
@@ -151,8 +152,8 @@ def sample(patcher, fixture: qm.Fixture, labels: torch.Tensor, side: int,
     positive = fixture.conditioning(labels, side, side)
     negative = fixture.conditioning(torch.full_like(labels, -1), side, side)
     noise = comfy.sample.prepare_noise(latent, SEED)
-    out = comfy.sample.sample(patcher, noise, steps, cfg, "euler", "normal", positive, negative,
-                              latent, disable_pbar=True, seed=SEED)
+    out = comfy.sample.sample(patcher, noise, steps, cfg, sampler, scheduler, positive,
+                              negative, latent, disable_pbar=True, seed=SEED)
     return _from_latent(fixture, out)
 
 

@@ -1,0 +1,151 @@
+"""The trained fixtures under several samplers and guidance scales: how far each method's
+samples move from the unmerged model's, and how far the sampler itself amplifies small errors.
+
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.quality.samplers [--layouts sdxl,flux]
+        [--out bench/results/<date>-cpu-quality-samplers.json]
+
+For each fixture at its evaluation size, each sampler (SAMPLERS: ComfyUI's euler with the
+normal schedule, dpmpp_2m with karras, euler_ancestral with normal) and each cfg (CFGS: 1 and a
+usual guidance scale), the quality section's quick variants (unmerged, ToMA defaults, ToMeSD,
+ToDo and EasyCache near the default speed; bench/quality/section.py) are sampled from the same
+seed and labels, and measured against the unmerged samples of the same sampler and cfg: PSNR,
+SSIM, and MMD on the unmerged model's middle features (the section's metrics).
+
+The noise floor: the unmerged model with Gaussian noise of NOISE_LEVEL times each model output's
+RMS added to that output (seeded). Its PSNR says how strongly the sampler turns a small, even
+error of the model into a change of the samples on this fixture: a method scoring near it is
+as close as an error of that size allows, not necessarily at fault.
+
+No timing: the sampler does not change what a method saves per model call (the section's
+speed column). Writes nothing unless --out: then the JSON there and the same report as .md
+beside it (machine, commit, command, rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..shared.config import ROOT
+from . import data, section
+from . import models as qm
+
+SAMPLERS = (("euler", "normal"), ("dpmpp_2m", "karras"), ("euler_ancestral", "normal"))
+CFGS = (1.0, 4.0)
+NOISE_LEVEL = 0.2
+COLUMNS = ("model", "sampler", "cfg", "variant", "method", "psnr", "ssim", "mmd")
+
+log = logging.getLogger(__name__)
+
+
+def noisy(patcher, level: float, seed: int = 0) -> tuple[Any, Callable[[], None]]:
+    """A clone whose model outputs get Gaussian noise of `level` x their RMS, and the function
+    that restarts its seeded noise stream (call it before each sampling call)."""
+    state = {"generator": None}
+
+    def wrapper(apply_model, args: dict) -> torch.Tensor:
+        out = apply_model(args["input"], args["timestep"], **args["c"])
+        if state["generator"] is None:
+            state["generator"] = torch.Generator().manual_seed(seed)
+        noise = torch.randn(out.shape, generator=state["generator"]).to(out)
+        return out + level * out.float().pow(2).mean().sqrt().to(out) * noise
+
+    clone = patcher.clone()
+    clone.set_model_unet_function_wrapper(wrapper)
+    return clone, lambda: state.update(generator=None)
+
+
+def measure(layout: str) -> list[dict[str, Any]]:
+    """Rows for every sampler, cfg and variant of one fixture."""
+    from . import metrics
+
+    side = qm.EVAL_LATENT[layout]
+    fixture = qm.load(layout)
+    base = fixture.patcher()
+    patched = {}
+    for v in section.variants(layout, side, quick=True):
+        p = v.make(base)
+        if p is not None:
+            patched[v.name] = (v.method, p)
+    floor, restart = noisy(base, NOISE_LEVEL)
+    patched[f"noise floor ({NOISE_LEVEL:g} x RMS)"] = ("noise", floor)
+    labels = torch.tensor(section.LABELS[:section.SEEDS[layout]])
+    rows = []
+    with torch.inference_mode():
+        for sampler, scheduler in SAMPLERS:
+            for cfg in CFGS:
+                samples = {}
+                for name, (_, p) in patched.items():
+                    log.warning("samplers %s %s/%s cfg %g: %s", layout, sampler, scheduler,
+                                cfg, name)
+                    restart()
+                    samples[name] = section.sample(p, fixture, labels, side, cfg=cfg,
+                                                   sampler=sampler, scheduler=scheduler)
+                pixels = {n: data.to_uint8(data.model_space_to_pixels(x, layout))
+                          for n, x in samples.items()}
+                feats = {n: section.features(base, fixture, x) for n, x in samples.items()}
+                for name, (method, _) in patched.items():
+                    psnr, ssim = metrics.psnr_ssim(pixels["unmerged"], pixels[name])
+                    rows.append({"model": layout, "sampler": f"{sampler} / {scheduler}",
+                                 "cfg": cfg, "variant": name, "method": method,
+                                 "psnr": psnr, "ssim": ssim,
+                                 "mmd": 1000 * metrics.mmd(feats["unmerged"], feats[name])})
+    return rows
+
+
+def report(result: dict[str, Any]) -> str:
+    from ..shared.common import markdown_table
+
+    config = result["config"]
+    return "\n".join([
+        "# Quality fixtures under several samplers (bench/quality/samplers.py)", "",
+        ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
+        f"commit: {config['commit']}", "",
+        f"command: `{config['command']}` with COMFYUI_PATH={config['comfyui']}", "",
+        f"- {section.STEPS} steps, {section.SEEDS['sdxl']} images per variant (seed "
+        f"{section.SEED}), float32; psnr / ssim against the unmerged samples of the same "
+        "sampler and cfg; mmd x1000 on the unmerged model's middle features; noise floor: "
+        f"the unmerged model with {NOISE_LEVEL:g} x RMS Gaussian noise on each output", "",
+        markdown_table(result["rows"], COLUMNS), ""])
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ..shared.common import commit, machine_info
+    from ..shared.config import setup_comfy
+
+    parser = argparse.ArgumentParser(prog="python -m bench.quality.samplers",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layouts", default=",".join(qm.LAYOUTS))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
+                        datefmt="%H:%M:%S")
+    torch.set_num_threads(1)
+    if not setup_comfy(torch.device("cpu")):
+        raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")
+    rows = [row for layout in args.layouts.split(",") for row in measure(layout)]
+    result = {"machine": machine_info(),
+              "config": {"commit": commit(),
+                         "comfyui": str(ROOT.joinpath(os.environ["COMFYUI_PATH"]).resolve()),
+                         "command": " ".join(["python -m bench.quality.samplers",
+                                              *(sys.argv[1:] if argv is None else argv)]),
+                         "samplers": SAMPLERS, "cfgs": CFGS, "noise_level": NOISE_LEVEL},
+              "rows": rows}
+    text = report(result)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1, default=str))
+        args.out.with_suffix(".md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
