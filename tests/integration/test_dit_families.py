@@ -44,14 +44,15 @@ RATIO = 0.5
 # Leading latent frames that never merge (conditioning frames in front of the grid), and
 # frames after the grid that never merge (LTX guide frames appended to the latent).
 PROTECTED_FRAMES = {"wan21_i2v": 1, "wan22_14b_i2v": 1, "wan22_5b_i2v": 1,
-                    "hunyuan_video_i2v_v2": 1, "ltxv_i2v": 1, "ltx2_i2v": 1}
+                    "hunyuan_video_i2v_v2": 1, "ltxv_i2v": 1, "ltx2_i2v": 1, "wan_vace_ref": 1,
+                    "kandinsky5_i2v": 1}
 SUFFIX_FRAMES = {"ltxv_guide": 1}
 NAMES = list(FAMILIES)
 
 
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
-                   "ltxv", "ltx2"):
+                   "ltxv", "ltx2", "kandinsky5"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -135,12 +136,13 @@ class Recorder:
 
     def install(self, model) -> None:
         dm = model.model.diffusion_model
-        if hasattr(dm, "layers"):                               # Lumina 2 / Z-Image
-            for i, layer in enumerate(dm.layers):
-                key = f"diffusion_model.layers.{i}.forward"
+        for attribute, kind in OBJECT_PATCHED.items():          # Lumina 2, Kandinsky 5
+            for i, layer in enumerate(getattr(dm, attribute, ())):
+                key = f"diffusion_model.{attribute}.{i}.forward"
                 previous = model.object_patches.get(key) or types.MethodType(
                     type(layer).forward, layer)
-                model.add_object_patch(key, self.forward(i, layer, previous))
+                model.add_object_patch(key, self.forward(kind, i, layer, previous))
+        if any(hasattr(dm, attribute) for attribute in OBJECT_PATCHED):
             return
         replace = model.model_options.setdefault("transformer_options", {}).get(
             "patches_replace", {}).get("dit", {})
@@ -161,14 +163,14 @@ class Recorder:
 
         return f
 
-    def forward(self, index: int, layer, previous):
+    def forward(self, kind: str, index: int, layer, previous):
         signature = inspect.signature(types.MethodType(type(layer).forward, layer))
 
         def f(*args, **kwargs):
-            self.calls.append(_snapshot("layer", index, signature.bind(*args, **kwargs).arguments))
+            self.calls.append(_snapshot(kind, index, signature.bind(*args, **kwargs).arguments))
             if self.unmerged:
                 bound = signature.bind(*args, **kwargs)
-                bound.arguments["x"] = bound.arguments["x"].clone()
+                bound.arguments[STREAM[kind]] = bound.arguments[STREAM[kind]].clone()
                 self.references.append(
                     type(layer).forward(layer, *bound.args, **bound.kwargs).clone())
             out = previous(*args, **kwargs)
@@ -178,13 +180,17 @@ class Recorder:
         return f
 
 
-STREAM = {"layer": "x"}
+# Blocks recorded through object patches of their forward (the families whose blocks ToMA
+# patches so): the diffusion model's attribute -> the kind recorded.
+OBJECT_PATCHED = {"layers": "layer", "visual_transformer_blocks": "visual"}
+STREAM = {"layer": "x", "visual": "visual_embed"}
 # Arguments holding positional rows over the grid's sequence (a tensor, or a tuple whose
 # tensors are rows: LTX's (rotation, split) pair, (cos, sin) before ComfyUI 0.8).
-PE = {"layer": ("freqs_cis",), "ltx2": ("v_pe", "v_cross_pe")}
+PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "ltx2": ("v_pe", "v_cross_pe")}
 # Arguments holding modulation rows spread evenly over the stream (ComfyUI's repeat_e and
 # LTX-2's compressed timesteps: R rows of L / R tokens each).
-ROWS = {"wan": ("vec",), "ltxv": ("vec",),
+# Wan VACE's `vec` is one modulation for every token ([B, 6, C]), not rows.
+ROWS = {"wan": ("vec",), "ltxv": ("vec",), "wan_vace": (), "wan_vace_ref": (),
         "ltx2": ("v_timestep", "v_cross_scale_shift_timestep", "v_cross_gate_timestep")}
 
 
@@ -224,6 +230,7 @@ EXPECTED_REGIONS = {
     (2, 3, 5, 2): ((2,), (3,), (5,)), (3, 7, 9, 2): ((3,), (7,), (5, 4)),
     (1, 7, 9, 1): ((1,), (7,), (9,)), (2, 7, 9, 2): ((2,), (7,), (5, 4)),
     (2, 7, 9, 1): ((1, 1), (7,), (9,)), (2, 4, 5, 2): ((2,), (4,), (5,)),
+    (1, 3, 5, 1): ((1,), (3,), (5,)),
 }
 
 
@@ -233,7 +240,8 @@ def frames_deep(name: str) -> int:
     image-to-video on ComfyUI 0.33, whose compressed timesteps hold one row a frame)."""
     if name == "wan22_5b_i2v" or (name == "ltx2_i2v" and ch.comfy_version() >= (0, 33)):
         return 1
-    return VIDEO_REGION_FRAMES if group(name) in ("wan", "hunyuan", "ltxv", "ltx2") else 1
+    return VIDEO_REGION_FRAMES if group(name) in ("wan", "hunyuan", "ltxv", "ltx2",
+                                                  "kandinsky5") else 1
 
 
 def expected_plan(name: str, outer: torch.Tensor, offset: int, grid: tuple[int, int, int]):
@@ -332,7 +340,7 @@ def test_merged_blocks_follow_the_plan(name):
         if isinstance(b[stream], (tuple, list)):                # LTX-2's audio: untouched
             for other_a, other_b in zip(a[stream][1:], b[stream][1:], strict=True):
                 assert torch.equal(other_a, other_b)
-        for key in ROWS.get(group(name), ()):
+        for key in ROWS.get(name, ROWS.get(group(name), ())):
             assert_token_rows(a[key], b[key], got.shape[1], given.shape[1], plan, offset)
         for pe_key in PE.get(kind, PE.get(group(name), ("pe",))):
             pe_pairs = list(zip(position_tensors(a.get(pe_key)),
@@ -415,6 +423,11 @@ UPDATE_ERROR = {
     "ltxv_guide": 0.53,   # 0.354
     "ltx2": 0.64,   # 0.424
     "ltx2_i2v": 0.5,   # 0.331
+    "wan_vace": 0.68,   # 0.450
+    "wan_vace_ref": 0.56,   # 0.372
+    "kandinsky5": 0.53,   # 0.352
+    "kandinsky5_i2v": 0.45,   # 0.295
+    "kandinsky5_image": 0.6,   # 0.402
 }
 
 
