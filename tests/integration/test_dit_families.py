@@ -760,3 +760,49 @@ def test_wan_start_image_dependence(name, monkeypatch):
     merged = _start_image_change(name, RATIO)
     print(f"{name}: start image change moved {kept:.4f} kept, {merged:.4f} merged")
     assert kept < 0.1 and kept < merged / 4
+
+
+@pytest.mark.parametrize("name", ["wan_vace", "wan_vace_ref"])
+def test_wan_vace_hints_meet_the_full_video(name):
+    """Wan VACE: ComfyUI calls the VACE block after main block 0 itself (no "dit" patch), on
+    the whole VACE stream with the whole RoPE rows, and adds its hint to the video after the
+    main block's patch has returned. With ToMA the VACE block's input and hint are the unmerged
+    model's bit for bit (they come from the embeddings, before any main block), and main block
+    1's input is block 0's full-length output (ToMA's unmerge) plus the hint, every token."""
+    if not available(name):
+        return assert_absent(name)
+    base = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, base, batch, height, width, frames)
+    t, h, w = token_grid(name, x.latent.shape)
+    hints: dict[str, list] = {"base": [], "toma": []}
+    label = "base"
+
+    def record(module, args, output):
+        c_skip, _ = output
+        assert args[0].shape[1] == c_skip.shape[1] == t * h * w
+        hints[label].append(c_skip.clone())
+
+    hook = base.model.diffusion_model.vace_blocks[0].register_forward_hook(record)
+    try:
+        ch.sample(base, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+        label = "toma"
+        inner, outer, model = Recorder(), Recorder(), base.clone()
+        inner.install(model)
+        toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+        outer.install(toma)
+        ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    finally:
+        hook.remove()
+    assert all(a["img"].shape[1] < t * h * w for _, _, a in inner.calls)     # blocks merged
+    assert len(hints["toma"]) == len(hints["base"]) > 0
+    for got, want in zip(hints["toma"], hints["base"], strict=True):
+        assert torch.equal(got, want)
+    calls = list(zip(outer.calls, outer.outputs, strict=True))
+    firsts = [(out, hint) for ((_, i, _), out), hint in zip(calls[::2], hints["toma"],
+                                                            strict=True) if i == 0]
+    seconds = [a["img"] for (_, i, a), _ in calls[1::2] if i == 1]
+    assert len(firsts) == len(seconds) == len(hints["toma"])
+    for (out0, hint), in1 in zip(firsts, seconds, strict=True):
+        assert in1.shape[1] == t * h * w
+        assert torch.equal(in1, out0 + hint * 1.0)          # WanVaceToVideo's strength 1
