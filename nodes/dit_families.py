@@ -159,6 +159,15 @@ def describe_plain(patch: tuple[int, int, int]) -> Callable[[ModelCall, object, 
     return describe
 
 
+def leading_true(flags: list[bool]) -> int:
+    """How many of `flags` are true before the first false (leading frames a mask read on
+    the host marks)."""
+    count = 0
+    while count < len(flags) and flags[count]:
+        count += 1
+    return count
+
+
 def zero_timestep_frames(call: ModelCall, mask: object, frames: int) -> int:
     """Leading latent frames a denoise mask [B|1, C|1, T, H, W] keeps entirely (all zero):
     image-to-video conditioning frames. 0 without such a mask. Reading the mask needs the host,
@@ -168,10 +177,7 @@ def zero_timestep_frames(call: ModelCall, mask: object, frames: int) -> int:
     key = ("zero_timestep_frames", call.identity, tuple(mask.shape))
     if key not in call.run.memo:
         kept = (mask.float().abs().amax(dim=(0, 1, 3, 4)) == 0).tolist()
-        count = 0
-        while count < len(kept) and kept[count]:
-            count += 1
-        call.run.memo[key] = count
+        call.run.memo[key] = leading_true(kept)
     return call.run.memo[key]
 
 
@@ -185,10 +191,7 @@ def given_frames(call: ModelCall, mask: object) -> int:
     key = ("given_frames", call.identity, tuple(mask.shape))
     if key not in call.run.memo:
         given = (mask.float().amin(dim=(0, 1, 3, 4)) == 1).tolist()
-        count = 0
-        while count < len(given) and given[count]:
-            count += 1
-        call.run.memo[key] = count
+        call.run.memo[key] = leading_true(given)
     return call.run.memo[key]
 
 
@@ -211,9 +214,7 @@ def conditioned_frames(call: ModelCall, mask: object, frames: int, total: int) -
         low, high = torch.stack((video.amin(dim=(0, 1, 3, 4)),
                                  video.amax(dim=(0, 1, 3, 4)))).tolist()    # one host read
         free = [a == 1 and b == 1 for a, b in zip(low, high, strict=True)]
-        count = 0
-        while count < len(free) and not free[count]:
-            count += 1
+        count = leading_true([not f for f in free])
         clean = all(free[count:]) and min(low[:count], default=0) >= 0
         call.run.memo[key] = count if clean else None
     return call.run.memo[key]

@@ -1,6 +1,15 @@
-"""Wan 2.1 / 2.2 (text- and image-to-video, 14B and 5B): one kind of block; self-attention over
-the video tokens only (the text is cross-attention context); per-frame modulation rows when the
-model gives each latent frame its own timestep (Wan 2.2 5B image-to-video).
+"""Wan 2.1 / 2.2 (text- and image-to-video, 14B and 5B) and Wan VACE: one kind of block;
+self-attention over the video tokens only (the text is cross-attention context); per-frame
+modulation rows when the model gives each latent frame its own timestep (Wan 2.2 5B
+image-to-video).
+
+VACE (VaceWanModel, WanVaceToVideo): the VACE context runs through its own blocks, which ComfyUI
+calls directly after certain main blocks (no "dit" patch: ToMA never merges them), on the whole
+VACE token stream with the whole RoPE rows; their hint is added to the main stream after the
+main block's patch has returned, when ToMA has already put the stream back to full length. So
+the main blocks merge as Wan's do, and the hint meets every token unmerged. The leading frames
+whose VACE mask is all 0 never merge: WanVaceToVideo's reference image frames (the latent gets
+one in front, the VACE mask 0 there) and frames a control mask keeps whole.
 
 Image-to-video frames never merge: the start frame the denoise mask keeps (Wan 2.2 5B) and the
 frames the concatenated mask marks as given (Wan 2.1 and Wan 2.2 A14B image-to-video, first and
@@ -20,25 +29,32 @@ from ..dit_families import (
     Family,
     given_frames,
     latent_grid,
+    leading_true,
     set_grid,
     zero_timestep_frames,
 )
 
 KINDS = (BlockKind("double_block", "blocks", "", "none", rows=("vec",)),)
+# VACE's blocks get one modulation for every token: e0 [B, 6, C] (the block chunks it along
+# dim 1), not WanModel's [B, frames, 6, C] rows.
+VACE_KINDS = (BlockKind("double_block", "blocks", "", "none"),)
+# WanVaceToVideo's VACE context per input: 32 latent channels (inactive, reactive), then the
+# control mask folded into 8 x 8 = 64 channels (one per pixel of a latent cell).
+VACE_MASK_CHANNELS = 64
 
 
 def family(diffusion_model) -> Family | None:
-    from comfy.ldm.wan.model import WanModel
+    from comfy.ldm.wan.model import VaceWanModel, WanModel
 
-    if type(diffusion_model) is not WanModel:
+    if type(diffusion_model) not in (WanModel, VaceWanModel):
         return None
     patch = tuple(int(p) for p in diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> None:
         """The (t, h, w) grid of latent x (plus frames appended by time_dim_concat); a Wan Fun
         reference frame in front (ref_conv) and the leading frames a Wan 2.2 denoise mask keeps
-        (the image-to-video start frame, timestep 0) and the leading frames the concatenated
-        mask gives never merge."""
+        (the image-to-video start frame, timestep 0), the leading frames the concatenated
+        mask gives and VACE's reference frames (vace_kept_frames) never merge."""
         grid = latent_grid(arguments.get("x"), patch)
         extra = latent_grid(arguments.get("time_dim_concat"), patch)
         if grid is not None and extra is not None:
@@ -49,10 +65,12 @@ def family(diffusion_model) -> Family | None:
         if grid is not None:
             kept = max(zero_timestep_frames(call, arguments.get("denoise_mask"), grid[0]),
                        given_frames(call, concat_mask(arguments.get("c_concat"),
-                                                      arguments.get("x"))))
+                                                      arguments.get("x"))),
+                       vace_kept_frames(call, arguments.get("vace_context"), grid[0]))
         set_grid(call, grid, prefix=grid[1] * grid[2] if ref else 0, protect_frames=kept)
 
-    return description(patch, describe)
+    kinds = VACE_KINDS if type(diffusion_model) is VaceWanModel else KINDS
+    return description(patch, describe, kinds)
 
 
 def concat_mask(c_concat: object, x: object) -> object:
@@ -67,6 +85,23 @@ def concat_mask(c_concat: object, x: object) -> object:
     return None if start is None else c_concat[:, start:start + 4]
 
 
-def description(patch: tuple[int, int, int], describe=None) -> Family:
+def vace_kept_frames(call, vace_context: object, frames: int) -> int:
+    """Leading latent frames whose VACE mask is all 0 in some VACE input of a VACE context
+    [B, inputs, 32 + 64, T, H, W] (WAN21_Vace.extra_conds: latents, then mask channels): the
+    most any input has. 0 without VACE context or for another length. Read on the host once
+    per run and batch identity (the context does not change within a run)."""
+    if (not torch.is_tensor(vace_context) or vace_context.dim() != 6
+            or vace_context.shape[3] != frames):
+        return 0
+    key = ("vace_kept_frames", call.identity, tuple(vace_context.shape))
+    if key not in call.run.memo:
+        masks = vace_context[:, :, -VACE_MASK_CHANNELS:].float()
+        kept = (masks.abs().amax(dim=(0, 2, 4, 5)) == 0).tolist()     # [inputs][T], one read
+        call.run.memo[key] = max(leading_true(flags) for flags in kept)
+    return call.run.memo[key]
+
+
+def description(patch: tuple[int, int, int], describe=None,
+                kinds: tuple[BlockKind, ...] = KINDS) -> Family:
     """Wan's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("wan", "Wan", KINDS, patch, describe, frames_per_region=VIDEO_REGION_FRAMES)
+    return Family("wan", "Wan", kinds, patch, describe, frames_per_region=VIDEO_REGION_FRAMES)

@@ -44,14 +44,15 @@ RATIO = 0.5
 # Leading latent frames that never merge (conditioning frames in front of the grid), and
 # frames after the grid that never merge (LTX guide frames appended to the latent).
 PROTECTED_FRAMES = {"wan21_i2v": 1, "wan22_14b_i2v": 1, "wan22_5b_i2v": 1,
-                    "hunyuan_video_i2v_v2": 1, "ltxv_i2v": 1, "ltx2_i2v": 1}
+                    "hunyuan_video_i2v_v2": 1, "ltxv_i2v": 1, "ltx2_i2v": 1, "wan_vace_ref": 1,
+                    "kandinsky5_i2v": 1}
 SUFFIX_FRAMES = {"ltxv_guide": 1}
 NAMES = list(FAMILIES)
 
 
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
-                   "ltxv", "ltx2", "hidream"):
+                   "ltxv", "ltx2", "hidream", "kandinsky5"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -136,7 +137,7 @@ class Recorder:
     def install(self, model) -> None:
         dm = model.model.diffusion_model
         blocks = [(kind, attr) for kind, attr in OBJECT_BLOCKS if hasattr(dm, attr)]
-        for kind, attr in blocks:                   # Lumina 2 / Z-Image, HiDream
+        for kind, attr in blocks:                   # Lumina 2 / Z-Image, HiDream, Kandinsky 5
             for i, layer in enumerate(getattr(dm, attr)):
                 key = f"diffusion_model.{attr}.{i}.forward"
                 previous = model.object_patches.get(key) or types.MethodType(
@@ -183,24 +184,26 @@ class Recorder:
 
 # Blocks ComfyUI calls without replace patches: (kind, diffusion model attribute).
 OBJECT_BLOCKS = (("layer", "layers"), ("double_block", "double_stream_blocks"),
-                 ("single_block", "single_stream_blocks"))
-STREAM = {"layer": "x"}
+                 ("single_block", "single_stream_blocks"), ("visual", "visual_transformer_blocks"))
+STREAM = {"layer": "x", "visual": "visual_embed"}
 
 
 def stream_name(name: str, kind: str) -> str:
-    """The block argument holding the grid: Lumina's `x`, HiDream's `image_tokens`, else
-    `img`."""
+    """The block argument holding the grid: Lumina's `x`, HiDream's `image_tokens`, Kandinsky
+    5's `visual_embed`, else `img`."""
     return "image_tokens" if group(name) == "hidream" else STREAM.get(kind, "img")
 
 
 # Arguments holding positional rows over the grid's sequence (a tensor, or a tuple whose
 # tensors are rows: LTX's (rotation, split) pair, (cos, sin) before ComfyUI 0.8).
-PE = {"layer": ("freqs_cis",), "ltx2": ("v_pe", "v_cross_pe"), "hidream": ("rope",)}
+PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "ltx2": ("v_pe", "v_cross_pe"),
+      "hidream": ("rope",)}
 # The separate text stream of two-stream blocks: it reaches the block as it came.
 TEXT = {"hidream": "text_tokens"}
 # Arguments holding modulation rows spread evenly over the stream (ComfyUI's repeat_e and
 # LTX-2's compressed timesteps: R rows of L / R tokens each).
-ROWS = {"wan": ("vec",), "ltxv": ("vec",),
+# Wan VACE's `vec` is one modulation for every token ([B, 6, C]), not rows.
+ROWS = {"wan": ("vec",), "ltxv": ("vec",), "wan_vace": (), "wan_vace_ref": (),
         "ltx2": ("v_timestep", "v_cross_scale_shift_timestep", "v_cross_gate_timestep")}
 
 
@@ -240,6 +243,7 @@ EXPECTED_REGIONS = {
     (2, 3, 5, 2): ((2,), (3,), (5,)), (3, 7, 9, 2): ((3,), (7,), (5, 4)),
     (1, 7, 9, 1): ((1,), (7,), (9,)), (2, 7, 9, 2): ((2,), (7,), (5, 4)),
     (2, 7, 9, 1): ((1, 1), (7,), (9,)), (2, 4, 5, 2): ((2,), (4,), (5,)),
+    (1, 3, 5, 1): ((1,), (3,), (5,)),
 }
 
 
@@ -249,7 +253,8 @@ def frames_deep(name: str) -> int:
     image-to-video on ComfyUI 0.33, whose compressed timesteps hold one row a frame)."""
     if name == "wan22_5b_i2v" or (name == "ltx2_i2v" and ch.comfy_version() >= (0, 33)):
         return 1
-    return VIDEO_REGION_FRAMES if group(name) in ("wan", "hunyuan", "ltxv", "ltx2") else 1
+    return VIDEO_REGION_FRAMES if group(name) in ("wan", "hunyuan", "ltxv", "ltx2",
+                                                  "kandinsky5") else 1
 
 
 def expected_plan(name: str, outer: torch.Tensor, offset: int, grid: tuple[int, int, int]):
@@ -351,7 +356,7 @@ def test_merged_blocks_follow_the_plan(name):
         if isinstance(b[stream], (tuple, list)):                # LTX-2's audio: untouched
             for other_a, other_b in zip(a[stream][1:], b[stream][1:], strict=True):
                 assert torch.equal(other_a, other_b)
-        for key in ROWS.get(group(name), ()):
+        for key in ROWS.get(name, ROWS.get(group(name), ())):
             assert_token_rows(a[key], b[key], got.shape[1], given.shape[1], plan, offset)
         for pe_key in PE.get(kind, PE.get(group(name), ("pe",))):
             pe_pairs = list(zip(position_tensors(a.get(pe_key)),
@@ -436,6 +441,11 @@ UPDATE_ERROR = {
     "ltxv_guide": 0.53,   # 0.354
     "ltx2": 0.64,   # 0.424
     "ltx2_i2v": 0.5,   # 0.331
+    "wan_vace": 0.68,   # 0.450
+    "wan_vace_ref": 0.56,   # 0.372
+    "kandinsky5": 0.53,   # 0.352
+    "kandinsky5_i2v": 0.45,   # 0.295
+    "kandinsky5_image": 0.6,   # 0.402
 }
 
 
@@ -829,3 +839,49 @@ def test_ltx_split_rope_merges(name, caplog):
     for length, shapes in seen:
         assert shapes and all(length in (s[1], s[2]) and s[1] != s[2] for s in shapes)
     assert torch.isfinite(ch.flat(out)).all()
+
+
+@pytest.mark.parametrize("name", ["wan_vace", "wan_vace_ref"])
+def test_wan_vace_hints_meet_the_full_video(name):
+    """Wan VACE: ComfyUI calls the VACE block after main block 0 itself (no "dit" patch), on
+    the whole VACE stream with the whole RoPE rows, and adds its hint to the video after the
+    main block's patch has returned. With ToMA the VACE block's input and hint are the unmerged
+    model's bit for bit (they come from the embeddings, before any main block), and main block
+    1's input is block 0's full-length output (ToMA's unmerge) plus the hint, every token."""
+    if not available(name):
+        return assert_absent(name)
+    base = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, base, batch, height, width, frames)
+    t, h, w = token_grid(name, x.latent.shape)
+    hints: dict[str, list] = {"base": [], "toma": []}
+    label = "base"
+
+    def record(module, args, output):
+        c_skip, _ = output
+        assert args[0].shape[1] == c_skip.shape[1] == t * h * w
+        hints[label].append(c_skip.clone())
+
+    hook = base.model.diffusion_model.vace_blocks[0].register_forward_hook(record)
+    try:
+        ch.sample(base, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+        label = "toma"
+        inner, outer, model = Recorder(), Recorder(), base.clone()
+        inner.install(model)
+        toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+        outer.install(toma)
+        ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    finally:
+        hook.remove()
+    assert all(a["img"].shape[1] < t * h * w for _, _, a in inner.calls)     # blocks merged
+    assert len(hints["toma"]) == len(hints["base"]) > 0
+    for got, want in zip(hints["toma"], hints["base"], strict=True):
+        assert torch.equal(got, want)
+    calls = list(zip(outer.calls, outer.outputs, strict=True))
+    firsts = [(out, hint) for ((_, i, _), out), hint in zip(calls[::2], hints["toma"],
+                                                            strict=True) if i == 0]
+    seconds = [a["img"] for (_, i, a), _ in calls[1::2] if i == 1]
+    assert len(firsts) == len(seconds) == len(hints["toma"])
+    for (out0, hint), in1 in zip(firsts, seconds, strict=True):
+        assert in1.shape[1] == t * h * w
+        assert torch.equal(in1, out0 + hint * 1.0)          # WanVaceToVideo's strength 1

@@ -84,7 +84,8 @@ def test_extra_ops_per_steady_model_call_within_budget(name):
 SYNC_FAMILIES = ["wan21_t2v", "wan22_5b", "wan22_5b_i2v", "qwen_image", "qwen_image_edit", "sd3",
                  "sd35", "hunyuan_video", "hunyuan_video15", "hunyuan_image", "lumina2",
                  "z_image", "flux2", "chroma", "ltxv", "ltxv_i2v", "ltxv_guide", "ltx2",
-                 "ltx2_i2v", "hidream"]
+                 "ltx2_i2v", "hidream", "wan_vace", "wan_vace_ref", "kandinsky5",
+                 "kandinsky5_i2v", "kandinsky5_image"]
 
 
 def assert_no_syncs(plain: OpCounter, toma: OpCounter) -> None:
@@ -117,8 +118,9 @@ def test_no_host_syncs_sdxl_and_flux(name):
 def test_no_host_syncs_transformer_families(name):
     """Every transformer family on this ComfyUI, every block merged, CFG 2. Wan 2.2's and
     LTX's image-to-video frames are read from their denoise mask once per run and cond batch on
-    the host (the frames to protect), before the first call's blocks: that read is a .tolist()
-    a dispatch mode cannot see, and it is the only one."""
+    the host (the frames to protect), Wan VACE's reference frames from its VACE mask, before
+    the first call's blocks: those reads are a .tolist() a dispatch mode cannot see, and they
+    are the only ones."""
     if not available(name):
         return assert_absent(name)
     plain_model = tiny_patcher(name)

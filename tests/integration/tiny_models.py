@@ -70,7 +70,8 @@ class Family:
     audio_tokens: LTX-2's audio latent [B, 8, audio_tokens, 16] sampled with the video (the
     latent a NestedTensor of both, as LTXVConcatAVLatent makes it), 0 for none;
     guides: (latent, noise mask, positive, negative, seed) -> the same after ComfyUI's own
-    conditioning node code has added what it adds there (LTXVAddGuide's guide frames).
+    conditioning node code has added what it adds there (LTXVAddGuide's guide frames,
+    WanVaceToVideo's VACE context, Kandinsky5ImageToVideo's start image).
     """
 
     name: str
@@ -232,6 +233,81 @@ def _ltx_guide(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any, n
     return latent, noise_mask, positive, negative
 
 
+def _kandinsky5(**overrides: Any) -> Callable[[], dict[str, Any]]:
+    """Kandinsky 5: patch (1, 2, 2), 4 heads of 16 (RoPE axes 4+6+6), one text block; the video
+    model's input is 16 latent + 16 image + 1 mask channels (33 x 4 = 132 per patch, the real
+    visual_embed_dim), the image model's 16 (64)."""
+    def config() -> dict[str, Any]:
+        return {"image_model": "kandinsky5", "in_visual_dim": 16, "out_visual_dim": 16,
+                "in_text_dim": TEXT_DIM, "in_text_dim2": POOLED_DIM, "time_dim": 32,
+                "model_dim": 64, "ff_dim": 128, "visual_embed_dim": 132,
+                "patch_size": (1, 2, 2), "num_text_blocks": 1, "num_visual_blocks": 2,
+                "axes_dims": (4, 6, 6), **overrides}
+    return config
+
+
+class _StubVAE:
+    """A video VAE's encode for ComfyUI's conditioning nodes: pixels [N, H, W, 3] -> latent
+    [1, 16, (N - 1) // 4 + 1, H / 8, W / 8], every 4th frame's 8 x 8 means through a fixed
+    random projection (deterministic, and different images give different latents)."""
+
+    def __init__(self, seed: int) -> None:
+        self.projection = _randn(16, 3, seed=seed)
+
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        frames = pixels[::4].movedim(-1, 1).float()                       # [F, 3, H, W]
+        cells = torch.nn.functional.avg_pool2d(frames, 8)                 # [F, 3, h, w]
+        latent = torch.einsum("oc,fchw->ofhw", self.projection, cells - 0.5) * 4
+        return latent.unsqueeze(0)
+
+
+def _pixels(frames: int, height: int, width: int, seed: int) -> torch.Tensor:
+    """Seeded images [frames, height * 8, width * 8, 3] in [0, 1] for a latent's size."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(frames, height * 8, width * 8, 3, generator=generator)
+
+
+def _kandinsky5_start(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any,
+                      negative: Any, seed: int) -> tuple:
+    """Kandinsky5ImageToVideo with a start image (seeded): ComfyUI's own node sets its latent
+    as time_dim_replace (written over frame 0 of the input) and concat_mask (0 there)."""
+    import comfy_harness
+
+    comfy_harness.comfy_top_level_nodes()
+    from comfy_extras.nodes_kandinsky5 import Kandinsky5ImageToVideo
+
+    batch, _, frames, h, w = latent.shape
+    out = Kandinsky5ImageToVideo.execute(
+        positive, negative, _StubVAE(seed + 12), w * 8, h * 8, (frames - 1) * 4 + 1, batch,
+        start_image=_pixels(1, h, w, seed + 13)).result
+    positive, negative, empty = out[0], out[1], out[2]["samples"]
+    assert empty.shape == latent.shape
+    return latent, mask, positive, negative
+
+
+def _wan_vace(reference: bool) -> Callable[..., tuple]:
+    """WanVaceToVideo with a seeded control video (no control mask), strength 1, and with
+    `reference` a reference image: ComfyUI's own node builds the VACE frames, mask and
+    strength; with a reference its latent has one frame more in front (the test's frames
+    count it: the control video covers the others), the VACE mask 0 there."""
+    def guides(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any, negative: Any,
+               seed: int) -> tuple:
+        import comfy_harness
+
+        comfy_harness.comfy_top_level_nodes()
+        from comfy_extras.nodes_wan import WanVaceToVideo
+
+        batch, _, frames, h, w = latent.shape
+        video = frames - 1 if reference else frames
+        out = WanVaceToVideo.execute(
+            positive, negative, _StubVAE(seed + 12), w * 8, h * 8, (video - 1) * 4 + 1, batch,
+            1.0, control_video=_pixels((video - 1) * 4 + 1, h, w, seed + 13),
+            reference_image=_pixels(1, h, w, seed + 14) if reference else None).result
+        assert out[2]["samples"].shape == latent.shape
+        return latent, mask, out[0], out[1]
+    return guides
+
+
 # Conditioning extras ----------------------------------------------------------------------------
 def _clip_vision(attribute: str, tokens: int, dim: int, batch: int, seed: int) -> Any:
     import comfy.clip_vision
@@ -335,6 +411,8 @@ _MMDIT = ("comfy.ldm.modules.diffusionmodules.mmdit", "OpenAISignatureMMDITWrapp
 _QWEN = ("comfy.ldm.qwen_image.model", "QwenImageTransformer2DModel")
 _LTXV = ("comfy.ldm.lightricks.model", "LTXVModel")
 _LTXAV = ("comfy.ldm.lightricks.av_model", "LTXAVModel")
+_VACE = ("comfy.ldm.wan.model", "VaceWanModel")
+_K5 = ("comfy.ldm.kandinsky5.model", "Kandinsky5")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -409,6 +487,19 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            audio_tokens=5),
     Family("ltx2_i2v", "LTXAV", _ltx2, _LTXAV, video=True, patch=(1, 1, 1),
            text_dim=2 * TEXT_DIM, audio_tokens=5, start_frame=True),
+    # Wan VACE (one VACE block, after main block 0: its hint reaches block 1) with a control
+    # video, and with a reference image in front (WanVaceToVideo).
+    Family("wan_vace", "WAN21_Vace", _wan(model_type="vace", vace_layers=1, vace_in_dim=96),
+           _VACE, video=True, guides=_wan_vace(reference=False)),
+    Family("wan_vace_ref", "WAN21_Vace",
+           _wan(model_type="vace", vace_layers=1, vace_in_dim=96), _VACE, video=True,
+           guides=_wan_vace(reference=True)),
+    # Kandinsky 5 video, text- and image-to-video (Kandinsky5ImageToVideo), and image.
+    Family("kandinsky5", "Kandinsky5", _kandinsky5(), _K5, video=True, extra_conds=_pooled),
+    Family("kandinsky5_i2v", "Kandinsky5", _kandinsky5(), _K5, video=True,
+           extra_conds=_pooled, guides=_kandinsky5_start),
+    Family("kandinsky5_image", "Kandinsky5Image", _kandinsky5(visual_embed_dim=64), _K5,
+           extra_conds=_pooled),
 )}
 
 

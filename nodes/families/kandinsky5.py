@@ -1,0 +1,57 @@
+"""Kandinsky 5 (comfy/ldm/kandinsky5, ComfyUI 0.8 and later): video (Kandinsky5) and image
+(Kandinsky5Image) models of one class. The text runs through its own encoder blocks first
+(never patched: text only); the visual blocks, one kind, attend over the image tokens only (the
+text is cross-attention context), with RoPE over (t, h, w) and one modulation vector per batch
+item. They get object patches of their forward, not "dit" replace patches: ComfyUI's block loop
+has those, but its original_block calls the block with keywords it does not take (x=, context=;
+a TypeError in ComfyUI 0.8 and 0.33), so no replace patch can run the block.
+
+Image-to-video (Kandinsky5ImageToVideo): ComfyUI writes the clean start image latent
+(`time_dim_replace`, its leading frames) over the input's latent channels before the visual
+blocks: those frames' tokens are given, not generated, and never merge (as Wan's given
+frames)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, latent_grid, set_grid
+
+KINDS = (BlockKind("double_block", "visual_transformer_blocks", "", "none",
+                   stream="visual_embed", txt="text_embed", pe="freqs", hook="object"),)
+
+
+def family(diffusion_model) -> Family | None:
+    try:
+        from comfy.ldm.kandinsky5.model import Kandinsky5  # ComfyUI 0.8 and later
+    except ImportError:
+        return None
+    if type(diffusion_model) is not Kandinsky5:
+        return None
+    patch = tuple(int(p) for p in diffusion_model.patch_size)
+
+    def describe(call, base_model, arguments: dict) -> None:
+        """The (t, h, w) grid of latent x ([B, C, H, W] for the image model: one frame), the
+        leading frames `time_dim_replace` overwrites with the start image in front of it."""
+        grid = latent_grid(arguments.get("x"), patch)
+        set_grid(call, grid, protect_frames=replaced_frames(arguments.get("time_dim_replace"),
+                                                            patch))
+
+    return description(patch, describe)
+
+
+def replaced_frames(replace: object, patch: tuple[int, int, int]) -> int:
+    """Token frames of the input that a start image latent [B, C, T', H, W] overwrites
+    (Kandinsky5's _forward writes it into x[:, :C, :T']): T' padded up to the patch; 0
+    without one. Read from the shape: no host sync."""
+    if not torch.is_tensor(replace) or replace.dim() != 5:
+        return 0
+    return math.ceil(int(replace.shape[2]) / patch[0])
+
+
+def description(patch: tuple[int, int, int], describe=None) -> Family:
+    """Kandinsky 5's Family (benchmarks call blocks without a model call to describe)."""
+    return Family("kandinsky5", "Kandinsky 5", KINDS, patch, describe,
+                  frames_per_region=VIDEO_REGION_FRAMES)
