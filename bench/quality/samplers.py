@@ -6,10 +6,11 @@ samples move from the unmerged model's, and how far the sampler itself amplifies
 
 For each fixture at its evaluation size, each sampler (SAMPLERS: ComfyUI's euler with the
 normal schedule, dpmpp_2m with karras, euler_ancestral with normal) and each cfg (CFGS: 1 and a
-usual guidance scale), the quality section's quick variants (unmerged, ToMA defaults, ToMeSD,
-ToDo and EasyCache near the default speed; bench/quality/section.py) are sampled from the same
-seed and labels, and measured against the unmerged samples of the same sampler and cfg: PSNR,
-SSIM, and MMD on the unmerged model's middle features (the section's metrics).
+usual guidance scale), the quality section's variants (bench/quality/section.py) of every
+peer (ToMeSD, ToDo, EasyCache at each of their settings) and ToMA at its defaults and at
+TOMA_VARIANTS, are sampled from the same seed and labels, and measured against the unmerged
+samples of the same sampler and cfg: PSNR, SSIM, and MMD on the unmerged model's middle
+features (the section's metrics).
 
 The noise floor: the unmerged model with Gaussian noise of NOISE_LEVEL times each model output's
 RMS added to that output (seeded). Its PSNR says how strongly the sampler turns a small, even
@@ -17,7 +18,8 @@ error of the model into a change of the samples on this fixture: a method scorin
 as close as an error of that size allows, not necessarily at fault.
 
 No timing: the sampler does not change what a method saves per model call (the section's
-speed column). Writes nothing unless --out: then the JSON there and the same report as .md
+speed column: the methods' speeds differ, so compare each against the peers' settings of about
+its speed there). Writes nothing unless --out: then the JSON there and the same report as .md
 beside it (machine, commit, command, rows).
 """
 
@@ -41,6 +43,7 @@ from . import models as qm
 SAMPLERS = (("euler", "normal"), ("dpmpp_2m", "karras"), ("euler_ancestral", "normal"))
 CFGS = (1.0, 4.0)
 NOISE_LEVEL = 0.2
+TOMA_VARIANTS = ("ToMA defaults", "ToMA attention r0.5", "ToMA block r0.75")
 COLUMNS = ("model", "sampler", "cfg", "variant", "method", "psnr", "ssim", "mmd")
 
 log = logging.getLogger(__name__)
@@ -71,7 +74,9 @@ def measure(layout: str) -> list[dict[str, Any]]:
     fixture = qm.load(layout)
     base = fixture.patcher()
     patched = {}
-    for v in section.variants(layout, side, quick=True):
+    for v in section.variants(layout, side):
+        if v.method == "toma" and v.name not in TOMA_VARIANTS:
+            continue
         p = v.make(base)
         if p is not None:
             patched[v.name] = (v.method, p)
