@@ -188,7 +188,7 @@ def card(records: dict[str, dict]) -> str:
              "blob- and stroke-sized shapes (clearer at cfg 4), the Flux layout colour regions "
              "of the class spanning several tokens. But neither shows a scene or an object of "
              "its photograph, and the Flux layout's samples are still blocky at its 4x4-pixel "
-             "tokens: the issue's 'samples show image structure' is only partly met. The Flux "
+             "tokens: samples that show image structure are only partly reached. The Flux "
              "layout's RoPE theta went from 10000 to 32 for its last run (runs 1-3 used 10000; "
              "the weights are the same shapes): with 10000 its samples stayed independent per "
              "token and the training loss flat at about 0.42 for about 1000 steps; with 32 it "

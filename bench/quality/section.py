@@ -21,7 +21,7 @@ never
 
 Writes docs/quality-frontier-<layout>.png (speed vs PSNR and vs KID), docs/quality-grid-
 <layout>.png (unmerged, ToMA defaults, ToMeSD, ToDo side by side) and returns rows for the
-bench report, with the issue's targets checked against them.
+bench report, with the quality targets (TARGET_SPEEDUP and the peers) checked against them.
 """
 
 from __future__ import annotations
@@ -339,7 +339,7 @@ def at_speed(rows: list[dict], method: str, speed: float,
 
 
 def targets(rows: list[dict], layout: str) -> list[dict[str, Any]]:
-    """The issue's targets for one fixture: the ToMA default's speedup, then metric by metric
+    """The quality targets for one fixture: the ToMA default's speedup, then metric by metric
     against ToMeSD (better), ToDo and EasyCache (not worse), each read off the peer's own
     speed-quality curve at the ToMA default's speed. met is "n/a" where the peer cannot run
     that fast at any of its measured settings."""
