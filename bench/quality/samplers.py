@@ -66,11 +66,12 @@ def noisy(patcher, level: float, seed: int = 0) -> tuple[Any, Callable[[], None]
     return clone, lambda: state.update(generator=None)
 
 
-def measure(layout: str) -> list[dict[str, Any]]:
-    """Rows for every sampler, cfg and variant of one fixture."""
+def measure(layout: str, side: int | None = None) -> list[dict[str, Any]]:
+    """Rows for every sampler, cfg and variant of one fixture (side: latent side, default its
+    evaluation size)."""
     from . import metrics
 
-    side = qm.EVAL_LATENT[layout]
+    side = side or qm.EVAL_LATENT[layout]
     fixture = qm.load(layout)
     base = fixture.patcher()
     patched = {}

@@ -110,3 +110,27 @@ def test_quality_section_runs(layout, tmp_path):
         metric = t["target"].split("ToMA ")[1].split(" ")[0]
         ours = rows["ToMA defaults"][metric]
         assert t["value"].startswith(f"{quality._finite(ours) if metric == 'psnr' else ours:.4g}")
+
+
+def test_sampler_rows_and_noise_floor(layout, monkeypatch):
+    """bench.quality.samplers at a small size, one sampler that adds noise of its own
+    (euler_ancestral) and one cfg: every variant gets a row, unmerged is its own reference, the
+    noise floor moves the samples, and its noise restarts per sampling call (the same samples
+    twice)."""
+    from bench.quality import samplers
+
+    monkeypatch.setattr(samplers, "SAMPLERS", (("euler_ancestral", "normal"),))
+    monkeypatch.setattr(samplers, "CFGS", (1.0,))
+    rows = {row["variant"]: row for row in samplers.measure(layout, side=SIDE[layout])}
+    assert rows["unmerged"]["psnr"] == float("inf")
+    floor = next(row for row in rows.values() if row["method"] == "noise")
+    assert 10 < floor["psnr"] < 60
+    assert {"ToMA defaults", *samplers.TOMA_VARIANTS} <= set(rows)
+    fixture = quality_models.load(layout)
+    noisy, restart = samplers.noisy(fixture.patcher(), samplers.NOISE_LEVEL)
+    labels = torch.tensor(quality.LABELS[:1])
+    with torch.inference_mode():
+        first = quality.sample(noisy, fixture, labels, SIDE[layout], steps=2)
+        restart()
+        again = quality.sample(noisy, fixture, labels, SIDE[layout], steps=2)
+    assert torch.equal(first, again)
