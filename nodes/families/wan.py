@@ -11,6 +11,16 @@ the main blocks merge as Wan's do, and the hint meets every token unmerged. The 
 whose VACE mask is all 0 never merge: WanVaceToVideo's reference image frames (the latent gets
 one in front, the VACE mask 0 there) and frames a control mask keeps whole.
 
+Wan Fun camera control (CameraWanModel, WanCameraImageToVideo): Wan's blocks, one modulation for
+every token as VACE's; the camera embedding is added to the patch embeddings before the blocks,
+so every token carries its own share of it into the blocks and merges with it. The start image
+never merges: Camera 2.2 (36 input channels) concatenates the mask as Wan's image-to-video
+does; Camera 2.1 (32) concatenates the image latent alone (WAN21.concat_cond adds no mask when
+the extra channels are the image's), so its given frames are the leading ones whose
+concatenated latent is not all 0 (the node's empty frames are process_out(0), which
+process_latent_in turns back into exact zeros). A Camera 2.1 call whose every frame carries an
+image runs unmerged and says so.
+
 Image-to-video frames never merge: the start frame the denoise mask keeps (Wan 2.2 5B) and the
 frames the concatenated mask marks as given (Wan 2.1 and Wan 2.2 A14B image-to-video, first and
 last frame: the leading ones). Merging the given start frame's tokens with generated ones blurs
@@ -35,26 +45,30 @@ from ..dit_families import (
 )
 
 KINDS = (BlockKind("double_block", "blocks", "", "none", rows=("vec",)),)
-# VACE's blocks get one modulation for every token: e0 [B, 6, C] (the block chunks it along
-# dim 1), not WanModel's [B, frames, 6, C] rows.
-VACE_KINDS = (BlockKind("double_block", "blocks", "", "none"),)
+# VACE's and the camera model's blocks get one modulation for every token: e0 [B, 6, C] (the
+# block chunks it along dim 1; both embed t [B], not per-frame timesteps), not WanModel's
+# [B, frames, 6, C] rows.
+UNIFORM_KINDS = (BlockKind("double_block", "blocks", "", "none"),)
 # WanVaceToVideo's VACE context per input: 32 latent channels (inactive, reactive), then the
 # control mask folded into 8 x 8 = 64 channels (one per pixel of a latent cell).
 VACE_MASK_CHANNELS = 64
 
 
 def family(diffusion_model) -> Family | None:
-    from comfy.ldm.wan.model import VaceWanModel, WanModel
+    from comfy.ldm.wan.model import CameraWanModel, VaceWanModel, WanModel
 
-    if type(diffusion_model) not in (WanModel, VaceWanModel):
+    if type(diffusion_model) not in (WanModel, VaceWanModel, CameraWanModel):
         return None
+    camera = type(diffusion_model) is CameraWanModel
     patch = tuple(int(p) for p in diffusion_model.patch_size)
 
-    def describe(call, base_model, arguments: dict) -> None:
+    def describe(call, base_model, arguments: dict) -> str | None:
         """The (t, h, w) grid of latent x (plus frames appended by time_dim_concat); a Wan Fun
         reference frame in front (ref_conv) and the leading frames a Wan 2.2 denoise mask keeps
         (the image-to-video start frame, timestep 0), the leading frames the concatenated
-        mask gives and VACE's reference frames (vace_kept_frames) never merge."""
+        mask gives, VACE's reference frames (vace_kept_frames) and the leading frames Wan
+        Camera 2.1's concatenated image fills (image_frames) never merge. Returns why a camera
+        call whose every frame is given runs unmerged."""
         grid = latent_grid(arguments.get("x"), patch)
         extra = latent_grid(arguments.get("time_dim_concat"), patch)
         if grid is not None and extra is not None:
@@ -67,9 +81,16 @@ def family(diffusion_model) -> Family | None:
                        given_frames(call, concat_mask(arguments.get("c_concat"),
                                                       arguments.get("x"))),
                        vace_kept_frames(call, arguments.get("vace_context"), grid[0]))
+            if camera:
+                kept = max(kept, image_frames(call, arguments.get("c_concat"),
+                                              arguments.get("x")))
         set_grid(call, grid, prefix=grid[1] * grid[2] if ref else 0, protect_frames=kept)
+        if camera and grid is not None and kept >= grid[0]:
+            return ("the Wan camera model's concatenated image fills every frame, so no frame "
+                    "can merge; those model calls run unmerged")
+        return None
 
-    kinds = VACE_KINDS if type(diffusion_model) is VaceWanModel else KINDS
+    kinds = KINDS if type(diffusion_model) is WanModel else UNIFORM_KINDS
     return description(patch, describe, kinds)
 
 
@@ -83,6 +104,22 @@ def concat_mask(c_concat: object, x: object) -> object:
     latent = int(x.shape[1])
     start = {latent + 4: 0, 2 * latent + 4: latent}.get(int(c_concat.shape[1]))
     return None if start is None else c_concat[:, start:start + 4]
+
+
+def image_frames(call, c_concat: object, x: object) -> int:
+    """Leading latent frames of a mask-less concatenated image latent c_concat [B, C, T, H, W]
+    (as many channels as the latent x: Wan Camera 2.1's start image) that are not all 0 in
+    some batch item: the frames the model is given an image for. 0 for other layouts. Read on
+    the host once per run and batch identity (the conditioning does not change within a
+    run)."""
+    if (not torch.is_tensor(c_concat) or not torch.is_tensor(x) or c_concat.dim() != 5
+            or c_concat.shape[1] != x.shape[1]):
+        return 0
+    key = ("image_frames", call.identity, tuple(c_concat.shape))
+    if key not in call.run.memo:
+        given = (c_concat.float().abs().amax(dim=(0, 1, 3, 4)) > 0).tolist()   # one host read
+        call.run.memo[key] = leading_true(given)
+    return call.run.memo[key]
 
 
 def vace_kept_frames(call, vace_context: object, frames: int) -> int:

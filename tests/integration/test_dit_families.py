@@ -45,7 +45,7 @@ RATIO = 0.5
 # frames after the grid that never merge (LTX guide frames appended to the latent).
 PROTECTED_FRAMES = {"wan21_i2v": 1, "wan22_14b_i2v": 1, "wan22_5b_i2v": 1,
                     "hunyuan_video_i2v_v2": 1, "ltxv_i2v": 1, "ltx2_i2v": 1, "wan_vace_ref": 1,
-                    "kandinsky5_i2v": 1}
+                    "kandinsky5_i2v": 1, "wan_camera_i2v": 1, "wan22_camera_i2v": 1}
 SUFFIX_FRAMES = {"ltxv_guide": 1}
 NAMES = list(FAMILIES)
 
@@ -202,8 +202,10 @@ PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "ltx2": ("v_pe", "v_cross_p
 TEXT = {"hidream": "text_tokens"}
 # Arguments holding modulation rows spread evenly over the stream (ComfyUI's repeat_e and
 # LTX-2's compressed timesteps: R rows of L / R tokens each).
-# Wan VACE's `vec` is one modulation for every token ([B, 6, C]), not rows.
+# Wan VACE's and the Wan camera model's `vec` is one modulation for every token ([B, 6, C]),
+# not rows.
 ROWS = {"wan": ("vec",), "ltxv": ("vec",), "wan_vace": (), "wan_vace_ref": (),
+        "wan_camera": (), "wan_camera_i2v": (), "wan22_camera_i2v": (),
         "ltx2": ("v_timestep", "v_cross_scale_shift_timestep", "v_cross_gate_timestep")}
 
 
@@ -446,6 +448,9 @@ UPDATE_ERROR = {
     "kandinsky5": 0.53,   # 0.352
     "kandinsky5_i2v": 0.45,   # 0.295
     "kandinsky5_image": 0.6,   # 0.402
+    "wan_camera": 0.45,   # 0.301
+    "wan_camera_i2v": 0.38,   # 0.254
+    "wan22_camera_i2v": 0.37,   # 0.247
 }
 
 
@@ -788,21 +793,56 @@ def _start_image_change(name: str, ratio: float) -> float:
     return float((merged - change).norm() / change.norm())
 
 
-@pytest.mark.parametrize("name", ["wan21_i2v", "wan22_14b_i2v"])
+# How far ToMA may move the change of the output between two start images, about 1.5 x the
+# figure measured with the given frame kept (comments: kept, merged; v0.3.64, v0.8.0 and v0.33.0
+# agree to 4 digits).
+START_IMAGE_CHANGE = {"wan21_i2v": 0.1,            # 0.0648, 0.7394
+                      "wan22_14b_i2v": 0.1,        # 0.0682, 0.7576
+                      "wan_camera_i2v": 0.15,      # 0.1013, 1.2458
+                      "wan22_camera_i2v": 0.11}    # 0.0706, 0.9715
+
+
+@pytest.mark.parametrize("name", list(START_IMAGE_CHANGE))
 def test_wan_start_image_dependence(name, monkeypatch):
-    """The start image Wan's image-to-video concatenates to frame 0 (WanImageToVideo) keeps its
-    hold on the video: the frame the concatenated mask gives never merges, and the change of the
-    output between two start images stays close to the unmerged model's. Merging that frame's
-    tokens (its mask read as giving nothing) moves it ten times as far (measured on v0.33.0:
-    wan21_i2v 0.0648 kept, 0.7394 merged; wan22_14b_i2v 0.0682, 0.7576): bounds 0.1 (about
-    1.5 x the kept figures) and a quarter of the merged figure."""
+    """The start image Wan's image-to-video concatenates to frame 0 (WanImageToVideo,
+    WanCameraImageToVideo) keeps its hold on the video: the frame the concatenated mask gives
+    (Wan Camera 2.1: the frame its mask-less image latent fills) never merges, and the change of
+    the output between two start images stays close to the unmerged model's. Merging that
+    frame's tokens (read as giving nothing) moves it more than ten times as far: bounds
+    START_IMAGE_CHANGE and a quarter of the merged figure."""
     from toma_pack.nodes.families import wan
 
     kept = _start_image_change(name, RATIO)
     monkeypatch.setattr(wan, "given_frames", lambda call, mask: 0)
+    monkeypatch.setattr(wan, "image_frames", lambda call, c_concat, x: 0)
     merged = _start_image_change(name, RATIO)
     print(f"{name}: start image change moved {kept:.4f} kept, {merged:.4f} merged")
-    assert kept < 0.1 and kept < merged / 4
+    assert kept < START_IMAGE_CHANGE[name] and kept < merged / 4
+
+
+def test_wan_camera_image_in_every_frame_runs_unmerged(caplog):
+    """Wan Camera 2.1 concatenates its image latent without a mask: frames with an image are
+    the given ones. A concatenated image in every frame (a start video as long as the latent)
+    leaves nothing to merge: those calls run unmerged, bit for bit, and the log says why
+    once."""
+    import logging
+
+    name = "wan_camera_i2v"
+    if not available(name):
+        return assert_absent(name)
+    model = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, model, batch, height, width, frames)
+    video = torch.randn(batch, 16, frames, height, width,
+                        generator=torch.Generator().manual_seed(4))
+    for cond in (x.positive, x.negative):
+        cond[0][1]["concat_latent_image"] = video
+    base = ch.sample(model, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        out = ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    assert torch.equal(out, base)
+    assert len([r for r in caplog.records if "fills every frame" in r.getMessage()]) == 1
 
 
 @pytest.mark.parametrize("name", ["ltxv", "ltx2"])

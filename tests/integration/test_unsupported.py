@@ -17,14 +17,15 @@ def _patcher(config):
     return comfy.model_patcher.ModelPatcher(config.get_model({}, device=ch.CPU), ch.CPU, ch.CPU)
 
 
-def tiny_wan_camera():
-    """Wan with camera control (CameraWanModel): another token layout than Wan's."""
+def tiny_wan_animate():
+    """Wan Animate (AnimateWanModel): a face adapter after blocks and pose latents before them,
+    not read yet."""
     import comfy.supported_models
     import tiny_models
 
     config = tiny_models.family("wan21_t2v").unet_config()
-    return _patcher(comfy.supported_models.WAN21_Camera(
-        {**config, "model_type": "camera", "in_dim": 32}))
+    return _patcher(comfy.supported_models.WAN22_Animate(
+        {**config, "model_type": "animate", "in_dim": 36}))
 
 
 def tiny_hunyuan3d():
@@ -52,7 +53,7 @@ def tiny_svd():
     return _patcher(config)
 
 
-MODELS = {"wan_camera": (tiny_wan_camera, "CameraWanModel"),
+MODELS = {"wan_animate": (tiny_wan_animate, "AnimateWanModel"),
           "hunyuan3d": (tiny_hunyuan3d, "Hunyuan3Dv2"), "svd": (tiny_svd, "video UNet")}
 
 

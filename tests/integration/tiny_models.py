@@ -308,6 +308,31 @@ def _wan_vace(reference: bool) -> Callable[..., tuple]:
     return guides
 
 
+def _wan_camera(start_image: bool) -> Callable[..., tuple]:
+    """WanCameraEmbedding ("Pan Left") into WanCameraImageToVideo, with `start_image` a seeded
+    start image: ComfyUI's own nodes build the camera embedding [1, 24, T, H * 8, W * 8] and
+    the start image's concat_latent_image and concat_mask (Camera 2.1 concatenates the image
+    latent alone, Camera 2.2 the mask in front of it)."""
+    def guides(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any, negative: Any,
+               seed: int) -> tuple:
+        import comfy_harness
+
+        comfy_harness.comfy_top_level_nodes()
+        from comfy_extras.nodes_camera_trajectory import WanCameraEmbedding
+        from comfy_extras.nodes_wan import WanCameraImageToVideo
+
+        batch, _, frames, h, w = latent.shape
+        length = (frames - 1) * 4 + 1
+        camera = WanCameraEmbedding.execute("Pan Left", w * 8, h * 8, length).result[0]
+        out = WanCameraImageToVideo.execute(
+            positive, negative, _StubVAE(seed + 12), w * 8, h * 8, length, batch,
+            start_image=_pixels(1, h, w, seed + 13) if start_image else None,
+            camera_conditions=camera).result
+        assert out[2]["samples"].shape == latent.shape
+        return latent, mask, out[0], out[1]
+    return guides
+
+
 # Conditioning extras ----------------------------------------------------------------------------
 def _clip_vision(attribute: str, tokens: int, dim: int, batch: int, seed: int) -> Any:
     import comfy.clip_vision
@@ -412,6 +437,7 @@ _QWEN = ("comfy.ldm.qwen_image.model", "QwenImageTransformer2DModel")
 _LTXV = ("comfy.ldm.lightricks.model", "LTXVModel")
 _LTXAV = ("comfy.ldm.lightricks.av_model", "LTXAVModel")
 _VACE = ("comfy.ldm.wan.model", "VaceWanModel")
+_CAMERA = ("comfy.ldm.wan.model", "CameraWanModel")
 _K5 = ("comfy.ldm.kandinsky5.model", "Kandinsky5")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -494,6 +520,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("wan_vace_ref", "WAN21_Vace",
            _wan(model_type="vace", vace_layers=1, vace_in_dim=96), _VACE, video=True,
            guides=_wan_vace(reference=True)),
+    # Wan Fun camera control (CameraWanModel, 24 camera channels) through WanCameraEmbedding
+    # and WanCameraImageToVideo: Camera 2.1 (32 input channels: noise + start image latent)
+    # with and without a start image, Camera 2.2 (36: noise + 4 mask + image) with one.
+    Family("wan_camera", "WAN21_Camera", _wan(model_type="camera", in_dim=32), _CAMERA,
+           video=True, guides=_wan_camera(start_image=False)),
+    Family("wan_camera_i2v", "WAN21_Camera", _wan(model_type="camera", in_dim=32), _CAMERA,
+           video=True, guides=_wan_camera(start_image=True)),
+    Family("wan22_camera_i2v", "WAN22_Camera", _wan(model_type="camera_2.2", in_dim=36),
+           _CAMERA, video=True, guides=_wan_camera(start_image=True)),
     # Kandinsky 5 video, text- and image-to-video (Kandinsky5ImageToVideo), and image.
     Family("kandinsky5", "Kandinsky5", _kandinsky5(), _K5, video=True, extra_conds=_pooled),
     Family("kandinsky5_i2v", "Kandinsky5", _kandinsky5(), _K5, video=True,
