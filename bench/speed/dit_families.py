@@ -2,7 +2,8 @@
 model projected from them.
 
     COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.dit_families --threads 1 --clock cpu
-        [--quick] [--families wan22_5b,wan14b,qwen_image,sd35_large,z_image,ltx2,ltxv]
+        [--quick] [--families wan22_5b,wan14b,qwen_image,sd35_large,z_image,ltx2,ltxv,
+                               hidream,hunyuan_image,kandinsky5]
         [--ratio 0.5]
         [--reps 3] [--family-reps wan14b=2] [--size wan14b=832x480x17]
         [--toma-hook bench.speed.dit_toma:hook | none] [--out bench/results/<date>-cpu-dit.json]
@@ -33,7 +34,10 @@ The projection: the real model's blocks (blocks only: embedders and the final la
 rounding error at these sizes) with the node's default skip_blocks (the pack's make_options:
 "d0-4, s0-4", blocks 0-4 on one-kind models) unmerged and one plan build per step (one group of
 consecutive merged blocks, recompute_every 1), per repetition; against the same projection of the
-lower bound.
+lower bound. Families of two block kinds (HiDream, HunyuanImage: double and single) get one
+case per kind, their rows named "<family> double" / "<family> single", and one projection that
+adds both kinds per repetition (each kind's own depth and default skips, "d0-4" and "s0-4", and
+one plan build per kind: each kind's merged blocks are one group).
 
 Sizes (pixels -> latent -> token grid t x h x w):
   wan22_5b    Wan 2.2 TI2V 5B, width 3072, 30 blocks: 1280x704, 121 frames -> 31x22x40 = 27280
@@ -46,6 +50,13 @@ Sizes (pixels -> latent -> token grid t x h x w):
               25 a second at 25 fps; 1024 text tokens as cross-attention context)
   ltxv        LTX-Video 2B, width 2048, 28 blocks: 768x512, 97 frames -> 13x16x24 = 4992
               (+ 128 text tokens as cross-attention context)
+  hidream     HiDream-I1, width 2560, 16 double + 32 single blocks (MoE: 4 experts, 2 active):
+              1024x1024 -> 64x64 = 4096 (+ 384 text: T5 128, Llama 128 + 128)
+  hunyuan_image  HunyuanImage 2.1, width 3584, 20 double + 40 single blocks: 2048x2048 (its
+              native size; VAE 32x32 pixels, 64 channels, 1x1 patches) -> 64x64 = 4096
+              (+ 256 text)
+  kandinsky5  Kandinsky 5 Lite 2B (video), width 1792, 32 blocks: 768x512, 121 frames
+              -> 31x32x48 = 47616 (+ 256 text tokens as cross-attention context)
 --quick uses fewer frames / smaller images (same widths); --size name=WxH[xF] overrides one.
 On one CPU core a plain Wan 14B block at full size takes about 8 minutes: time --quick first.
 
@@ -99,7 +110,8 @@ RATIO = 0.5
 DEFAULT_HOOK = "bench.speed.dit_toma:hook"
 VIDEO_TARGET = 2.2          # projected whole-model speedup of video at ratio 0.5
 LB_TARGET = 1.10            # ToMA within 10% of its lower bound
-VIDEO_FAMILIES = ("wan22_5b", "wan14b", "ltx2", "ltxv")     # held to VIDEO_TARGET
+VIDEO_FAMILIES = ("wan22_5b", "wan14b", "ltx2", "ltxv", "kandinsky5")  # held to VIDEO_TARGET
+KIND_NAMES = {"d": "double", "s": "single"}
 COLUMNS = ("family", "variant", "ratio", "image_tokens", "text_tokens", "ms", "spread", "reps",
            "speedup", "speedup_lo", "speedup_hi", "vs_lb", "lb_speedup", "plan_ms",
            "err_update", "flag", "note")
@@ -133,7 +145,11 @@ class BlockCase:
     Lumina-style models, which have no replace patches, the same form for the object patch's
     call), with only the first `keep` image tokens (None: all) — the lower bound uses it;
     original_block(args) -> {"img", ...}: runs the block like ComfyUI's `original_block`;
-    image_out(out) -> the image tokens of an output (for the error).
+    image_out(out) -> the image tokens of an output (for the error); kind: the skip_blocks
+    letter of the block's kind in a family of two ("d" double, "s" single), else "".
+
+    Object-patched blocks (HiDream, Kandinsky 5) take args by their forward's own parameter
+    names instead, and original_block returns their outputs by the pack's names for them.
     """
 
     family: str
@@ -144,10 +160,16 @@ class BlockCase:
     args: Callable[..., dict]
     original_block: Callable[[dict], dict]
     image_out: Callable[[dict], torch.Tensor]
+    kind: str = ""
 
     @property
     def image_tokens(self) -> int:
         return math.prod(self.grid)
+
+    @property
+    def label(self) -> str:
+        """The rows' family: the name, and the block kind in a family of two."""
+        return f"{self.family} {KIND_NAMES[self.kind]}" if self.kind else self.family
 
 
 # Shared input helpers -----------------------------------------------------------------------------
@@ -343,29 +365,88 @@ def capture_block(call: Callable[[dict], Any]) -> tuple[dict, Callable]:
     "dit" replace patch: `call(transformer_options)` runs the model's forward, which stops at
     the block. Arguments are exactly what sampling gives the block (RoPE, timestep rows and
     their held form on every ComfyUI version), not a copy of the model's preprocessing."""
-    found: dict[str, Any] = {}
+    return capture_blocks(call, (("double_block", 0),))[0]
+
+
+def capture_blocks(call: Callable[[dict], Any], keys: tuple[tuple[str, int], ...]
+                   ) -> list[tuple[dict, Callable]]:
+    """capture_block for several "dit" keys in the order the forward reaches them: blocks
+    before the last run (their output feeds the next), the forward stops at the last."""
+    found: list[tuple[dict, Callable]] = []
 
     def patch(args: dict, extra: dict) -> dict:
-        found.update(args=args, original=extra["original_block"])
-        raise _CapturedError
+        found.append((args, extra["original_block"]))
+        if len(found) == len(keys):
+            raise _CapturedError
+        return extra["original_block"](args)
 
-    options = {"patches_replace": {"dit": {("double_block", 0): patch}}}
+    options = {"patches_replace": {"dit": dict.fromkeys(keys, patch)}}
     try:
         call(options)
     except _CapturedError:
         pass
-    if not found:
-        raise RuntimeError("the model ran no replace patch on its first block")
-    return found["args"], found["original"]
+    if len(found) != len(keys):
+        raise RuntimeError(f"the model ran {len(found)} of the replace patches {keys}")
+    return found
+
+
+def capture_forwards(call: Callable[[], Any], modules: list[torch.nn.Module]) -> list[dict]:
+    """The arguments each of `modules` (blocks without replace patches) gets from the model's
+    own forward, by its forward's parameter names, in the order the forward reaches them:
+    `call()` runs the forward; modules before the last run, the forward stops at the last."""
+    import inspect
+
+    found: list[dict] = []
+
+    def recorder(module: torch.nn.Module, last: bool) -> Callable:
+        original = module.forward
+        signature = inspect.signature(original)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            found.append(dict(bound.arguments))
+            if last:
+                raise _CapturedError
+            return original(*args, **kwargs)
+
+        return forward
+
+    for i, module in enumerate(modules):
+        module.forward = recorder(module, i == len(modules) - 1)
+    try:
+        call()
+    except _CapturedError:
+        pass
+    finally:
+        for module in modules:      # the class's forward again
+            del module.forward
+    if len(found) != len(modules):
+        raise RuntimeError(f"the model's forward reached {len(found)} of {len(modules)} blocks")
+    return found
+
+
+def keep_grid(x: torch.Tensor, axis: int, start: int, tokens: int, keep: int) -> torch.Tensor:
+    """A copy of x with only the first `keep` of its `tokens` grid tokens (from `start` along
+    `axis`): what comes before and after the grid unchanged (the lower bound's input). Always
+    a new tensor: some blocks update their input in place."""
+    if keep >= tokens:
+        return x.clone()
+    after = x.shape[axis] - start - tokens
+    return torch.cat((x.narrow(axis, 0, start + keep), x.narrow(axis, start + tokens, after)),
+                     axis)
 
 
 def one_block_model(cls: type, strip: tuple[str, ...], **config: Any) -> torch.nn.Module:
-    """ComfyUI's model `cls` at the real config with one block, seeded weights, CPU fp32.
-    Built on the meta device first so that `strip` (parts the forward does not use, such as
-    LTX-2's text connectors, ~1B parameters) never take memory."""
+    """ComfyUI's model `cls` at the real config (with the block counts in `config` set to one
+    block of each kind), seeded weights, CPU fp32. Built on the meta device first so that
+    `strip` (parts the forward does not use, such as LTX-2's text connectors, ~1B parameters)
+    never take memory."""
+    import comfy.patcher_extension  # noqa: F401  (some models' forward needs it imported)
+
     ops = _ops()
-    model = cls(num_layers=1, dtype=ops["dtype"], device=torch.device("meta"),
-                operations=ops["operations"], **config)
+    model = cls(dtype=ops["dtype"], device=torch.device("meta"), operations=ops["operations"],
+                **config)
     for name in strip:
         setattr(model, name, torch.nn.Identity())
     return _fill(model.to_empty(device="cpu"), 1)
@@ -405,7 +486,7 @@ def ltx2_case(name: str, size: Size, text: int = 1024) -> BlockCase:
     except ImportError as exc:
         raise RuntimeError("this ComfyUI has no LTX-2") from exc
     model = one_block_model(LTXAVModel, ("video_embeddings_connector",
-                                         "audio_embeddings_connector"),
+                                         "audio_embeddings_connector"), num_layers=1,
                             rope_type="split", frequencies_precision="float64")
     grid = size.grid()
     # LTXVEmptyLatentAudio: frames / frame rate seconds at the audio VAE's 16 kHz / hop 160 /
@@ -442,7 +523,7 @@ def ltxv_case(name: str, size: Size, text: int = 128) -> BlockCase:
     (capture_block), one timestep. The lower bound cuts the video and its RoPE rows."""
     from comfy.ldm.lightricks.model import LTXVModel
 
-    model = one_block_model(LTXVModel, ())
+    model = one_block_model(LTXVModel, (), num_layers=1)
     grid = size.grid()
     g = torch.Generator().manual_seed(3)
     x = latent_video(grid, 128, 2)
@@ -463,8 +544,186 @@ def ltxv_case(name: str, size: Size, text: int = 128) -> BlockCase:
     return BlockCase(name, block, grid, text, 28, args, original, lambda out: out["img"])
 
 
-# name -> (builder, real size, quick size)
-FAMILIES: dict[str, tuple[Callable[[str, Size], BlockCase], Size, Size]] = {
+# Families of ComfyUI 0.33 built as one-block models --------------------------------------------
+def hidream_cases(name: str, size: Size, text: int = 128) -> tuple[BlockCase, BlockCase]:
+    """HiDream-I1 (Full, Dev and Fast share it; model_detection's config): width 2560 (20 heads
+    of 128), 16 double and 32 single blocks, each with a MoE feed-forward of 4 routed experts
+    (2 active per token) beside a shared one; RoPE 64+32+32. Cases of double block 0 and
+    single block 0, their arguments from the model's own forward (capture_forwards) on a t2i
+    call: latent [1, 16, H/8, W/8] (2x2 patches), T5 [1, 128, 4096] and Llama 3.1 states
+    [1, layers, 128, 4096] (ComfyUI's tokenizers pad both to 128), pooled CLIP [1, 2048].
+    Double block: image_tokens [1, N, 2560], text_tokens [1, 3 x 128, 2560] (T5, the last
+    Llama layer, this block's layer); single block: image_tokens [1, N + 384, 2560], image
+    first; rope [1, N + 384, 1, 64, 2, 2] over [image; text] in both. The lower bound cuts
+    the image and its RoPE rows."""
+    from comfy.ldm.hidream.model import HiDreamImageTransformer2DModel
+
+    model = one_block_model(HiDreamImageTransformer2DModel, (), num_layers=1,
+                            num_single_layers=1, patch_size=2, in_channels=16, out_channels=16,
+                            attention_head_dim=128, num_attention_heads=20,
+                            caption_channels=[4096, 4096], text_emb_dim=2048,
+                            num_routed_experts=4, num_activated_experts=2,
+                            axes_dims_rope=[64, 32, 32], max_resolution=[128, 128],
+                            llama_layers=[0, 1])   # one Llama layer per block, as in the model
+    grid = size.grid()
+    g = torch.Generator().manual_seed(3)
+    x = latent_image(grid, 16, 2, 2)
+    t5 = torch.randn(1, text, 4096, generator=g)
+    llama = torch.randn(1, 2, text, 4096, generator=g)
+    pooled = torch.randn(1, 2048, generator=g)
+    double_block, single_block = model.double_stream_blocks[0], model.single_stream_blocks[0]
+    with torch.inference_mode():
+        double, single = capture_forwards(lambda: model(x, torch.full((1,), 0.7), pooled, t5,
+                                                        llama), [double_block, single_block])
+    full = math.prod(grid)
+
+    def double_args(keep: int | None = None) -> dict:
+        n = keep or full
+        return {**double, "image_tokens": double["image_tokens"][:, :n].clone(),
+                "text_tokens": double["text_tokens"].clone(),
+                "rope": keep_grid(double["rope"], 1, 0, full, n), "transformer_options": {}}
+
+    def single_args(keep: int | None = None) -> dict:
+        n = keep or full
+        return {**single, "image_tokens": keep_grid(single["image_tokens"], 1, 0, full, n),
+                "rope": keep_grid(single["rope"], 1, 0, full, n), "transformer_options": {}}
+
+    def double_call(a: dict) -> dict:
+        img, txt = double_block(**a)
+        return {"image_tokens": img, "text_tokens": txt}
+
+    def single_call(a: dict) -> dict:
+        return {"image_tokens": single_block(**a)}
+
+    def image(out: dict) -> torch.Tensor:
+        return out["image_tokens"][:, :full]
+
+    text_len = double["text_tokens"].shape[1]
+    return (BlockCase(name, double_block, grid, text_len, 16, double_args, double_call, image,
+                      "d"),
+            BlockCase(name, single_block, grid, text_len, 32, single_args, single_call, image,
+                      "s"))
+
+
+def hunyuan_image_cases(name: str, size: Size, text: int = 256) -> tuple[BlockCase, BlockCase]:
+    """HunyuanImage 2.1 (HunyuanVideo's class with 2-D 1x1 patches, supported_models'
+    HunyuanImage21; the checkpoint's config): width 3584 (28 heads of 128), 20 double and 40
+    single blocks, RoPE 64+64 (theta 256), a 64-channel latent at 32x32 pixels a token.
+    Arguments from the model's own forward (capture_blocks) on a t2i call: latent
+    [1, 64, H/32, W/32], Qwen2.5-VL states [1, 256, 3584] (a prompt with its template; no
+    quoted text, so no ByT5 glyph tokens), one timestep. ComfyUI 0.33 puts the text first:
+    double block img [1, N, 3584] and txt [1, 256, 3584], single block img [1, 256 + N, 3584];
+    pe [1, 1, 256 + N, 64, 2, 2] over [text; image]. The lower bound cuts the image and its
+    RoPE rows."""
+    from comfy.ldm.hunyuan_video.model import HunyuanVideo
+
+    model = one_block_model(HunyuanVideo, (), depth=1, depth_single_blocks=1,
+                            image_model="hunyuan_video", in_channels=64, out_channels=64,
+                            vec_in_dim=None, context_in_dim=3584, hidden_size=3584,
+                            mlp_ratio=4.0, num_heads=28, axes_dim=[64, 64], theta=256,
+                            patch_size=[1, 1], qkv_bias=True, guidance_embed=False, byt5=False,
+                            meanflow=False, use_cond_type_embedding=False, vision_in_dim=None,
+                            meanflow_sum=False)
+    if getattr(model.double_blocks[0], "flipped_img_txt", False):
+        raise RuntimeError("this ComfyUI puts HunyuanImage's image before its text; the bench "
+                           "lays out ComfyUI 0.33's text first")
+    grid = size.grid()
+    g = torch.Generator().manual_seed(3)
+    x = latent_image(grid, 64, 2, 1)
+    context = torch.randn(1, text, 3584, generator=g)
+    with torch.inference_mode():
+        (double, _), (single, _) = capture_blocks(
+            lambda options: model(x, torch.full((1,), 0.7), context,
+                                  transformer_options=options),
+            (("double_block", 0), ("single_block", 0)))
+    full, txt = math.prod(grid), double["txt"].shape[1]
+    double_block, single_block = model.double_blocks[0], model.single_blocks[0]
+
+    # ComfyUI's block_wrap closures, written out: theirs call whichever block the loop
+    # variable held last (the single block, once the forward stopped there)
+    def double_call(a: dict) -> dict:
+        img, text_out = double_block(img=a["img"], txt=a["txt"], vec=a["vec"], pe=a["pe"],
+                                     attn_mask=a["attention_mask"],
+                                     modulation_dims_img=a["modulation_dims_img"],
+                                     modulation_dims_txt=a["modulation_dims_txt"],
+                                     transformer_options=a["transformer_options"])
+        return {"img": img, "txt": text_out}
+
+    def single_call(a: dict) -> dict:
+        return {"img": single_block(a["img"], vec=a["vec"], pe=a["pe"],
+                                    attn_mask=a["attention_mask"],
+                                    modulation_dims=a["modulation_dims"],
+                                    transformer_options=a["transformer_options"])}
+
+    def double_args(keep: int | None = None) -> dict:
+        n = keep or full
+        return {**double, "img": double["img"][:, :n].clone(), "txt": double["txt"].clone(),
+                "pe": keep_grid(double["pe"], 2, txt, full, n), "transformer_options": {}}
+
+    def single_args(keep: int | None = None) -> dict:
+        n = keep or full
+        return {**single, "img": keep_grid(single["img"], 1, txt, full, n),
+                "pe": keep_grid(single["pe"], 2, txt, full, n), "transformer_options": {}}
+
+    return (BlockCase(name, double_block, grid, txt, 20, double_args, double_call,
+                      lambda out: out["img"], "d"),
+            BlockCase(name, single_block, grid, txt, 40, single_args, single_call,
+                      lambda out: out["img"][:, txt:txt + full], "s"))
+
+
+def kandinsky5_case(name: str, size: Size, text: int = 256) -> BlockCase:
+    """Kandinsky 5 Lite 2B video (Kandinsky5's defaults in comfy/ldm/kandinsky5): visual
+    blocks at width 1792 (28 heads of 64), 32 of them, self-attention over the image tokens
+    with 3-D RoPE (16+24+24, scaled 1, 2, 2) and the text as cross-attention context;
+    HunyuanVideo's latent (16 channels, 8x8 pixels, 4 frames after the first) in 1x2x2
+    patches. Arguments from the model's own forward (capture_forwards) on a t2v call: input
+    [1, 33, t, H/8, W/8] (latent, image condition and mask channels, 132 per patch),
+    Qwen2.5-VL states [1, 256, 3584] (a prompt with its template) through the two text
+    blocks, pooled CLIP [1, 768], one timestep: visual_embed [1, N, 1792], text_embed
+    [1, 256, 1792], freqs [1, N, 1, 32, 2, 2]. The lower bound cuts the video and its RoPE
+    rows."""
+    try:
+        from comfy.ldm.kandinsky5.model import Kandinsky5
+    except ImportError as exc:
+        raise RuntimeError("this ComfyUI has no Kandinsky 5") from exc
+    model = one_block_model(Kandinsky5, (), num_visual_blocks=1)
+    grid = size.grid()
+    g = torch.Generator().manual_seed(3)
+    channels = model.visual_embed_dim // math.prod(model.patch_size)
+    t, h, w = grid
+    x = latent_video((t, 2 * h, 2 * w), channels, 2)
+    context = torch.randn(1, text, 3584, generator=g)
+    pooled = torch.randn(1, 768, generator=g)
+    block = model.visual_transformer_blocks[0]
+    with torch.inference_mode():
+        (captured,) = capture_forwards(lambda: model(x, torch.full((1,), 0.7), context, pooled),
+                                       [block])
+    full = math.prod(grid)
+
+    def args(keep: int | None = None) -> dict:
+        n = keep or full
+        return {**captured, "visual_embed": captured["visual_embed"][:, :n].clone(),
+                "text_embed": captured["text_embed"].clone(), "freqs": captured["freqs"][:, :n],
+                "transformer_options": {}}
+
+    def original(a: dict) -> dict:
+        return {"visual_embed": block(**a)}
+
+    return BlockCase(name, block, grid, text, 32, args, original, lambda out: out["visual_embed"])
+
+
+def latent_image(grid: tuple[int, int, int], channels: int, seed: int, patch: int
+                 ) -> torch.Tensor:
+    """A smooth image latent [1, channels, h * patch, w * patch] for the (1, h, w) token grid
+    (latent_video of one frame): its patch tokens resemble their neighbours as real ones do."""
+    _, h, w = grid
+    return latent_video((1, h * patch, w * patch), channels, seed)[:, :, 0]
+
+
+# name -> (builder, real size, quick size); a builder returns one case, or one per block kind
+
+FAMILIES: dict[str, tuple[Callable[[str, Size], BlockCase | tuple[BlockCase, ...]], Size,
+                          Size]] = {
     "wan22_5b": (lambda n, s: wan_case(n, 3072, 14336, 30, s),
                  Size(1280, 704, 121, spatial=16), Size(1280, 704, 9, spatial=16)),
     "wan14b": (lambda n, s: wan_case(n, 5120, 13824, 40, s),
@@ -477,6 +736,11 @@ FAMILIES: dict[str, tuple[Callable[[str, Size], BlockCase], Size, Size]] = {
              Size(768, 512, 17, spatial=32, temporal=8, patch=1)),
     "ltxv": (ltxv_case, Size(768, 512, 97, spatial=32, temporal=8, patch=1),
              Size(768, 512, 17, spatial=32, temporal=8, patch=1)),
+    "hidream": (hidream_cases, Size(1024, 1024), Size(512, 512)),
+    # HunyuanImage 2.1's VAE: 32x32 pixels per latent, 1x1 patches; 2048x2048 is its native size
+    "hunyuan_image": (hunyuan_image_cases, Size(2048, 2048, spatial=32, patch=1),
+                      Size(1024, 1024, spatial=32, patch=1)),
+    "kandinsky5": (kandinsky5_case, Size(768, 512, 121), Size(768, 512, 9)),
 }
 
 
@@ -542,35 +806,63 @@ def off_ratio(kept: int, tokens: int, ratio: float) -> str | None:
             f"({kept / asked - 1:+.1%}): not a result at this ratio")
 
 
-def default_skipped(depth: int) -> int:
-    """Blocks the node's default skip_blocks leaves unmerged on a one-kind model of `depth`."""
+def default_skipped(depth: int, kind: str = "") -> int:
+    """Blocks the node's default skip_blocks leaves unmerged among `depth` blocks of one kind
+    (skip_blocks letter `kind`: "d", "s", or "" on a one-kind model)."""
     from toma_pack.nodes.options import make_options
 
-    return len(make_options().skip_blocks.for_kinds([("", depth)])[0])
+    return len(make_options().skip_blocks.for_kinds([(kind, depth)])[0])
+
+
+@dataclass(frozen=True)
+class Part:
+    """One block kind of a model in the projection: its block's rows and timings, how many
+    blocks of it the model has and how many of them stay unmerged."""
+
+    rows: list[dict]
+    found: dict[str, Timing]
+    depth: int
+    skip: int
 
 
 def project(rows: list[dict], found: dict[str, Timing], depth: int, skip: int) -> dict | None:
-    """The blocks-only whole-model row: `depth` blocks, the first `skip` plain, the others
-    merged, one plan build per step; per repetition, against the same projection of the lower
-    bound. None without a toma row."""
-    toma = next((r for r in rows if r["variant"] == "toma"), None)
-    if toma is None:
+    """The blocks-only whole-model row of a one-kind model: `depth` blocks, the first `skip`
+    plain, the others merged, one plan build per step; per repetition, against the same
+    projection of the lower bound. None without a toma row."""
+    return project_parts([Part(rows, found, depth, skip)])
+
+
+def project_parts(parts: list[Part], family: str | None = None) -> dict | None:
+    """project for a model of one or more block kinds (HiDream, HunyuanImage: double and
+    single): per repetition i, the sum over kinds of skip x plain_i + (depth - skip) x
+    merged_i, plus one plan build per kind (each kind's merged blocks are one group); against
+    the same sum of the lower bounds. None when a kind has no toma row."""
+    tomas = [next((r for r in part.rows if r["variant"] == "toma"), None) for part in parts]
+    if not parts or any(t is None for t in tomas):
         return None
 
-    def model(merged: tuple[float, ...], extra: float = 0.0) -> Timing:
-        return Timing(tuple(skip * p + (depth - skip) * m + extra
-                            for p, m in zip(found["plain"].times, merged, strict=True)))
+    def model(variant: str | None, plan: bool = False) -> Timing:
+        sums = [0.0] * len(parts[0].found["plain"].times)
+        for part, toma in zip(parts, tomas, strict=True):
+            merged = part.found[variant or "plain"].times
+            extra = toma["plan_ms"] / 1e3 if plan else 0.0
+            for i, (p, m) in enumerate(zip(part.found["plain"].times, merged, strict=True)):
+                sums[i] += part.skip * p + (part.depth - part.skip) * m + extra
+        return Timing(tuple(sums))
 
-    plain = model(found["plain"].times)
-    merged = model(found["toma"].times, toma["plan_ms"] / 1e3)
-    bound = model(found["lower bound"].times)
-    row = {"family": toma["family"], "ratio": toma["ratio"],
-           "variant": f"projected model: {depth} blocks, {skip} unmerged",
-           **merged.fields(), **speedup(plain, merged), "note": toma.get("note")}
+    plain, merged, bound = model(None), model("toma", plan=True), model("lower bound")
+    blocks = " + ".join(f"{p.depth}" + (f" {r['family'].rsplit(' ', 1)[1]}" if len(parts) > 1
+                                        else "") for p, r in zip(parts, tomas, strict=True))
+    unmerged = " + ".join(str(p.skip) for p in parts)
+    first = tomas[0]
+    row = {"family": family or first["family"], "ratio": first["ratio"],
+           "variant": f"projected model: {blocks} blocks, {unmerged} unmerged",
+           **merged.fields(), **speedup(plain, merged),
+           "note": "; ".join(dict.fromkeys(t["note"] for t in tomas if t.get("note"))) or None}
     versus_lower_bound(row, merged, bound)
     row["lb_speedup"] = plain.median / bound.median
-    # the block's flags hold for the model made of it
-    flags = (row.get("flag"), toma.get("flag"))
+    # the blocks' flags hold for the model made of them
+    flags = (row.get("flag"), *(t.get("flag") for t in tomas))
     if any(flags):
         row["flag"] = "; ".join(dict.fromkeys(f for f in flags if f))
     return row
@@ -630,26 +922,44 @@ def run(families: list[str] | None = None, quick: bool = False, ratio: float = R
         build, real, small = FAMILIES[name]
         size = (sizes or {}).get(name) or (small if quick else real)
         try:
-            case = build(name, size)
+            built = build(name, size)
         except (ImportError, RuntimeError, TypeError) as exc:
             rows.append({"family": name, "variant": f"not in this ComfyUI ({exc})"})
             continue
-        log.warning("%s: grid %s, %d image + %d text tokens", name, case.grid,
-                    case.image_tokens, case.text_tokens)
-        merged = merged_block(name, case, ratio) if merged_block is not None else None
-        with torch.inference_mode():
-            block_rows, found = bench_case(case, ratio, (family_reps or {}).get(name, reps),
-                                           clock, merged)
-        projected = project(block_rows, found, case.depth, default_skipped(case.depth))
-        rows += block_rows + ([projected] if projected else [])
-        # Each family's figures as soon as they exist: full-size runs take long.
-        for row in block_rows + ([projected] if projected else []):
-            log.warning("%s %s: %d image tokens, %.0f ms (spread %.2f), speedup %.3g (%.3g-%.3g)"
-                        "%s", name, row["variant"], row.get("image_tokens") or 0, row["ms"],
-                        row["spread"], row["speedup"], row["speedup_lo"], row["speedup_hi"],
-                        f", vs_lb {row['vs_lb']:.3f}" if "vs_lb" in row else "")
-        del case, merged
+        parts = []
+        for case in built if isinstance(built, tuple) else (built,):
+            log.warning("%s: grid %s, %d image + %d text tokens", case.label, case.grid,
+                        case.image_tokens, case.text_tokens)
+            parts.append(bench_kind(case, ratio, (family_reps or {}).get(name, reps), clock,
+                                    merged_block))
+            rows += parts[-1].rows
+            log_rows(parts[-1].rows)    # each block's figures as soon as they exist
+        projected = project_parts(parts, name)
+        if projected:
+            rows.append(projected)
+            log_rows([projected])
+        del built, parts
     return rows
+
+
+def bench_kind(case: BlockCase, ratio: float, reps: int, clock: str,
+               merged_block: Callable | None) -> Part:
+    """bench_case of one block kind, its rows named by case.label, as a Part of the model."""
+    merged = merged_block(case.family, case, ratio) if merged_block is not None else None
+    with torch.inference_mode():
+        block_rows, found = bench_case(case, ratio, reps, clock, merged)
+    for row in block_rows:
+        row["family"] = case.label
+    return Part(block_rows, found, case.depth, default_skipped(case.depth, case.kind))
+
+
+def log_rows(rows: list[dict]) -> None:
+    """Rows to the log: full-size runs take long."""
+    for row in rows:
+        log.warning("%s %s: %d image tokens, %.0f ms (spread %.2f), speedup %.3g (%.3g-%.3g)%s",
+                    row["family"], row["variant"], row.get("image_tokens") or 0, row["ms"],
+                    row["spread"], row["speedup"], row["speedup_lo"], row["speedup_hi"],
+                    f", vs_lb {row['vs_lb']:.3f}" if "vs_lb" in row else "")
 
 
 def notes(clock: str, reps: int, family_reps: dict[str, int]) -> list[str]:

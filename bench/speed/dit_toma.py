@@ -16,7 +16,8 @@ import torch
 
 # bench family -> the pack's families module that describes it
 FAMILIES = {"wan22_5b": "wan", "wan14b": "wan", "qwen_image": "qwen_image",
-            "sd35_large": "sd3", "z_image": "lumina", "ltx2": "ltx", "ltxv": "ltx"}
+            "sd35_large": "sd3", "z_image": "lumina", "ltx2": "ltx", "ltxv": "ltx",
+            "hidream": "hidream", "hunyuan_image": "hunyuan_image", "kandinsky5": "kandinsky5"}
 
 
 def family_spec(family: str, module):
@@ -28,14 +29,23 @@ def family_spec(family: str, module):
 
         return module.description((1, 1, 1), (module.AUDIO_VIDEO,), "LTX-2", None,
                                   module.held_rows(av_model))
-    if family == "ltxv":
+    if family in ("ltxv", "hunyuan_image"):      # 1x1(x1) patches; HunyuanImage text first
         return module.description((1, 1, 1))
     return module.description((1, 2, 2))
 
 
+def block_kind(spec, case):
+    """The spec's kind of the case's block: by skip_blocks letter in a family of two kinds
+    (case.kind "d" / "s"), the only one otherwise."""
+    return next(k for k in spec.kinds if k.letter == case.kind)
+
+
 class MergedBlock:
-    """One family's block through ToMA's replace patch: call it with a fresh full-length
-    argument dict (as `case.args()` makes it) for what `case.original_block` returns.
+    """One family's block through ToMA's patch: call it with a fresh full-length argument dict
+    (as `case.args()` makes it) for what `case.original_block` returns. "dit" kinds go
+    through the replace patch; object-patched kinds through the patched forward where the
+    case's args are the forward's own (HiDream, Kandinsky 5), else (Z-Image, whose case hands
+    them by "dit" names) through the replace patch with the kind's names mapped to those.
 
     Its plan is built on construction and kept, as the blocks of a group reuse their group's
     plan; build_plan() builds it again (to time it) and returns it. merged_tokens: the image
@@ -53,8 +63,9 @@ class MergedBlock:
             spec = dataclasses.replace(spec, tokens_per_region=tokens_per_region)
         if frames is not None:
             spec = dataclasses.replace(spec, frames_per_region=frames)
-        kind = spec.kinds[0]
-        if kind.hook == "object":   # the bench hands Z-Image's layer arguments by dit names
+        kind = block_kind(spec, case)
+        forward = kind.hook == "object" and kind.stream in case.args(1)
+        if kind.hook == "object" and not forward:   # Z-Image's layer arguments by dit names
             kind = dataclasses.replace(kind, stream="img", pe="pe", mask="mask")
         self.case, self.kind = case, kind
         self.state = ToMAState(make_options(ratio, skip_blocks="none", recompute_every=1000),
@@ -64,12 +75,19 @@ class MergedBlock:
         self.call = ModelCall(self.state.new_run(), grid=case.grid, merging=True,
                               data={"txt_len": case.text_tokens})
         self.toma = DiTToMA(self.state, spec, {(kind.key, 0): 0})
+        self.forward = (self.toma.forward_patch(kind, 0, case.block, case.block.forward)
+                        if forward else None)
         self.patch = self.toma.replace_patch(kind, 0, None)
         self.extra = {"original_block": case.original_block}
         self.merged_tokens = self.build_plan().merged_tokens
 
     def __call__(self, args: dict) -> dict:
-        return self.patch(self._in_call(args), self.extra)
+        if self.forward is None:
+            return self.patch(self._in_call(args), self.extra)
+        out = self.forward(**self._in_call(args))     # as ComfyUI's loop calls the block
+        if self.kind.returns:
+            return dict(zip(self.kind.returns, out, strict=True))
+        return {self.kind.stream: out}
 
     def _in_call(self, args: dict) -> dict:
         """The block's args with this model call in their transformer_options."""

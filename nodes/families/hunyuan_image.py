@@ -31,4 +31,10 @@ def family(diffusion_model) -> Family | None:
         set_grid(call, latent_grid(arguments.get("x"), patch))
         return None
 
+    return description(patch, flipped, describe)
+
+
+def description(patch: tuple[int, int, int], flipped: bool = False, describe=None) -> Family:
+    """HunyuanImage 2.1's Family; flipped: image before text (ComfyUI before 0.33). Benchmarks
+    call blocks without a model call to describe."""
     return Family("hunyuan_image", "HunyuanImage 2.1", kinds(flipped), patch, describe)

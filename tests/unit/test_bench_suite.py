@@ -383,6 +383,27 @@ def test_dit_projection_per_repetition_with_skips_and_plan() -> None:
     assert dit_families.project(rows[:0], found, 10, 2) is None
 
 
+def test_dit_projection_of_two_block_kinds_adds_them_per_repetition() -> None:
+    """HiDream / HunyuanImage: each kind's skip plain + rest merged + its own plan build, the
+    kinds added per repetition, against the same sum of the lower bounds."""
+    double = {"plain": Timing((10.0, 12.0, 11.0)), "toma": Timing((5.0, 6.5, 5.5)),
+              "lower bound": Timing((4.5, 6.0, 5.0))}
+    single = {"plain": Timing((8.0, 9.0, 8.5)), "toma": Timing((4.0, 4.4, 4.2)),
+              "lower bound": Timing((3.9, 4.3, 4.1))}
+    rows_d = [{"family": "hidream double", "variant": "toma", "ratio": 0.5, "plan_ms": 100.0}]
+    rows_s = [{"family": "hidream single", "variant": "toma", "ratio": 0.5, "plan_ms": 50.0}]
+    row = dit_families.project_parts([dit_families.Part(rows_d, double, 16, 5),
+                                      dit_families.Part(rows_s, single, 32, 5)], "hidream")
+    toma = [5 * double["plain"].times[i] + 11 * double["toma"].times[i] + 0.1
+            + 5 * single["plain"].times[i] + 27 * single["toma"].times[i] + 0.05
+            for i in range(3)]
+    assert row["family"] == "hidream"
+    assert row["variant"] == "projected model: 16 double + 32 single blocks, 5 + 5 unmerged"
+    assert row["ms"] == pytest.approx(1e3 * sorted(toma)[1])
+    assert dit_families.project_parts([dit_families.Part(rows_d[:0], double, 16, 5)]) is None
+    assert dit_families.default_skipped(32, "s") == 5
+
+
 def test_dit_projection_skips_what_the_node_skips() -> None:
     from toma_pack.nodes.options import make_options
 
