@@ -59,6 +59,7 @@ import torch
 
 from ..shared.common import goal
 from ..shared.config import ROOT, BenchConfig, load_pack
+from ..shared.model_configs import SDXL_UNET
 from ..shared.weights import fill_weights
 from .projection import GPU, META, CallRecorder, Op, project
 
@@ -126,23 +127,12 @@ def _randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
-# SDXL base: comfy/supported_models.py SDXL plus what model_detection reads from the checkpoint
-# (the same dict as bench/speed/sdxl_step.py's); Flux.1 dev: model_detection's Flux branch (hidden
-# 3072,
-# 24 heads = 3072 / sum(axes_dim), 19 double and 38 single blocks in the checkpoint, patch 2 over
-# 16 latent channels: img_in takes 64, vec_in 768 = CLIP-L pooled, context 4096 = T5-XXL,
+# SDXL base: bench/shared/model_configs.py; Flux.1 dev: model_detection's Flux branch (hidden
+# 3072, 24 heads = 3072 / sum(axes_dim), 19 double and 38 single blocks in the checkpoint, patch
+# 2 over 16 latent channels: img_in takes 64, vec_in 768 = CLIP-L pooled, context 4096 = T5-XXL,
 # guidance_in present in dev); Wan 2.1 14B t2v: model_detection's Wan branch (dim 5120, heads
 # dim / 128 = 40, ffn 13824, 40 blocks in the checkpoint; the rest fixed there) with WanModel's
 # defaults text_len 512 and text_dim 4096 (umT5-XXL).
-SDXL_UNET: dict[str, Any] = {
-    "use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True,
-    "legacy": False, "num_classes": "sequential", "adm_in_channels": 2816, "in_channels": 4,
-    "model_channels": 320, "num_res_blocks": [2, 2, 2], "transformer_depth": [0, 0, 2, 2, 10, 10],
-    "channel_mult": [1, 2, 4], "transformer_depth_middle": 10, "use_linear_in_transformer": True,
-    "context_dim": 2048, "num_head_channels": 64,
-    "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
-    "use_temporal_attention": False, "use_temporal_resblock": False,
-}
 FLUX_DEV: dict[str, Any] = {
     "image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": 768,
     "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 19,

@@ -33,19 +33,11 @@ import torch
 
 from ..shared.common import MIN_REPS, Timing, speedup, versus_lower_bound
 from ..shared.config import BenchConfig, load_pack
+from ..shared.model_configs import SDXL_UNET
 from ..shared.weights import fill_weights
 
 log = logging.getLogger(__name__)
 
-SDXL_UNET = {
-    "use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True,
-    "legacy": False, "num_classes": "sequential", "adm_in_channels": 2816, "in_channels": 4,
-    "model_channels": 320, "num_res_blocks": [2, 2, 2], "transformer_depth": [0, 0, 2, 2, 10, 10],
-    "channel_mult": [1, 2, 4], "transformer_depth_middle": 10, "use_linear_in_transformer": True,
-    "context_dim": 2048, "num_head_channels": 64,
-    "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
-    "use_temporal_attention": False, "use_temporal_resblock": False,
-}
 NEEDED_GB = 13.0
 COLUMNS = ("variant", "image", "s", "s_min", "spread", "runs_s", "speedup", "speedup_lo",
            "speedup_hi", "vs_lb", "planning_s", "peak_gb", "flag")

@@ -1,0 +1,17 @@
+"""Real models' configurations the benches build ComfyUI's classes from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# SDXL base: comfy/supported_models.py SDXL plus what model_detection reads from the checkpoint
+# (320 channels, transformer depths 2 and 10, 64-channel heads, context 2048, adm 2816).
+SDXL_UNET: dict[str, Any] = {
+    "use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True,
+    "legacy": False, "num_classes": "sequential", "adm_in_channels": 2816, "in_channels": 4,
+    "model_channels": 320, "num_res_blocks": [2, 2, 2], "transformer_depth": [0, 0, 2, 2, 10, 10],
+    "channel_mult": [1, 2, 4], "transformer_depth_middle": 10, "use_linear_in_transformer": True,
+    "context_dim": 2048, "num_head_channels": 64,
+    "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
+    "use_temporal_attention": False, "use_temporal_resblock": False,
+}
