@@ -565,6 +565,20 @@ def test_skip_blocks_with_one_notation(name):
                                       else "0-2"))
 
 
+def assert_runs_unmerged(model, latent, positive, negative, run: dict, told: str,
+                         caplog) -> None:
+    """ToMA with every block merging leaves these model calls unmerged: its samples equal the
+    unmerged model's bit for bit (sampled with `run`), and a message holding `told` comes once."""
+    import logging
+
+    base = ch.sample(model, latent, positive, negative, **run)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        out = ch.sample(toma, latent, positive, negative, **run)
+    assert torch.equal(ch.flat(out), ch.flat(base))
+    assert len([r for r in caplog.records if told in r.getMessage()]) == 1
+
+
 def test_qwen_edit_timestep_zero_references_run_unmerged(caplog):
     """Qwen-Image-Edit 2511's 'index_timestep_zero' references get their own modulation from
     the token index where the image ends, fixed before the blocks run: calls with them run
@@ -673,7 +687,6 @@ def test_hidream_e1_edit_image_runs_unmerged(caplog):
     beside the latent along the width before patching, so its tokens share every row of the
     token grid with the image: model calls with it run unmerged (samples equal the unmerged
     model's bit for bit) and the user is told once."""
-    import logging
 
     name = "hidream"
     if not available(name):
@@ -684,12 +697,8 @@ def test_hidream_e1_edit_image_runs_unmerged(caplog):
     image = torch.randn(1, 16, height, width, generator=torch.Generator().manual_seed(5))
     for cond in (x.positive, x.negative):
         cond[0][1]["concat_latent_image"] = image
-    base = ch.sample(model, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
-    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
-    with caplog.at_level(logging.WARNING, logger="ToMA"):
-        out = ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
-    assert torch.equal(out, base)
-    assert len([r for r in caplog.records if "HiDream-E1" in r.getMessage()]) == 1
+    assert_runs_unmerged(model, x.latent, x.positive, x.negative, {"steps": 1, "cfg": cfg},
+                         "HiDream-E1", caplog)
 
 
 def test_default_widgets_on_hunyuan_video15_as_comfyui_builds_it():
@@ -722,7 +731,6 @@ def test_ltx_guide_with_attention_strength_runs_unmerged(caplog):
     attention mask over fixed token spans (the guide tokens at the end of the sequence):
     blocks given one run unmerged, the samples equal the unmerged model's bit for bit, and the
     user is told once. Earlier ComfyUI versions have no such mask."""
-    import logging
 
     name = "ltxv_guide"
     model = tiny_patcher(name)
@@ -737,12 +745,7 @@ def test_ltx_guide_with_attention_strength_runs_unmerged(caplog):
     positive, negative = lt._append_guide_attention_entry(
         x.positive, x.negative, height * width, [1, height, width], strength=0.5)
     run = {"steps": 1, "cfg": cfg, "noise_mask": x.noise_mask}
-    base = ch.sample(model, x.latent, positive, negative, **run)
-    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
-    with caplog.at_level(logging.WARNING, logger="ToMA"):
-        out = ch.sample(toma, x.latent, positive, negative, **run)
-    assert torch.equal(out, base)
-    assert len([r for r in caplog.records if "self_attention_mask" in r.getMessage()]) == 1
+    assert_runs_unmerged(model, x.latent, positive, negative, run, "self_attention_mask", caplog)
 
 
 @pytest.mark.parametrize("name", ["ltxv", "ltx2"])
@@ -750,7 +753,6 @@ def test_ltx_denoise_mask_inside_the_video_runs_unmerged(name, caplog):
     """A noise mask that keeps tokens inside the video (an inpainting mask: per-token timesteps
     the merged grid cannot keep apart) leaves those LTX model calls unmerged: samples equal the
     unmerged model's bit for bit, and the user is told once."""
-    import logging
 
     if not available(name):
         return assert_absent(name)
@@ -760,12 +762,7 @@ def test_ltx_denoise_mask_inside_the_video_runs_unmerged(name, caplog):
     mask = torch.ones(1, 1, frames, height, width)
     mask[:, :, 1:, :3, :4] = 0.0                   # a box kept in the later frames
     run = {"steps": 1, "cfg": cfg, "noise_mask": mask}
-    base = ch.sample(model, x.latent, x.positive, x.negative, **run)
-    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
-    with caplog.at_level(logging.WARNING, logger="ToMA"):
-        out = ch.sample(toma, x.latent, x.positive, x.negative, **run)
-    assert torch.equal(ch.flat(out), ch.flat(base))
-    assert len([r for r in caplog.records if "denoise mask" in r.getMessage()]) == 1
+    assert_runs_unmerged(model, x.latent, x.positive, x.negative, run, "denoise mask", caplog)
 
 
 def _start_image_change(name: str, ratio: float) -> float:
@@ -825,7 +822,6 @@ def test_wan_camera_image_in_every_frame_runs_unmerged(caplog):
     the given ones. A concatenated image in every frame (a start video as long as the latent)
     leaves nothing to merge: those calls run unmerged, bit for bit, and the log says why
     once."""
-    import logging
 
     name = "wan_camera_i2v"
     if not available(name):
@@ -837,12 +833,8 @@ def test_wan_camera_image_in_every_frame_runs_unmerged(caplog):
                         generator=torch.Generator().manual_seed(4))
     for cond in (x.positive, x.negative):
         cond[0][1]["concat_latent_image"] = video
-    base = ch.sample(model, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
-    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
-    with caplog.at_level(logging.WARNING, logger="ToMA"):
-        out = ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
-    assert torch.equal(out, base)
-    assert len([r for r in caplog.records if "fills every frame" in r.getMessage()]) == 1
+    assert_runs_unmerged(model, x.latent, x.positive, x.negative, {"steps": 1, "cfg": cfg},
+                         "fills every frame", caplog)
 
 
 @pytest.mark.parametrize("name", ["ltxv", "ltx2"])
