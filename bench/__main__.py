@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
 import os
 import sys
@@ -53,6 +52,7 @@ from .shared.common import (
     goal,
     machine_info,
     markdown_table,
+    write_result,
 )
 from .shared.config import ROOT, BenchConfig, default_config, setup_comfy
 
@@ -530,10 +530,8 @@ def main(argv: list[str] | None = None) -> None:
     result["recommendations"] = recommendations(sections)
     out = args.out or (OUT_DIR / (f"{datetime.date.today().isoformat()}-{device.type}"
                                   f"{'-quick' if cfg.quick else ''}.json"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str))
     text = report(result)
-    out.with_suffix(".md").write_text(text)
+    write_result(out, result, text)
     print(text)
     print(f"JSON: {out} (Markdown beside it)")
 

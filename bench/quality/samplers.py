@@ -26,7 +26,6 @@ beside it (machine, commit, command, rows).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -124,7 +123,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..shared.common import commit, machine_info
+    from ..shared.common import commit, machine_info, write_result
     from ..shared.config import setup_comfy
 
     parser = argparse.ArgumentParser(prog="python -m bench.quality.samplers",
@@ -148,9 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     text = report(result)
     print(text)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1, default=str))
-        args.out.with_suffix(".md").write_text(text)
+        write_result(args.out, result, text)
 
 
 if __name__ == "__main__":

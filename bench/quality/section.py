@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     import json
     import sys
 
-    from ..shared.common import commit, machine_info
+    from ..shared.common import commit, machine_info, write_result
     from ..shared.config import default_config, setup_comfy
 
     parser = argparse.ArgumentParser(prog="python -m bench.quality")
@@ -478,8 +478,7 @@ def main(argv: list[str] | None = None) -> None:
             plots.frontier(own, DOCS / f"quality-frontier-{layout}.png",
                            f"{layout}-layout fixture, {pixels}px, median of {len(runs)} runs")
         out = Path(args.out or args.combine[-1].with_name(args.combine[-1].stem + "-combined.json"))
-        out.write_text(json.dumps(result, indent=1, default=str))
-        out.with_suffix(".md").write_text(report(result) + "\n")
+        write_result(out, result, report(result) + "\n")
         print(report(result))
         return
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
@@ -502,10 +501,8 @@ def main(argv: list[str] | None = None) -> None:
               "sections": {"quality": section}}
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / (
         f"{datetime.date.today().isoformat()}-{device.type}-quality-{'-'.join(layouts)}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str))
     text = report(result)
-    out.with_suffix(".md").write_text(text + "\n")
+    write_result(out, result, text + "\n")
     print(text)
 
 

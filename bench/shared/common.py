@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import platform
@@ -239,3 +240,11 @@ def commit() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+changes" if dirty else "")
+
+
+def write_result(out: Path, result: dict[str, Any], text: str) -> None:
+    """A bench's result: the JSON at `out` (its folder made), the Markdown report `text` beside
+    it (.md)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    out.with_suffix(".md").write_text(text)

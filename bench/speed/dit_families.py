@@ -76,7 +76,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import json
 import logging
 import math
 import os
@@ -101,6 +100,7 @@ from ..shared.common import (
     markdown_table,
     speedup,
     versus_lower_bound,
+    write_result,
 )
 from ..shared.weights import fill_weights
 
@@ -1056,9 +1056,7 @@ def main(argv: list[str] | None = None) -> None:
     text = report(result)
     print(text)
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=1, default=str))
-        a.out.with_suffix(".md").write_text(text)
+        write_result(a.out, result, text)
         print(f"JSON: {a.out} (Markdown beside it) at {datetime.datetime.now():%H:%M}")
 
 

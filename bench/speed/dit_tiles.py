@@ -18,7 +18,6 @@ commit, command, table).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..shared.common import commit, machine_info, markdown_table
+from ..shared.common import commit, machine_info, markdown_table, write_result
 
 # (tokens per region, frames deep) tried on image and on video families
 REGIONS = {"image": [(16, 1), (36, 1), (64, 1), (144, 1)],
@@ -101,9 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         f"The default region's worst error against its family's best: {worst}x.", ""])
     print(text)
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=1, default=str))
-        a.out.with_suffix(".md").write_text(text)
+        write_result(a.out, result, text)
 
 
 if __name__ == "__main__":
