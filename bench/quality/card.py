@@ -109,7 +109,7 @@ def sample_grid(fixture: qm.Fixture, path: Path) -> None:
     SAMPLE_CFGS scale (the null class as negative)."""
     layout = fixture.layout
     side = qm.EVAL_LATENT[layout]
-    pixels = side * qm.LATENT_PER_PIXEL[layout]
+    pixels = side * qm.latent_per_pixel(layout)
     names = quality_data.train_photos()[:SAMPLE_CLASSES]
     real, _ = quality_data.load_set(names, labelled=True).fixed_crops(pixels, 1, seed=0)
     rows = [quality_data.to_uint8(real)]
@@ -117,7 +117,8 @@ def sample_grid(fixture: qm.Fixture, path: Path) -> None:
         for cfg in SAMPLE_CFGS:
             x = quality.sample(fixture.patcher(), fixture, torch.arange(SAMPLE_CLASSES), side,
                                steps=SAMPLE_STEPS, cfg=cfg)
-            rows.append(quality_data.to_uint8(quality_data.model_space_to_pixels(x, layout)))
+            pixels_out = quality_data.model_space_to_pixels(x, qm.arch(layout))
+            rows.append(quality_data.to_uint8(pixels_out))
     scale, pad = 2, 6
     cell = pixels * scale
     img = Image.new("RGB", (SAMPLE_CLASSES * (cell + pad) + pad, len(rows) * (cell + pad) + 40),

@@ -54,9 +54,43 @@ FLUX_PARAMS: dict[str, Any] = {
     "depth": 10, "depth_single_blocks": 20, "axes_dim": [4, 6, 6], "theta": 32,
     "patch_size": 2, "qkv_bias": True, "guidance_embed": False, "txt_ids_dims": [],
 }
-# Evaluation latent sizes (pixels = latent for sdxl, 2 x latent for flux): 128 x 128 pixels.
-EVAL_LATENT = {"sdxl": 128, "flux": 64}
-LATENT_PER_PIXEL = {"sdxl": 1, "flux": 2}   # pixel side / latent side
+# The proportion-matched fixtures: fewer tokens at proportionally wider channels, so that the
+# share of attention against the projections and feed-forward in each transformer block is
+# SDXL's and Flux.1's at 1024x1024 (that share goes with tokens / channels; bench/quality/shares.py
+# prints both). Trained on photographs and rendered scenes (bench/quality/scenes.py).
+# SDXL at 1024^2: 4096 tokens at 640 channels, 1024 at 1280 (6.4 and 0.8 tokens per channel);
+# here at a 56 x 56 latent: 784 at 128 and 196 at 256 (6.1 and 0.77), in SDXL's 64-wide heads
+# (64 channels is the narrowest width above 32 that GroupNorm's 32 groups allow).
+SDXL_MATCHED_UNET: dict[str, Any] = {**SDXL_UNET, "model_channels": 64, "num_head_channels": 64}
+# Flux.1 at 1024^2: 4096 image + 512 text tokens at 3072 (1.5); here at a 32 x 32 latent:
+# 256 + 4 at 192 (1.35), 3 heads of 64 like Flux's 128-wide heads split into (t, h, w) axes.
+# theta 100: 12 frequencies per image axis from 1 to 0.015 rad per token on a 16 x 16 grid.
+FLUX_MATCHED_PARAMS: dict[str, Any] = {**FLUX_PARAMS, "hidden_size": 192, "num_heads": 3,
+                                       "axes_dim": [16, 24, 24], "theta": 100}
+# Layout -> (architecture, its parameters).
+ARCHITECTURE = {"sdxl": ("sdxl", SDXL_UNET), "flux": ("flux", FLUX_PARAMS),
+                "sdxl-matched": ("sdxl", SDXL_MATCHED_UNET),
+                "flux-matched": ("flux", FLUX_MATCHED_PARAMS)}
+MATCHED = ("sdxl-matched", "flux-matched")
+# Evaluation latent sizes (pixels = latent for sdxl, 2 x latent for flux).
+EVAL_LATENT = {"sdxl": 128, "flux": 64, "sdxl-matched": 56, "flux-matched": 32}
+
+
+def arch(layout: str) -> str:
+    """"sdxl" or "flux": the architecture (and latent space) of a fixture layout."""
+    if layout not in ARCHITECTURE:
+        raise ValueError(f"layout must be one of {tuple(ARCHITECTURE)}, got {layout!r}")
+    return ARCHITECTURE[layout][0]
+
+
+def latent_per_pixel(layout: str) -> int:
+    """Pixel side / latent side."""
+    return 1 if arch(layout) == "sdxl" else 2
+
+
+def with_scenes(layout: str) -> bool:
+    """Whether the layout is trained (and measured) on rendered scenes beside photographs."""
+    return layout in MATCHED
 
 
 def weights_path(layout: str) -> Path:
@@ -69,18 +103,17 @@ def model_config(layout: str):
     import comfy.ldm.flux.model
     import comfy.supported_models
 
-    if layout == "sdxl":
-        config = comfy.supported_models.SDXL(dict(SDXL_UNET))
+    kind, given = arch(layout), ARCHITECTURE[layout][1]
+    if kind == "sdxl":
+        config = comfy.supported_models.SDXL(dict(given))
         # BASE.__init__ overlays SDXL's unet_extra_config (64-channel heads): restore ours.
-        config.unet_config["num_head_channels"] = SDXL_UNET["num_head_channels"]
+        config.unet_config["num_head_channels"] = given["num_head_channels"]
         config.unet_config["num_heads"] = -1
-    elif layout == "flux":
+    else:
         # FluxParams grows across ComfyUI versions: pass only the fields this version has.
         fields = {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)}
-        params = {k: v for k, v in FLUX_PARAMS.items() if k in fields}
+        params = {k: v for k, v in given.items() if k in fields}
         config = comfy.supported_models.Flux({"image_model": "flux", **params})
-    else:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     config.set_inference_dtype(torch.float32, None)
     return config
 
@@ -102,7 +135,7 @@ def init_weights(model: torch.nn.Module, layout: str, seed: int) -> None:
 
 
 def _zero_init_modules(model: torch.nn.Module, layout: str) -> list[torch.nn.Module]:
-    if layout == "sdxl":
+    if arch(layout) == "sdxl":
         from comfy.ldm.modules.attention import SpatialTransformer
         from comfy.ldm.modules.diffusionmodules.openaimodel import ResBlock
 
@@ -154,7 +187,7 @@ class Fixture:
         idx = self.labels(labels)
         context = self.tables["context"][idx]
         pooled = self.tables["pooled"][idx]
-        if self.layout == "sdxl":
+        if arch(self.layout) == "sdxl":
             y = self.model.encode_adm(pooled_output=pooled, width=latent_w * 8,
                                       height=latent_h * 8)
             return {"c_crossattn": context, "y": y}
@@ -164,7 +197,7 @@ class Fixture:
         """ComfyUI conditioning ([[context, {...}]]) for a batch of labels."""
         idx = self.labels(labels)
         extra: dict[str, Any] = {"pooled_output": self.tables["pooled"][idx]}
-        if self.layout == "sdxl":
+        if arch(self.layout) == "sdxl":
             extra.update(width=latent_w * 8, height=latent_h * 8)
         return [[self.tables["context"][idx], extra]]
 

@@ -94,7 +94,7 @@ def measure(layout: str, side: int | None = None) -> list[dict[str, Any]]:
                     restart()
                     samples[name] = section.sample(p, fixture, labels, side, cfg=cfg,
                                                    sampler=sampler, scheduler=scheduler)
-                pixels = {n: data.to_uint8(data.model_space_to_pixels(x, layout))
+                pixels = {n: data.to_uint8(data.model_space_to_pixels(x, qm.arch(layout)))
                           for n, x in samples.items()}
                 feats = {n: section.features(base, fixture, x) for n, x in samples.items()}
                 for name, (method, _) in patched.items():

@@ -187,8 +187,8 @@ def held_out(fixture: qm.Fixture, side: int) -> HeldOut:
     from .train import held_out_sigmas
 
     photos = data.load_set(data.HELD_OUT, labelled=False)
-    pixels, labels = photos.fixed_crops(side * qm.LATENT_PER_PIXEL[fixture.layout], 1, SEED)
-    x0 = data.pixels_to_model_space(pixels, fixture.layout)
+    pixels, labels = photos.fixed_crops(side * qm.latent_per_pixel(fixture.layout), 1, SEED)
+    x0 = data.pixels_to_model_space(pixels, qm.arch(fixture.layout))
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(SEED + 777))
     sigmas = [float(s) for s in held_out_sigmas(fixture)]
     return HeldOut(x0, labels, sigmas[::2], noise)        # 3 of the 5: lowest, middle, highest
@@ -268,7 +268,7 @@ def measure(layout: str, cfg: BenchConfig, quick: bool, reps: int,
         losses = {v.name: denoising_losses(patched[v.name], fixture, ho)
                   for v in found if v.method != "easycache"}
         feats = {name: features(patched["unmerged"], fixture, x) for name, x in samples.items()}
-    pixels = {name: data.to_uint8(data.model_space_to_pixels(x, layout))
+    pixels = {name: data.to_uint8(data.model_space_to_pixels(x, qm.arch(layout)))
               for name, x in samples.items()}
     base_t = statistics.median(times["unmerged"])
     base_loss = sum(losses["unmerged"]) / len(losses["unmerged"])
@@ -395,7 +395,7 @@ def run(cfg: BenchConfig, layouts: tuple[str, ...] = qm.LAYOUTS, reps: int | Non
             suffix = ("" if cfg.device.type == "cpu" else f"-{cfg.device.type}") + (
                 "-quick" if cfg.quick else "")
             DOCS.mkdir(exist_ok=True)
-            pixels = qm.EVAL_LATENT[layout] * qm.LATENT_PER_PIXEL[layout]
+            pixels = qm.EVAL_LATENT[layout] * qm.latent_per_pixel(layout)
             plots.frontier(result["rows"], DOCS / f"quality-frontier-{layout}{suffix}.png",
                            f"{layout}-layout fixture, {pixels}px")
             plots.grid(result["pixels"], DOCS / f"quality-grid-{layout}{suffix}.png")
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> None:
 
         for layout in dict.fromkeys(r["model"] for r in result["sections"]["quality"]["rows"]):
             own = [r for r in result["sections"]["quality"]["rows"] if r["model"] == layout]
-            pixels = qm.EVAL_LATENT[layout] * qm.LATENT_PER_PIXEL[layout]
+            pixels = qm.EVAL_LATENT[layout] * qm.latent_per_pixel(layout)
             plots.frontier(own, DOCS / f"quality-frontier-{layout}.png",
                            f"{layout}-layout fixture, {pixels}px, median of {len(runs)} runs")
         out = Path(args.out or args.combine[-1].with_name(args.combine[-1].stem + "-combined.json"))

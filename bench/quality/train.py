@@ -31,18 +31,22 @@ from pathlib import Path
 
 import torch
 
-from . import data
+from . import data, scenes
 from . import models as qm
 
 log = logging.getLogger("bench.quality.train")
 
-# Phases: (latent side, batch, steps). Pixel crop = latent side * LATENT_PER_PIXEL.
+# Phases: (latent side, batch, steps). Pixel crop = latent side * latent_per_pixel().
 DEFAULT_PHASES = {
     "sdxl": "32:8:300,64:4:80,128:1:30",
     "flux": "16:16:500,32:8:200,64:2:60",
+    "sdxl-matched": "24:16:600,48:8:600",
+    "flux-matched": "16:16:600,32:8:600",
 }
 HELD_OUT_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)   # positions in the model's sigma table
 HELD_OUT_PER_PHOTO = 4
+HELD_OUT_SCENES = 1          # per scene class, from a stream training never draws from
+HELD_OUT_STREAM = 1000       # added to the seed: the held-out scenes' stream
 P_UNCOND = 0.1
 
 
@@ -75,10 +79,39 @@ def held_out_sigmas(fixture: qm.Fixture) -> torch.Tensor:
 
 def held_out_batch(layout: str, photos: data.PhotoSet, latent: int,
                    seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fixed held-out crops in model space [n, C, latent, latent] and their labels (-1)."""
-    pixels, labels = photos.fixed_crops(latent * qm.LATENT_PER_PIXEL[layout], HELD_OUT_PER_PHOTO,
-                                        seed)
-    return data.pixels_to_model_space(pixels, layout), labels
+    """Fixed held-out crops (and, for layouts with scenes, held-out scenes) in model space
+    [n, C, latent, latent] and their labels (-1: the loss is unconditional)."""
+    side = latent * qm.latent_per_pixel(layout)
+    pixels, labels = photos.fixed_crops(side, HELD_OUT_PER_PHOTO, seed)
+    if qm.with_scenes(layout):
+        more, _ = scenes.fixed_set(side, HELD_OUT_SCENES, seed + HELD_OUT_STREAM)
+        pixels, labels = torch.cat([pixels, more]), torch.cat([labels, torch.full((len(more),),
+                                                                                  -1)])
+    return data.pixels_to_model_space(pixels, qm.arch(layout)), labels
+
+
+def class_names(layout: str) -> list[str]:
+    """The class of each label: the training photographs, then (with scenes) "scene:<class>"."""
+    names = list(data.train_photos())
+    if qm.with_scenes(layout):
+        names += [f"scene:{c}" for c in scenes.CLASSES]
+    return names
+
+
+def training_batch(layout: str, photos: data.PhotoSet, count: int, side: int,
+                   g: torch.Generator, seed: int,
+                   scene_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` training images (pixels [count, 3, side, side], labels [count]): photograph
+    crops, and for layouts with scenes half of them scenes `scene_index`, ... of stream `seed`
+    (the run's seed; the held-out scenes come from another stream)."""
+    n_scenes = count // 2 if qm.with_scenes(layout) else 0
+    pixels, labels = photos.crops(count - n_scenes, side, g)
+    if n_scenes:
+        ids = torch.randint(len(scenes.CLASSES), (n_scenes,), generator=g)
+        more = scenes.batch(ids.tolist(), side, seed, scene_index)
+        pixels = torch.cat([pixels, more])
+        labels = torch.cat([labels, ids + len(data.train_photos())])
+    return pixels, labels
 
 
 @torch.no_grad()
@@ -99,7 +132,7 @@ def _saved_copies(layout: str):
     """Flux: autograd keeps copies of what it saves. ComfyUI's Flux blocks add their updates in
     place (`txt += ...`, `x += ...`) into tensors a LayerNorm saved for backward, which plain
     autograd refuses; the copies cost memory, not correctness. UNet: nothing to do."""
-    if layout != "flux":
+    if qm.arch(layout) != "flux":
         return contextlib.nullcontext()
     return torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t)
 
@@ -140,7 +173,7 @@ def train(layout: str, phases: list[Phase], seed: int, lr: float, ema_decay: flo
     torch.manual_seed(seed)
     train_set = data.load_set(data.train_photos(), labelled=True)
     held = data.load_set(data.HELD_OUT, labelled=False)
-    fixture = qm.build(layout, len(data.train_photos()), seed)
+    fixture = qm.build(layout, len(class_names(layout)), seed)
     untrained = None
     if init is not None:
         # The untrained baseline is the same seed's initialisation, measured before loading.
@@ -157,6 +190,7 @@ def train(layout: str, phases: list[Phase], seed: int, lr: float, ema_decay: flo
     record: dict = {
         "layout": layout, "seed": seed, "lr": lr, "ema": ema_decay,
         "phases": [vars(p) for p in phases], "train_photos": list(data.train_photos()),
+        "classes": class_names(layout),
         "held_out_photos": list(data.HELD_OUT), "licences": data.LICENCES,
         "held_out_sigmas": [float(s) for s in held_out_sigmas(fixture)],
         "params": sum(p.numel() for p in net.parameters()), "curve": [], "held_out_small": [],
@@ -175,12 +209,13 @@ def train(layout: str, phases: list[Phase], seed: int, lr: float, ema_decay: flo
     total = sum(p.steps for p in phases)
     step, running, start_cpu, start_wall = 0, [], time.process_time(), time.perf_counter()
     for phase in phases:
-        crop = phase.latent * qm.LATENT_PER_PIXEL[layout]
+        crop = phase.latent * qm.latent_per_pixel(layout)
         for _ in range(phase.steps):
-            pixels, labels = train_set.crops(phase.batch, crop, g)
+            pixels, labels = training_batch(layout, train_set, phase.batch, crop, g, seed,
+                                            step * phase.batch)
             labels = torch.where(torch.rand(phase.batch, generator=g) < P_UNCOND,
                                  torch.full_like(labels, -1), labels)
-            x0 = data.pixels_to_model_space(pixels, layout)
+            x0 = data.pixels_to_model_space(pixels, qm.arch(layout))
             idx = torch.randint(n_sigmas, (phase.batch,), generator=g)
             sigma = fixture.model.model_sampling.sigmas[idx].float()
             noise = torch.randn(x0.shape, generator=g)
@@ -232,9 +267,9 @@ def _save(fixture: qm.Fixture, ema: EMA, record: dict, out: Path, step: int) -> 
     # "steps": every step behind these weights (a continued run's earlier ones included).
     qm.save(fixture, out, {"steps": qm.total_steps(record, step), "run_steps": step,
                            "seed": record["seed"],
-                           "classes": record["train_photos"],
-                           "unet_config" if fixture.layout == "sdxl" else "flux_params":
-                           qm.SDXL_UNET if fixture.layout == "sdxl" else qm.FLUX_PARAMS})
+                           "classes": record["classes"],
+                           "unet_config" if qm.arch(fixture.layout) == "sdxl" else "flux_params":
+                           qm.ARCHITECTURE[fixture.layout][1]})
     ema.swap(net)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
 
@@ -243,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.quality.train", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layout", choices=qm.LAYOUTS, required=True)
+    parser.add_argument("--layout", choices=tuple(qm.ARCHITECTURE), required=True)
     parser.add_argument("--phases", default=None,
                         help="latent:batch:steps,... (default per layout: "
                              + "; ".join(f"{k} {v}" for k, v in DEFAULT_PHASES.items()) + ")")
@@ -261,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     torch.set_num_threads(args.threads)
-    missing = data.missing_sources()
+    missing = data.missing_sources() + scenes.missing_sources()
     if missing:
         raise SystemExit("training data missing: " + "; ".join(missing))
     from ..shared.config import setup_comfy
