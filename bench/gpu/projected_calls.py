@@ -59,7 +59,7 @@ import torch
 
 from ..shared.common import goal
 from ..shared.config import ROOT, BenchConfig, load_pack
-from ..shared.model_configs import SDXL_UNET
+from ..shared.model_configs import FLUX_DEV, SDXL_UNET
 from ..shared.weights import fill_weights
 from .projection import GPU, META, CallRecorder, Op, project
 
@@ -127,18 +127,9 @@ def _randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
-# SDXL base: bench/shared/model_configs.py; Flux.1 dev: model_detection's Flux branch (hidden
-# 3072, 24 heads = 3072 / sum(axes_dim), 19 double and 38 single blocks in the checkpoint, patch
-# 2 over 16 latent channels: img_in takes 64, vec_in 768 = CLIP-L pooled, context 4096 = T5-XXL,
-# guidance_in present in dev); Wan 2.1 14B t2v: model_detection's Wan branch (dim 5120, heads
-# dim / 128 = 40, ffn 13824, 40 blocks in the checkpoint; the rest fixed there) with WanModel's
-# defaults text_len 512 and text_dim 4096 (umT5-XXL).
-FLUX_DEV: dict[str, Any] = {
-    "image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": 768,
-    "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 19,
-    "depth_single_blocks": 38, "axes_dim": [16, 56, 56], "theta": 10000, "patch_size": 2,
-    "qkv_bias": True, "guidance_embed": True, "txt_ids_dims": [],
-}
+# SDXL base and Flux.1 dev: bench/shared/model_configs.py; Wan 2.1 14B t2v: model_detection's
+# Wan branch (dim 5120, heads dim / 128 = 40, ffn 13824, 40 blocks in the checkpoint; the rest
+# fixed there) with WanModel's defaults text_len 512 and text_dim 4096 (umT5-XXL).
 WAN21_14B: dict[str, Any] = {
     "image_model": "wan2.1", "model_type": "t2v", "dim": 5120, "ffn_dim": 13824,
     "num_heads": 40, "num_layers": 40, "in_dim": 16, "out_dim": 16, "patch_size": (1, 2, 2),

@@ -15,3 +15,12 @@ SDXL_UNET: dict[str, Any] = {
     "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
     "use_temporal_attention": False, "use_temporal_resblock": False,
 }
+# Flux.1 dev: model_detection's Flux branch (hidden 3072, 24 heads = 3072 / sum(axes_dim), 19
+# double and 38 single blocks in the checkpoint, patch 2 over 16 latent channels: img_in takes
+# 64, vec_in 768 = CLIP-L pooled, context 4096 = T5-XXL, guidance_in present in dev).
+FLUX_DEV: dict[str, Any] = {
+    "image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": 768,
+    "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 19,
+    "depth_single_blocks": 38, "axes_dim": [16, 56, 56], "theta": 10000, "patch_size": 2,
+    "qkv_bias": True, "guidance_embed": True, "txt_ids_dims": [],
+}
