@@ -103,12 +103,13 @@ if [ ! -f "$tools/.stamp" ] || [ "$(cat "$tools/.stamp")" != "$tools_stamp" ]; t
 fi
 
 # Debian packages the tests need: chromium (the frontend tests), mate-backgrounds (the
-# photographs of the quality section, bench/quality/data.py), shellcheck (actionlint runs the
+# photographs of the quality section, bench/quality/data.py), fonts-dejavu-core (the glyphs of
+# its rendered scenes, bench/quality/scenes.py), shellcheck (actionlint runs the
 # workflows' shell steps through it, as on GitHub's runners) and a Chinese font (legible
 # screenshots of the Chinese help pages; the assertions read the page's text). Installed with
 # apt-get when one is missing and we are root; otherwise the tests that need them fail and say
 # which is missing.
-DEBIAN_PACKAGES=(chromium mate-backgrounds shellcheck fonts-wqy-microhei)
+DEBIAN_PACKAGES=(chromium mate-backgrounds fonts-dejavu-core shellcheck fonts-wqy-microhei)
 missing=()
 for package in "${DEBIAN_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \

@@ -1,7 +1,7 @@
 """The peers of the quality section, installed on whole ComfyUI models (ModelPatcher clones).
 
 UNet (grid from each block call's `activations_shape`; levels of at least MIN_TOKENS tokens,
-the same placement as ToMA's `auto` levels):
+the same placement as ToMA's `auto` levels, or those a fixture's section asks for):
 - ToMeSD, attention scope (tomesd's own placement: self-attention's q/k/v merged, output
   unmerged) and block scope, from bench.speed.baselines.ToMeSD (tomesd's bipartite matching).
 - ToDo: 2x2 average-pooled keys/values in self-attention (bench.speed.baselines.todo_attn1_patch).
@@ -29,19 +29,20 @@ MIN_TOKENS = 1024
 _SLOT = "bench_quality_tomesd"
 
 
-def _grid(extra_options: dict) -> tuple[int, int] | None:
+def _grid(extra_options: dict, min_tokens: int) -> tuple[int, int] | None:
     shape = extra_options.get("activations_shape")
     if shape is None:
         return None
     h, w = int(shape[-2]), int(shape[-1])
-    return (h, w) if h * w >= MIN_TOKENS else None
+    return (h, w) if h * w >= min_tokens else None
 
 
 class UNetToMeSD:
-    """ToMeSD on every UNet level with at least MIN_TOKENS tokens; one matcher per grid."""
+    """ToMeSD on every UNet level with at least min_tokens tokens; one matcher per grid."""
 
-    def __init__(self, ratio: float, seed: int) -> None:
+    def __init__(self, ratio: float, seed: int, min_tokens: int = MIN_TOKENS) -> None:
         self.ratio = ratio
+        self.min_tokens = min_tokens
         self.generator = torch.Generator().manual_seed(seed)
         self.matchers: dict[tuple[int, int], ToMeSD] = {}
 
@@ -51,7 +52,7 @@ class UNetToMeSD:
         return self.matchers[grid]
 
     def attn1_patch(self, n, context, value, extra_options):
-        grid = _grid(extra_options)
+        grid = _grid(extra_options, self.min_tokens)
         if grid is None or n.shape[1] != grid[0] * grid[1]:
             return n, context, value
         merge, unmerge = self.matcher(grid).match(n)
@@ -66,7 +67,7 @@ class UNetToMeSD:
     def block_forward(self, original: Callable) -> Callable:
         def forward(x, context=None, transformer_options=None):
             options = transformer_options or {}
-            grid = _grid(options)
+            grid = _grid(options, self.min_tokens)
             if grid is None or x.shape[1] != grid[0] * grid[1]:
                 return original(x, context=context, transformer_options=options)
             return self.matcher(grid).block_forward(original)(x, context, options)
@@ -74,11 +75,13 @@ class UNetToMeSD:
         return forward
 
 
-def unet_tomesd(patcher, ratio: float, scope: str, seed: int = 0):
-    """A clone of a UNet ModelPatcher with ToMeSD in `scope` ("attention" or "block")."""
+def unet_tomesd(patcher, ratio: float, scope: str, seed: int = 0,
+                min_tokens: int = MIN_TOKENS):
+    """A clone of a UNet ModelPatcher with ToMeSD in `scope` ("attention" or "block") on the
+    levels of at least min_tokens tokens."""
     from comfy.ldm.modules.attention import BasicTransformerBlock
 
-    tome = UNetToMeSD(ratio, seed)
+    tome = UNetToMeSD(ratio, seed, min_tokens)
     clone = patcher.clone()
     if scope == "attention":
         clone.set_model_attn1_patch(tome.attn1_patch)
@@ -92,12 +95,12 @@ def unet_tomesd(patcher, ratio: float, scope: str, seed: int = 0):
     return clone
 
 
-def unet_todo(patcher, factor: int = 2):
-    """A clone of a UNet ModelPatcher with ToDo (factor x factor K/V pooling) on levels >=
-    MIN_TOKENS."""
+def unet_todo(patcher, factor: int = 2, min_tokens: int = MIN_TOKENS):
+    """A clone of a UNet ModelPatcher with ToDo (factor x factor K/V pooling) on levels of at
+    least min_tokens tokens."""
 
     def patch(n, context, value, extra_options):
-        grid = _grid(extra_options)
+        grid = _grid(extra_options, min_tokens)
         if grid is None or n.shape[1] != grid[0] * grid[1]:
             return n, context, value
         if factor == 2:

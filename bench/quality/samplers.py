@@ -17,10 +17,11 @@ RMS added to that output (seeded). Its PSNR says how strongly the sampler turns 
 error of the model into a change of the samples on this fixture: a method scoring near it is
 as close as an error of that size allows, not necessarily at fault.
 
-No timing: the sampler does not change what a method saves per model call (the section's
-speed column: the methods' speeds differ, so compare each against the peers' settings of about
-its speed there). Writes nothing unless --out: then the JSON there and the same report as .md
-beside it (machine, commit, command, rows).
+On the matched fixtures (trained on rendered scenes too) the samples are of every scene class
+and `accuracy` is their recognition accuracy (bench/quality/recognise.py). speedup: process CPU
+time of each sampling call, unmerged's over it, one run each (the section times with more
+care). Writes nothing unless --out: then the JSON there and the same report as .md beside it
+(machine, commit, command, rows).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,8 @@ SAMPLERS = (("euler", "normal"), ("dpmpp_2m", "karras"), ("euler_ancestral", "no
 CFGS = (1.0, 4.0)
 NOISE_LEVEL = 0.2
 TOMA_VARIANTS = ("ToMA defaults", "ToMA attention r0.5", "ToMA block r0.75")
-COLUMNS = ("model", "sampler", "cfg", "variant", "method", "psnr", "ssim", "mmd")
+COLUMNS = ("model", "sampler", "cfg", "variant", "method", "speedup", "psnr", "ssim", "mmd",
+           "accuracy")
 
 log = logging.getLogger(__name__)
 
@@ -82,27 +85,33 @@ def measure(layout: str, side: int | None = None) -> list[dict[str, Any]]:
             patched[v.name] = (v.method, p)
     floor, restart = noisy(base, NOISE_LEVEL)
     patched[f"noise floor ({NOISE_LEVEL:g} x RMS)"] = ("noise", floor)
-    labels = torch.tensor(section.LABELS[:section.SEEDS[layout]])
+    labels = section.eval_labels(layout)
     rows = []
     with torch.inference_mode():
         for sampler, scheduler in SAMPLERS:
             for cfg in CFGS:
-                samples = {}
+                samples, seconds = {}, {}
                 for name, (_, p) in patched.items():
                     log.warning("samplers %s %s/%s cfg %g: %s", layout, sampler, scheduler,
                                 cfg, name)
                     restart()
+                    start = time.process_time()
                     samples[name] = section.sample(p, fixture, labels, side, cfg=cfg,
                                                    sampler=sampler, scheduler=scheduler)
+                    seconds[name] = time.process_time() - start
                 pixels = {n: data.to_uint8(data.model_space_to_pixels(x, qm.arch(layout)))
                           for n, x in samples.items()}
                 feats = {n: section.features(base, fixture, x) for n, x in samples.items()}
+                recognised = section.recognition(layout, pixels, labels)
                 for name, (method, _) in patched.items():
                     psnr, ssim = metrics.psnr_ssim(pixels["unmerged"], pixels[name])
                     rows.append({"model": layout, "sampler": f"{sampler} / {scheduler}",
                                  "cfg": cfg, "variant": name, "method": method,
+                                 "s": seconds[name],
+                                 "speedup": seconds["unmerged"] / seconds[name],
                                  "psnr": psnr, "ssim": ssim,
-                                 "mmd": 1000 * metrics.mmd(feats["unmerged"], feats[name])})
+                                 "mmd": 1000 * metrics.mmd(feats["unmerged"], feats[name]),
+                                 "accuracy": recognised.get(name)})
     return rows
 
 
