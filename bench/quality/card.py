@@ -34,6 +34,22 @@ LAYOUT_TEXT = {
             "default skip_blocks `d0-4, s0-4`), no guidance embedding, context 4 x 64. "
             "Evaluated at a 64x64 latent (= 128x128 pixels): 1024 image tokens. "
             "Full config in the file's metadata (`flux_params`).",
+    "sdxl-matched": "The SDXL layout at width 64 with SDXL's 64-channel heads (2 and 4 heads at "
+                    "the attention levels), trained on photographs and rendered scenes. "
+                    "Evaluated at a 56x56 latent (= 56x56 pixels): attention levels of 784 "
+                    "tokens at 128 channels and 196 at 256, the tokens per channel of SDXL's "
+                    "4096 x 640 and 1024 x 1280 at 1024x1024, so each transformer block splits "
+                    "its work between self-attention, cross-attention and feed-forward as "
+                    "SDXL's do (bench/results/2026-12-01-cpu-quality-shares.md). Config: "
+                    "`SDXL_MATCHED_UNET` in bench/quality/models.py, also in the metadata.",
+    "flux-matched": "The Flux layout at hidden 192 (3 heads of 64, RoPE axes 16/24/24, theta "
+                    "100), 10 double + 20 single blocks, trained on photographs and rendered "
+                    "scenes. Evaluated at a 32x32 latent (= 64x64 pixels): 256 image + 4 text "
+                    "tokens at 192 channels, the tokens per channel of Flux.1's 4096 + 512 at "
+                    "3072, so attention is the share of each block's work that it is in "
+                    "Flux.1 at 1024x1024 (bench/results/2026-12-01-cpu-quality-shares.md). "
+                    "Config: `FLUX_MATCHED_PARAMS` in bench/quality/models.py, also in the "
+                    "metadata.",
 }
 LOADING = (
     "**Loading.** Load a fixture with the pack's loader: `bench.quality.models.load(\"sdxl\")` "
@@ -103,32 +119,44 @@ def loss_curve(record: dict, path: Path) -> None:
     img.save(path)
 
 
+def _grid_classes(layout: str, pixels: int) -> tuple[torch.Tensor, list[str], torch.Tensor]:
+    """The sample grid's classes: labels, names and a reference image each ([n, 3, p, p]):
+    the first SAMPLE_CLASSES photographs (a crop), or every scene class (a held-out render)."""
+    if qm.with_scenes(layout):
+        from . import scenes
+
+        real, ids = scenes.fixed_set(pixels, 1, seed=7)
+        return ids + len(quality_data.train_photos()), list(scenes.CLASSES), real
+    names = quality_data.train_photos()[:SAMPLE_CLASSES]
+    real, _ = quality_data.load_set(names, labelled=True).fixed_crops(pixels, 1, seed=0)
+    return torch.arange(SAMPLE_CLASSES), list(names), real
+
+
 def sample_grid(fixture: qm.Fixture, path: Path) -> None:
-    """Top row: a crop of each of the first SAMPLE_CLASSES training photographs; below: the
-    model's sample for that class (ComfyUI sampler, euler, SAMPLE_STEPS steps), one row per
-    SAMPLE_CFGS scale (the null class as negative)."""
+    """Top row: a reference image of each class (a training photograph's crop or a scene
+    render); below: the model's sample for that class (ComfyUI sampler, euler, SAMPLE_STEPS
+    steps), one row per SAMPLE_CFGS scale (the null class as negative)."""
     layout = fixture.layout
     side = qm.EVAL_LATENT[layout]
     pixels = side * qm.latent_per_pixel(layout)
-    names = quality_data.train_photos()[:SAMPLE_CLASSES]
-    real, _ = quality_data.load_set(names, labelled=True).fixed_crops(pixels, 1, seed=0)
+    labels, names, real = _grid_classes(layout, pixels)
     rows = [quality_data.to_uint8(real)]
     with torch.inference_mode():
         for cfg in SAMPLE_CFGS:
-            x = quality.sample(fixture.patcher(), fixture, torch.arange(SAMPLE_CLASSES), side,
+            x = quality.sample(fixture.patcher(), fixture, labels, side,
                                steps=SAMPLE_STEPS, cfg=cfg)
             pixels_out = quality_data.model_space_to_pixels(x, qm.arch(layout))
             rows.append(quality_data.to_uint8(pixels_out))
-    scale, pad = 2, 6
+    scale, pad = max(2, 128 // pixels), 6
     cell = pixels * scale
-    img = Image.new("RGB", (SAMPLE_CLASSES * (cell + pad) + pad, len(rows) * (cell + pad) + 40),
+    img = Image.new("RGB", (len(names) * (cell + pad) + pad, len(rows) * (cell + pad) + 40),
                     "white")
     draw = ImageDraw.Draw(img)
     cfgs = " and ".join(f"{c:g}" for c in SAMPLE_CFGS)
-    draw.text((pad, 4), f"{layout}-layout fixture: a training photograph's crop (top), samples "
-                        f"of its class below (cfg {cfgs}), {pixels}x{pixels}", fill=(0, 0, 0))
+    draw.text((pad, 4), f"{layout} fixture: a class's reference (top), samples of that class "
+                        f"below (cfg {cfgs}), {pixels}x{pixels}", fill=(0, 0, 0))
     for i, row in enumerate(rows):
-        for j in range(SAMPLE_CLASSES):
+        for j in range(len(names)):
             tile = Image.fromarray(row[j].numpy()).resize((cell, cell), Image.NEAREST)
             img.paste(tile, (pad + j * (cell + pad), 20 + i * (cell + pad)))
     for j, name in enumerate(names):

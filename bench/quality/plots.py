@@ -46,13 +46,66 @@ def _panel(draw: ImageDraw.ImageDraw, origin: tuple[int, int], rows: list[dict],
     draw.text((x0 + w // 2 - 60, y0 + h + 20), "speedup over unmerged (x)", fill=(0, 0, 0))
     draw.text((x0, y0 - 16), label + (" (higher is better)" if higher_better
                                       else " (lower is better)"), fill=(0, 0, 0))
-    for x, y, r in pts:
-        px, py = at(x, y)
+    anchors = [at(x, y) for x, y, _ in pts]
+    texts = [r["variant"].replace("ToMA ", "").replace("attention", "att") for *_, r in pts]
+    sizes = [_text_size(draw, t) for t in texts]
+    boxes = place_labels(anchors, sizes, (x0, y0, x0 + w, y0 + h))
+    for (px, py), (*_, r), text, box in zip(anchors, pts, texts, boxes, strict=True):
         colour = COLOURS.get(r["method"], (100, 100, 100))
         size = 5 if r["variant"] == "ToMA defaults" else 3
         draw.ellipse([px - size, py - size, px + size, py + size], fill=colour)
-        draw.text((px + 5, py - 5), r["variant"].replace("ToMA ", "").replace("attention", "att"),
-                  fill=colour)
+        if math.dist((px, py), _nearest(box, (px, py))) > LEADER:
+            draw.line([(px, py), _nearest(box, (px, py))], fill=(170, 170, 170))
+        draw.text((box[0], box[1]), text, fill=colour)
+
+
+LEADER = 10          # a label farther than this from its point gets a line to it
+
+
+def _text_size(draw: ImageDraw.ImageDraw, text: str) -> tuple[float, float]:
+    left, top, right, bottom = draw.textbbox((0, 0), text)
+    return right - left, bottom - top
+
+
+def _nearest(box: tuple[float, float, float, float],
+             p: tuple[float, float]) -> tuple[float, float]:
+    return min(max(p[0], box[0]), box[2]), min(max(p[1], box[1]), box[3])
+
+
+def _overlap(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def place_labels(anchors: list[tuple[float, float]], sizes: list[tuple[float, float]],
+                 bounds: tuple[float, float, float, float]) -> list[tuple[float, ...]]:
+    """A box (left, top, right, bottom) per label, none overlapping another label or a point
+    (greedy: each label takes the first free spot on rings of growing distance around its
+    point, inside `bounds`; the most crowded points are placed first). A label with no free
+    spot within 104 pixels goes right of its point."""
+    points = [(x - 4, y - 4, x + 4, y + 4) for x, y in anchors]
+    placed: dict[int, tuple[float, ...]] = {}
+
+    def crowd(i: int) -> int:
+        return -sum(math.dist(anchors[i], a) < 40 for a in anchors)
+
+    for i in sorted(range(len(anchors)), key=crowd):
+        (x, y), (w, h) = anchors[i], sizes[i]
+        best = None
+        for radius in (6, 14, 24, 36, 50, 66, 84, 104):
+            for k in range(16):
+                angle = 2 * math.pi * k / 16
+                cx, cy = x + math.cos(angle) * (radius + w / 2), y + math.sin(angle) * (
+                    radius + h / 2)
+                box = (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)
+                inside = (box[0] >= bounds[0] and box[2] <= bounds[2]
+                          and box[1] >= bounds[1] and box[3] <= bounds[3])
+                if inside and not any(_overlap(box, o) for o in [*placed.values(), *points]):
+                    best = box
+                    break
+            if best is not None:
+                break
+        placed[i] = best or (x + 6, y - h / 2, x + 6 + w, y + h / 2)
+    return [placed[i] for i in range(len(anchors))]
 
 
 def frontier(rows: list[dict], path: Path, title: str) -> None:
@@ -87,3 +140,31 @@ def grid(pixels: dict[str, torch.Tensor], path: Path, columns: tuple[str, ...] =
             img.paste(tile, (6 + j * (cw + 6), 22 + i * (ch + 6)))
     path.parent.mkdir(parents=True, exist_ok=True)
     img.save(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bench.quality.plots RESULT.json`: redraw docs/quality-frontier-<layout>.png
+    from a quality section's result file (its rows, nothing re-measured)."""
+    import argparse
+    import json
+
+    from ..shared.config import ROOT
+    from . import models as qm
+
+    parser = argparse.ArgumentParser(prog="python -m bench.quality.plots")
+    parser.add_argument("result", type=Path)
+    args = parser.parse_args(argv)
+    result = json.loads(args.result.read_text())
+    rows = result["sections"]["quality"]["rows"]
+    runs = len(result.get("combined_from", [])) or 1
+    for layout in dict.fromkeys(r["model"] for r in rows):
+        pixels = qm.EVAL_LATENT[layout] * qm.latent_per_pixel(layout)
+        title = f"{layout}-layout fixture, {pixels}px" + (
+            f", median of {runs} runs" if runs > 1 else "")
+        path = ROOT / "docs" / f"quality-frontier-{layout}.png"
+        frontier([r for r in rows if r["model"] == layout], path, title)
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

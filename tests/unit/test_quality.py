@@ -189,3 +189,20 @@ def test_combine_takes_median_speedups_of_the_same_configuration():
     assert combined["ToMA defaults"]["speedups"] == [1.5, 1.5, 1.7]
     assert combined["ToMA defaults"]["speedup"] == 1.5
     assert combined["ToMA recompute 5"]["speedup"] == 1.9
+
+
+def test_frontier_labels_do_not_overlap():
+    """12 points in a 60 x 30 pixel cluster (as the SDXL frontier's ToMA settings are): every
+    label gets a box of its own, clear of every point, inside the panel."""
+    from bench.quality import plots
+
+    anchors = [(200 + 5 * (i % 4), 150 + 10 * (i // 4)) for i in range(12)]
+    sizes = [(60, 10)] * 12
+    bounds = (0, 0, 420, 300)
+    boxes = plots.place_labels(anchors, sizes, bounds)
+    points = [(x - 4, y - 4, x + 4, y + 4) for x, y in anchors]
+    for i, box in enumerate(boxes):
+        assert bounds[0] <= box[0] and box[2] <= bounds[2]
+        assert bounds[1] <= box[1] and box[3] <= bounds[3]
+        assert not any(plots._overlap(box, other) for other in boxes[:i] + boxes[i + 1:])
+        assert not any(plots._overlap(box, p) for p in points)
