@@ -31,7 +31,11 @@ from pathlib import Path
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "example_workflows"
 FLOOR = (0, 3, 64)  # the oldest ComfyUI the pack supports (README: Compatibility, Versions)
 # Example (file name without .json) -> the oldest tested ComfyUI with every core node it uses.
-MIN_COMFYUI: dict[str, tuple[int, int, int]] = {}
+MIN_COMFYUI: dict[str, tuple[int, int, int]] = {
+    # LTXAVTextEncoderLoader, LTXVAudioVAELoader, LTXVEmptyLatentAudio, LTXVConcatAVLatent,
+    # LTXVSeparateAVLatent, LTXVAudioVAEDecode (comfy_extras/nodes_lt_audio.py, nodes_lt.py)
+    "LTX-2 text to video": (0, 8, 0),
+}
 # Node types the frontend draws without a backend node (they need none in /object_info).
 FRONTEND_ONLY_NODES = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})
 
