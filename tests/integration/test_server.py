@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+import comfy_harness as ch
 import comfy_server
+import example_gate
 from comfy_server import PACK_FOLDER, TEST_PACK_FOLDER, ComfyServer
 from toma_pack.nodes import NODE_SPECS
 from toma_pack.nodes.options import parse_skip_blocks
@@ -97,9 +99,11 @@ def test_object_info_matches_the_node_definitions(server: ComfyServer, name: str
 
 def test_template_browser_files(server: ComfyServer) -> None:
     # The list: keyed by the custom_nodes folder name, file names without .json (0.3.64 to
-    # 0.33.0); the browser shows each under that name as its title.
+    # 0.33.0); the browser shows each under that name as its title. Every example, on every
+    # version: ComfyUI lists the folder as it is, examples that need a later ComfyUI included
+    # (tests/example_gate.py; their notes say which).
     templates = server.get_json("/api/workflow_templates")
-    expected = sorted(path.stem for path in EXAMPLES.glob("*.json"))
+    expected = sorted(path.stem for path in example_gate.example_files())
     assert expected, "the pack has no example workflows"
     assert sorted(templates.get(PACK_FOLDER, [])) == expected
     for stem in expected:
@@ -144,34 +148,88 @@ def test_translations_are_served(server: ComfyServer) -> None:
     assert {name: served["zh"]["nodeDefs"][name] for name in PACK_NODES} == node_defs
 
 
-FRONTEND_ONLY_NODES = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
-WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+SCALAR_WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
+SEED_CONTROL_VALUES = ["fixed", "increment", "decrement", "randomize"]
+DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"  # V3 (ComfyUI 0.33): a combo whose options add inputs
+Widget = tuple[str, Any, dict[str, Any]]  # name, kind (a scalar type or the combo's options), opts
 
 
-def widget_count(info: dict[str, Any]) -> int:
-    """How many values a saved workflow holds for a node, from its /object_info entry: one per
-    widget input (combo or scalar, not forceInput), plus the frontend's "control after
-    generate" value for inputs that ask for it (seeds)."""
-    count = 0
-    for section in ("required", "optional"):
-        for spec in (info["input"].get(section) or {}).values():
-            kind, options = spec[0], (spec[1] if len(spec) > 1 else {})
-            if options.get("forceInput") or not (isinstance(kind, list) or kind in WIDGET_TYPES):
-                continue
-            count += 2 if options.get("control_after_generate") else 1
-    return count
+def widgets(inputs: dict[str, Any], values: list[Any]) -> list[Widget]:
+    """The widgets the frontend makes for a node with these /object_info inputs, in the order of
+    a saved workflow's values: one per widget input (a combo, or a scalar that is not
+    forceInput; a multi-type input by its widgetType), then the frontend's "control after
+    generate" value for inputs that ask for it (seeds), and right after a dynamic combo the
+    widgets of the option its saved value picks. A hidden input still makes one (0.33's
+    SaveVideo: filename_prefix, format, format.codec, then the hidden codec, in frontend 1.49)."""
+    found: list[Widget] = []
+
+    def walk(inputs: dict[str, Any]) -> None:
+        for section in ("required", "optional"):
+            for name, spec in (inputs.get(section) or {}).items():
+                kind, options = spec[0], (spec[1] if len(spec) > 1 else {})
+                if options.get("forceInput"):
+                    continue
+                kind = options.get("widgetType", kind)
+                if kind == DYNAMIC_COMBO:
+                    choices = {option["key"]: option["inputs"] for option in options["options"]}
+                    found.append((name, list(choices), options))
+                    picked = (values[len(found) - 1] if len(found) <= len(values)
+                              else options.get("default", next(iter(choices))))
+                    walk(choices.get(picked, {}))
+                    continue
+                if kind == "COMBO":  # V3 nodes: the options under "options"
+                    kind = list(options.get("options", []))
+                if isinstance(kind, list) or kind in SCALAR_WIDGET_TYPES:
+                    found.append((name, kind, options))
+                    if options.get("control_after_generate"):
+                        found.append((f"{name}:control", SEED_CONTROL_VALUES, {}))
+
+    walk(inputs)
+    return found
 
 
-@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.json")), ids=lambda path: path.stem)
-def test_examples_fit_this_comfyuis_nodes(server: ComfyServer, example: Path) -> None:
-    # Every node an example uses exists here and gets a value for each of its widgets.
-    node_info = server.get_json("/object_info")
+MODEL_FILE = re.compile(r"\.(safetensors|sft|ckpt|pt|pth|bin|gguf)$")
+
+
+def fits(widget: Widget, value: Any) -> bool:
+    """Whether a saved value fits its widget: a combo's option (a model file name is not one on
+    this server, which has no models: any name of one), a number in range, a boolean, a string."""
+    _, kind, options = widget
+    if isinstance(kind, list):
+        return value in kind or isinstance(value, str) and MODEL_FILE.search(value) is not None
+    if kind in ("BOOLEAN", "STRING"):
+        return isinstance(value, bool if kind == "BOOLEAN" else str)
+    if isinstance(value, bool) or not isinstance(value, int if kind == "INT" else (int, float)):
+        return False
+    return options.get("min", value) <= value <= options.get("max", value)
+
+
+@pytest.fixture(scope="module")
+def node_info(server: ComfyServer) -> dict[str, Any]:
+    return server.get_json("/object_info")
+
+
+@pytest.mark.parametrize("example", example_gate.example_files(), ids=lambda path: path.stem)
+def test_examples_fit_this_comfyuis_nodes(node_info: dict[str, Any], example: Path) -> None:
+    # Every node an example uses exists here and gets a fitting value for each of its widgets;
+    # below the example's minimum ComfyUI (tests/example_gate.py), its nodes are missing here.
+    version = ch.comfy_version()
+    if not example_gate.runs_here(example, version, node_info):
+        return
+    # Saved in the widget layout of the oldest ComfyUI the example runs on: there, exactly one
+    # value per widget; later ComfyUIs may append widgets, which the frontend gives their
+    # defaults (LTX-2's text encoder loader got `device` in 0.33, CreateVideo `bit_depth`).
+    exact = version == example_gate.min_version(example)
     for node in json.loads(example.read_text())["nodes"]:
-        if node["type"] in FRONTEND_ONLY_NODES:
+        if node["type"] in example_gate.FRONTEND_ONLY_NODES:
             continue
         assert node["type"] in node_info, f"node {node['id']}: no {node['type']} here"
         values = node.get("widgets_values", [])
-        assert len(values) == widget_count(node_info[node["type"]]), (node["id"], values)
+        found = widgets(node_info[node["type"]]["input"], values)
+        assert (len(values) == len(found)) if exact else (len(values) <= len(found)), (
+            node["id"], values, [name for name, _, _ in found])
+        for widget, value in zip(found, values, strict=False):  # the widgets may outnumber them
+            assert fits(widget, value), (node["id"], node["type"], widget[0], value, widget[1:])
 
 
 def test_prompt_runs_and_pushes_stats(server: ComfyServer) -> None:

@@ -5,7 +5,8 @@ their current inputs (widget values are stored by position, so a reordered or re
 breaks these files), explain itself in a note, and come with a title (its file name) and a
 thumbnail (<name>.jpg, made by tests/integration/example_thumbnails.py). That the core nodes
 they use exist, with these widget counts, is checked against each ComfyUI version's own node
-list in tests/integration/test_server.py.
+list in tests/integration/test_server.py; an example that needs a later ComfyUI than the pack's
+floor is named in tests/example_gate.py, and says so in its note.
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+import example_gate
 from toma_pack.nodes import NODE_SPECS
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "example_workflows"
-EXAMPLE_FILES = sorted(EXAMPLES_DIR.glob("*.json"))
+EXAMPLES_DIR = example_gate.EXAMPLES_DIR
+EXAMPLE_FILES = example_gate.example_files()
 EXPECTED_EXAMPLES = {
     "SDXL text to image.json",
     "Flux dev text to image.json",
     "SDXL hires fix.json",
     "Wan 2.2 text to video.json",
     "Qwen-Image text to image.json",
+    "LTX-2 text to video.json",
 }
 # The template browser shows the file name as the title: words, not an identifier.
 TITLE = re.compile(r"^[A-Z0-9][\w.()+,-]*( [\w.()+,-]+)+$")
@@ -270,6 +273,7 @@ def test_txt2img_examples_sample_through_toma_at_1024(name, latent_type):
 @pytest.mark.parametrize(("name", "sampler_type", "count"), [
     ("Wan 2.2 text to video.json", "KSamplerAdvanced", 2),   # high- and low-noise model
     ("Qwen-Image text to image.json", "KSampler", 1),
+    ("LTX-2 text to video.json", "CFGGuider", 1),  # SamplerCustomAdvanced takes the guider
 ])
 def test_dit_examples_sample_every_model_through_toma(name, sampler_type, count):
     workflow = load(EXAMPLES_DIR / name)
@@ -281,3 +285,29 @@ def test_dit_examples_sample_every_model_through_toma(name, sampler_type, count)
     # one kind of block in both families: skip_blocks in plain indices
     toma = [n for n in workflow["nodes"] if n["type"] in TOMA_TYPES]
     assert all(n["widgets_values"][2] == "0-4" for n in toma)
+
+
+@pytest.mark.parametrize("stem", sorted(example_gate.MIN_COMFYUI))
+def test_gated_examples_exist_and_say_which_comfyui_they_need(stem: str):
+    # A user of an older ComfyUI still finds the example in the template browser: its note says
+    # why its nodes are missing there.
+    path = EXAMPLES_DIR / f"{stem}.json"
+    assert path in EXAMPLE_FILES, f"tests/example_gate.py names no example: {stem}"
+    version = example_gate.min_version(path)
+    assert version > example_gate.FLOOR, f"{stem}: runs on every supported ComfyUI, ungate it"
+    notes = [n["widgets_values"][0] for n in load(path)["nodes"] if n["type"] == "MarkdownNote"]
+    needs = f"Needs ComfyUI {example_gate.version_text(version)} or later"
+    assert any(needs in note for note in notes), needs
+
+
+def test_ltx2_example_size_and_frame_rates():
+    # The size the README's LTX-2 benchmark measures; the frame rate is given three times and
+    # LTX-2 needs the three to agree (conditioning, audio length, the saved video).
+    workflow = load(EXAMPLES_DIR / "LTX-2 text to video.json")
+    by_type = {n["type"]: n["widgets_values"] for n in workflow["nodes"]}
+    width, height, frames, batch = by_type["EmptyLTXVLatentVideo"]
+    assert (width, height, frames, batch) == (768, 512, 121, 1)
+    assert width % 32 == height % 32 == 0 and frames % 8 == 1
+    audio_frames, audio_rate, _ = by_type["LTXVEmptyLatentAudio"]
+    assert audio_frames == frames
+    assert by_type["LTXVConditioning"][0] == audio_rate == by_type["CreateVideo"][0]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
+import example_gate
 from toma_pack.nodes import NODE_SPECS
 from toma_pack.nodes.unet_patch import AUTO_MIN_TOKENS, TOKENS_PER_TILE
 
@@ -68,7 +69,13 @@ def test_the_examples_named_in_the_readme_are_the_example_files():
     where = section("## Where the node goes")
     listed = " ".join(where.split("It holds", 1)[1].split(";")[0].split())
     named = set(re.findall(r"\*([^*]+)\*", listed))
-    assert named == {path.stem for path in (ROOT / "example_workflows").glob("*.json")}
+    assert named == {path.stem for path in example_gate.example_files()}
+    # An example that needs a later ComfyUI than the pack's floor says which, in the brackets
+    # after its name: "*LTX-2 text to video* (... needs ComfyUI v0.8.0 or later ...)".
+    for stem in example_gate.MIN_COMFYUI:
+        after = re.search(rf"\*{re.escape(stem)}\* \(([^)]*)\)", listed)
+        version = example_gate.version_text(example_gate.MIN_COMFYUI[stem])
+        assert after and f"needs ComfyUI {version} or later" in after[1], (stem, version)
 
 
 def test_the_template_category_named_in_the_readme_is_the_pack_s():
