@@ -68,9 +68,11 @@ def noisy(patcher, level: float, seed: int = 0) -> tuple[Any, Callable[[], None]
     return clone, lambda: state.update(generator=None)
 
 
-def measure(layout: str, side: int | None = None) -> list[dict[str, Any]]:
+def measure(layout: str, side: int | None = None, only: tuple[str, ...] | None = None,
+            per_class: int | None = None) -> list[dict[str, Any]]:
     """Rows for every sampler, cfg and variant of one fixture (side: latent side, default its
-    evaluation size)."""
+    evaluation size; only: these variants and unmerged; per_class: scene images per class on
+    the matched fixtures, default the section's)."""
     from . import metrics
 
     side = side or qm.EVAL_LATENT[layout]
@@ -80,12 +82,14 @@ def measure(layout: str, side: int | None = None) -> list[dict[str, Any]]:
     for v in section.variants(layout, side):
         if v.method == "toma" and v.name not in TOMA_VARIANTS:
             continue
+        if only is not None and v.name not in (*only, "unmerged"):
+            continue
         p = v.make(base)
         if p is not None:
             patched[v.name] = (v.method, p)
     floor, restart = noisy(base, NOISE_LEVEL)
     patched[f"noise floor ({NOISE_LEVEL:g} x RMS)"] = ("noise", floor)
-    labels = section.eval_labels(layout)
+    labels = section.eval_labels(layout, per_class)
     rows = []
     with torch.inference_mode():
         for sampler, scheduler in SAMPLERS:
@@ -139,13 +143,20 @@ def main(argv: list[str] | None = None) -> None:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--layouts", default=",".join(qm.LAYOUTS))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--only", default=None,
+                        help="comma-separated variant names (and unmerged): a shorter sweep")
+    parser.add_argument("--per-class", type=int, default=None,
+                        help="matched fixtures: scene images per class (default: the "
+                             "section's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     torch.set_num_threads(1)
     if not setup_comfy(torch.device("cpu")):
         raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")
-    rows = [row for layout in args.layouts.split(",") for row in measure(layout)]
+    only = None if args.only is None else tuple(args.only.split(","))
+    rows = [row for layout in args.layouts.split(",")
+            for row in measure(layout, only=only, per_class=args.per_class)]
     result = {"machine": machine_info(),
               "config": {"commit": commit(),
                          "comfyui": str(ROOT.joinpath(os.environ["COMFYUI_PATH"]).resolve()),

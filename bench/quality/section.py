@@ -88,14 +88,14 @@ def _toma(**settings: Any) -> Callable[[Any], Any]:
     return make
 
 
-def eval_labels(layout: str) -> torch.Tensor:
+def eval_labels(layout: str, per_class: int | None = None) -> torch.Tensor:
     """Class labels of the images each variant samples (one batch): photographs' classes
-    (LABELS), or on the matched fixtures SCENES_PER_CLASS of every scene class (their labels
-    follow the photographs')."""
+    (LABELS), or on the matched fixtures `per_class` (default SCENES_PER_CLASS) of every scene
+    class (their labels follow the photographs')."""
     if qm.with_scenes(layout):
         first = len(data.train_photos())
         return torch.tensor([first + c for c in range(len(scenes.CLASSES))
-                             for _ in range(SCENES_PER_CLASS)])
+                             for _ in range(per_class or SCENES_PER_CLASS)])
     return torch.tensor(LABELS[:SEEDS[layout]])
 
 
