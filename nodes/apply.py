@@ -23,7 +23,7 @@ def model_family(model) -> str | Family:
     from comfy.ldm.modules.attention import SpatialVideoTransformer
     from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
 
-    from .families import family_of
+    from .families import family_of, not_merged_reason
 
     diffusion_model = model.get_model_object("diffusion_model")
     if isinstance(diffusion_model, UNetModel):
@@ -32,8 +32,9 @@ def model_family(model) -> str | Family:
         return "unet"
     family = family_of(diffusion_model)
     if family is None:
-        raise ValueError(f"ToMA cannot patch {type(diffusion_model).__name__} models; "
-                         f"supported: {SUPPORTED}")
+        reason = not_merged_reason(diffusion_model)
+        raise ValueError(f"ToMA cannot patch {type(diffusion_model).__name__} models"
+                         + (f" ({reason})" if reason else "") + f"; supported: {SUPPORTED}")
     return family
 
 

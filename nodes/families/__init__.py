@@ -25,6 +25,26 @@ MODULES = (flux, wan, qwen_image, hunyuan_video, hunyuan_image, sd3, lumina, ltx
            kandinsky5)
 
 
+# Models of these classes share a supported family's blocks but are left alone, and the error
+# says why (classes by name: some exist only in some ComfyUI versions).
+NOT_MERGED = {
+    "AnimateWanModel": "Wan Animate adds its pose latents to the image tokens before the blocks "
+                       "and its face adapter blocks, between the main blocks, attend them frame "
+                       "by frame; merged tokens line up with neither",
+    "WanModel_S2V": "Wan S2V's audio injector writes audio features into the image tokens "
+                    "between blocks, and its motion frames run in front of the video",
+    "HumoWanModel": "HuMo's blocks cross-attend audio tokens frame by frame",
+    "HiDreamO1Transformer": "HiDream-O1 reuses its prompt's keys and values across steps only "
+                            "while no block is replaced; ToMA's block patches would turn that "
+                            "off and recompute the prompt every step, a cost not measured yet",
+}
+
+
+def not_merged_reason(diffusion_model) -> str | None:
+    """Why a known model class is left alone, or None."""
+    return NOT_MERGED.get(type(diffusion_model).__name__)
+
+
 def family_of(diffusion_model) -> Family | None:
     """The Family of a diffusion model, or None when ToMA does not support it."""
     for module in MODULES:

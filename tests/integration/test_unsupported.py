@@ -28,6 +28,39 @@ def tiny_wan_animate():
         {**config, "model_type": "animate", "in_dim": 36}))
 
 
+def tiny_wan_s2v():
+    """Wan 2.2 S2V (WanModel_S2V): audio injected into the image tokens between blocks."""
+    import comfy.supported_models
+    import tiny_models
+
+    config = tiny_models.family("wan21_t2v").unet_config()
+    return _patcher(comfy.supported_models.WAN22_S2V({**config, "model_type": "s2v"}))
+
+
+def tiny_wan_humo():
+    """HuMo (HumoWanModel): blocks that cross-attend audio tokens."""
+    import comfy.supported_models
+    import tiny_models
+
+    config = tiny_models.family("wan21_t2v").unet_config()
+    return _patcher(comfy.supported_models.WAN21_HuMo({**config, "model_type": "humo"}))
+
+
+def tiny_hidream_o1():
+    """HiDream-O1 (ComfyUI 0.33 and later): a Qwen3-VL decoder over prompt and image tokens
+    that caches the prompt's keys and values while no block is replaced."""
+    import comfy.supported_models
+
+    text = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "rope_dims": [4, 2, 2]}
+    vision = {"hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "depth": 1,
+              "num_position_embeddings": 16, "deepstack_visual_indexes": ()}
+    return _patcher(comfy.supported_models.HiDreamO1({
+        "image_model": "hidream_o1", "text_config_overrides": text,
+        "vision_config_overrides": vision}))
+
+
 def tiny_hunyuan3d():
     """Hunyuan3D 2: Flux's block classes on shape latents, not an image grid."""
     import comfy.supported_models
@@ -54,13 +87,28 @@ def tiny_svd():
 
 
 MODELS = {"wan_animate": (tiny_wan_animate, "AnimateWanModel"),
+          "wan_s2v": (tiny_wan_s2v, "WanModel_S2V"), "wan_humo": (tiny_wan_humo, "HumoWanModel"),
+          "hidream_o1": (tiny_hidream_o1, "HiDreamO1Transformer"),
           "hunyuan3d": (tiny_hunyuan3d, "Hunyuan3Dv2"), "svd": (tiny_svd, "video UNet")}
+# What the error says about why (models ToMA knows and leaves alone).
+REASONS = {"wan_animate": "face adapter blocks", "wan_s2v": "audio injector",
+           "wan_humo": "cross-attend audio tokens", "hidream_o1": "prompt's keys and values"}
+# Models that only newer ComfyUI versions have: the class ComfyUI's config would be.
+NEWER = {"hidream_o1": "HiDreamO1"}
 
 
 @pytest.mark.parametrize("ratio", [0.5, 0.0])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_unsupported_models_are_refused_at_every_ratio(comfyui_path, name, ratio):
     build, named = MODELS[name]
+    if name in NEWER:
+        import comfy.supported_models
+
+        if not hasattr(comfy.supported_models, NEWER[name]):
+            assert ch.comfy_version() < (0, 33, 0), f"{NEWER[name]} missing"
+            return
     with pytest.raises(ValueError, match="supported: SDXL") as error:
         patch_model(build(), ratio, 0, "d0-4, s0-4", 5)
     assert named.upper() in str(error.value).upper()
+    if name in REASONS:
+        assert REASONS[name] in str(error.value)
