@@ -119,20 +119,39 @@ def measure(layout: str, side: int | None = None, only: tuple[str, ...] | None =
     return rows
 
 
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The quality section's targets (bench.quality.section.targets: ToMA defaults against each
+    peer read off its own speed-quality curve at ToMA's speed) for every fixture, sampler and
+    cfg, from this sweep's rows and speeds."""
+    out = []
+    groups = dict.fromkeys((r["model"], r["sampler"], r["cfg"]) for r in rows)
+    for model, sampler, cfg in groups:
+        own = [r for r in rows if (r["model"], r["sampler"], r["cfg"]) == (model, sampler, cfg)
+               and r["method"] != "noise"]
+        out += [{"sampler": sampler, "cfg": cfg, **t} for t in section.targets(own, model)]
+    return out
+
+
 def report(result: dict[str, Any]) -> str:
     from ..shared.common import markdown_table
 
     config = result["config"]
+    found = targets(result["rows"])
+    met = sum(t["met"] is True for t in found)
     return "\n".join([
         "# Quality fixtures under several samplers (bench/quality/samplers.py)", "",
         ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
         f"commit: {config['commit']}", "",
         f"command: `{config['command']}` with COMFYUI_PATH={config['comfyui']}", "",
-        f"- {section.STEPS} steps, {section.SEEDS['sdxl']} images per variant (seed "
-        f"{section.SEED}), float32; psnr / ssim against the unmerged samples of the same "
-        "sampler and cfg; mmd x1000 on the unmerged model's middle features; noise floor: "
-        f"the unmerged model with {NOISE_LEVEL:g} x RMS Gaussian noise on each output", "",
-        markdown_table(result["rows"], COLUMNS), ""])
+        f"- {section.STEPS} steps, {section.SEEDS['sdxl']} images per variant on the first "
+        "fixtures (photograph classes), one batch of every scene class on the matched ones "
+        f"(--per-class each; seed {section.SEED}), float32; psnr / ssim against the unmerged "
+        "samples of the same sampler and cfg; mmd x1000 on the unmerged model's middle "
+        "features; accuracy: the scene recogniser's on the samples; noise floor: the unmerged "
+        f"model with {NOISE_LEVEL:g} x RMS Gaussian noise on each output", "",
+        markdown_table(result["rows"], COLUMNS), "", "## Targets", "",
+        f"{met} of {len(found)} met; n/a: the peer never gets as fast as ToMA defaults.", "",
+        markdown_table(found, ["sampler", "cfg", "target", "value", "met"]), ""])
 
 
 def main(argv: list[str] | None = None) -> None:

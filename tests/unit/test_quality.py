@@ -206,3 +206,27 @@ def test_frontier_labels_do_not_overlap():
         assert bounds[1] <= box[1] and box[3] <= bounds[3]
         assert not any(plots._overlap(box, other) for other in boxes[:i] + boxes[i + 1:])
         assert not any(plots._overlap(box, p) for p in points)
+
+
+def test_sampler_sweep_targets_are_judged_per_sampler_and_cfg():
+    """bench.quality.samplers.targets: the section's targets for each (fixture, sampler, cfg)
+    from that group's rows alone; the noise floor is no peer."""
+    from bench.quality import samplers
+
+    def row(sampler, variant, method, speedup, psnr, accuracy):
+        return {"model": "flux-matched", "sampler": sampler, "cfg": 1.0, "variant": variant,
+                "method": method, "speedup": speedup, "psnr": psnr, "ssim": psnr / 100,
+                "mmd": 100 / psnr, "accuracy": accuracy}
+
+    rows = []
+    for sampler, peer_psnr in (("euler / normal", 20.0), ("dpmpp_2m / karras", 30.0)):
+        rows += [row(sampler, "unmerged", "unmerged", 1.0, float("inf"), 0.9),
+                 row(sampler, "ToMA defaults", "toma", 1.5, 25.0, 0.9),
+                 row(sampler, "ToDo 2x2", "todo", 1.6, peer_psnr, 0.9),
+                 row(sampler, "noise floor", "noise", 1.0, 10.0, 0.5)]
+    found = samplers.targets(rows)
+    psnr = {t["sampler"]: t["met"] for t in found if "psnr not worse than todo" in t["target"]}
+    assert psnr == {"euler / normal": True, "dpmpp_2m / karras": False}
+    assert not any("noise" in t["target"] for t in found)
+    accuracy = [t for t in found if "recognition accuracy within" in t["target"]]
+    assert len(accuracy) == 2 and all(t["met"] for t in accuracy)
