@@ -203,9 +203,10 @@ def _runs_text(record: dict) -> list[str]:
 def card(records: dict[str, dict]) -> str:
     """models/README.md."""
     lines = ["# Quality fixtures: small diffusion models trained here", "",
-             "Two small diffusion models built from ComfyUI's own model classes (its SDXL UNet "
-             "and its Flux transformer), trained on CPU on natural "
-             "photographs so that the quality bench (`python -m bench --sections quality`, "
+             "Four small diffusion models built from ComfyUI's own model classes (its SDXL UNet "
+             "and its Flux transformer, each in two sizes), trained on CPU on natural "
+             "photographs (the matched pair on rendered scenes too) so that the quality bench "
+             "(`python -m bench --sections quality`, "
              "bench/quality/section.py) measures token merging on models that have learned "
              "something. "
              "They are test fixtures, not image generators.", "",
@@ -229,7 +230,18 @@ def card(records: dict[str, dict]) -> str:
              "--phases 32:8:2000,64:2:600` continues from these weights. Attention is a larger "
              "share of these narrow models' time than of SDXL's or Flux's (see the README's "
              "quality section).", "",
-             "Reproduce: `python -m bench.quality.train --layout sdxl|flux` "
+             "**The matched pair** (`sdxl-matched`, `flux-matched`) fixes the first pair's "
+             "proportions: fewer tokens at wider channels, so that each transformer block "
+             "splits its work between attention and feed-forward as SDXL's and Flux.1's do at "
+             "1024x1024 (within 20% on every share, bench/results/2026-12-01-cpu-quality-"
+             "shares.md), and half of every training batch is a rendered scene "
+             "(bench/quality/scenes.py: a shape, thin lines, a glyph or a word on a two-tone "
+             "background, one class each) whose class a small recogniser "
+             "(models/toma-scene-recogniser.safetensors, bench/quality/recognise.py) reads "
+             "back from a sample. Trained in one run each of about 50 minutes wall "
+             "(figures below).", "",
+             "Reproduce: `python -m bench.quality.train --layout "
+             "sdxl|flux|sdxl-matched|flux-matched` "
              "(bench/quality/train.py; "
              "COMFYUI_PATH set, `apt-get install mate-backgrounds`), then "
              "`python -m bench.quality.card`.", "",
@@ -245,7 +257,13 @@ def card(records: dict[str, dict]) -> str:
               "(a fixed random 4-token context and pooled vector each, stored in the file as "
               "`fixture.context` / `fixture.pooled`) and a null class (last) for unconditional "
               "and held-out use. Latents: fixed linear pixel maps, no VAE "
-              "(bench/quality/data.py).", ""]
+              "(bench/quality/data.py).", "",
+              "Scenes (matched fixtures only; rendered, seeded, none committed): the classes "
+              "disc, square, triangle, ring, cross and bars (1-pixel-scale strokes), the "
+              "glyphs A, E, K, R, S and the word OK in DejaVu Sans Bold (Debian's "
+              "`fonts-dejavu-core`), each a class after the photographs' (labels 13-24); "
+              "held-out loss adds one scene of every class from a stream training never "
+              "draws.", ""]
     for layout, record in records.items():
         path = qm.weights_path(layout)
         size = path.stat().st_size / 2**20
@@ -262,7 +280,9 @@ def card(records: dict[str, dict]) -> str:
                   *_runs_text(record),
                   f"- final training loss (mean of the last 25 steps): "
                   f"{record['curve'][-1]['loss']:.4f}", "",
-                  f"Held-out denoising loss (3 held-out photographs x {train_per_photo()} crops "
+                  f"Held-out denoising loss (3 held-out photographs x {train_per_photo()} crops"
+                  + (", and one held-out scene of every class" if qm.with_scenes(layout) else "")
+                  + " "
                   f"at the evaluation size, {qm.EVAL_LATENT[layout]}x{qm.EVAL_LATENT[layout]} "
                   "latent, null class, fixed noise; epsilon MSE for the UNet, velocity MSE for "
                   "the DiT; the untrained model is the same seed's initialisation):", ""]
