@@ -238,8 +238,12 @@ def card(records: dict[str, dict]) -> str:
              "(bench/quality/scenes.py: a shape, thin lines, a glyph or a word on a two-tone "
              "background, one class each) whose class a small recogniser "
              "(models/toma-scene-recogniser.safetensors, bench/quality/recognise.py) reads "
-             "back from a sample. Trained in one run each of about 50 minutes wall "
-             "(figures below).", "",
+             "back from a sample. Trained in one run each of about 60 minutes wall "
+             "(figures below). **Limit:** they denoise held-out photographs and scenes far "
+             "better than untrained, but their samples do not draw the shapes or glyphs yet "
+             "(blobs and strokes in a scene's colours, the sample grids below), so the "
+             "recogniser reads their unmerged samples at about chance and recognition "
+             "accuracy cannot yet tell merging methods apart.", "",
              "Reproduce: `python -m bench.quality.train --layout "
              "sdxl|flux|sdxl-matched|flux-matched` "
              "(bench/quality/train.py; "
@@ -311,9 +315,12 @@ def train_per_photo() -> int:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.quality.card")
-    parser.add_argument("--layouts", default=",".join(qm.LAYOUTS))
+    parser.add_argument("--layouts", default=",".join(qm.ARCHITECTURE))
     parser.add_argument("--text-only", action="store_true",
                         help="rewrite models/README.md only, not the pictures")
+    parser.add_argument("--pictures", default=None,
+                        help="comma-separated layouts whose pictures are redrawn (default: "
+                             "every layout in the card, none with --text-only)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     from ..shared.config import setup_comfy
@@ -329,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
             record["held_out_trained"] = final_held_out(fixture, record["seed"])
             log_path.write_text(json.dumps(record, indent=1))
         records[layout] = record
-        if not args.text_only:
+        if not args.text_only and (args.pictures is None or layout in args.pictures.split(",")):
             loss_curve(record, ROOT / "docs" / f"quality-train-{layout}.png")
             sample_grid(fixture, ROOT / "docs" / f"quality-samples-{layout}.png")
     CARD.write_text(card(records) + "\n")

@@ -1,6 +1,6 @@
 """The trained quality fixtures: model layouts, initialisation, conditioning, safetensors I/O.
 
-Two small diffusion models built from ComfyUI's own classes (needs ComfyUI imported, see
+Small diffusion models built from ComfyUI's own classes (needs ComfyUI imported, see
 bench.shared.config.setup_comfy):
 
 - "sdxl": comfy.supported_models.SDXL (UNetModel, EPS prediction) with SDXL's block structure
@@ -10,6 +10,9 @@ bench.shared.config.setup_comfy):
 - "flux": comfy.supported_models.Flux (double/single stream blocks, RoPE) at hidden 64,
   4 heads, 10 double + 20 single blocks (Flux.1's 1:2 mix, deep enough for the default
   skip_blocks "d0-4, s0-4"), no guidance embedding. At a 64x64 latent: 1024 image tokens.
+
+"sdxl-matched" and "flux-matched": the same classes at the real models' tokens per channel
+(SDXL_MATCHED_UNET, FLUX_MATCHED_PARAMS below), trained on photographs and rendered scenes.
 
 Conditioning is a class label: one fixed, seeded random "text embedding" per training photograph
 (context [4 tokens, 64] and pooled [32]) plus a null class (the last row) for unconditional
@@ -28,7 +31,6 @@ import torch
 from ..shared.config import ROOT
 
 MODELS_DIR = ROOT / "models"
-LAYOUTS = ("sdxl", "flux")
 CONTEXT_TOKENS = 4
 CONTEXT_DIM = 64
 POOLED_DIM = 32
@@ -72,6 +74,7 @@ ARCHITECTURE = {"sdxl": ("sdxl", SDXL_UNET), "flux": ("flux", FLUX_PARAMS),
                 "sdxl-matched": ("sdxl", SDXL_MATCHED_UNET),
                 "flux-matched": ("flux", FLUX_MATCHED_PARAMS)}
 MATCHED = ("sdxl-matched", "flux-matched")
+LAYOUTS = tuple(ARCHITECTURE)           # every committed fixture
 # Evaluation latent sizes (pixels = latent for sdxl, 2 x latent for flux).
 EVAL_LATENT = {"sdxl": 128, "flux": 64, "sdxl-matched": 56, "flux-matched": 32}
 

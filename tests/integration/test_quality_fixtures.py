@@ -16,8 +16,10 @@ from bench.quality import train
 from bench.shared.config import BenchConfig
 
 # Small sizes keep this quick: SDXL 64x64 latent (one attention level of 1024 tokens, the
-# smallest that ToMA's auto levels and the peers merge), Flux 32x32 latent (256 image tokens).
-SIDE = {"sdxl": 64, "flux": 32}
+# smallest that ToMA's auto levels and the peers merge), Flux 32x32 latent (256 image tokens);
+# the matched fixtures at 16x16 (SDXL levels of 64 and 16 tokens, which their section's
+# variants merge; Flux 64 image tokens), one scene image per class.
+SIDE = {"sdxl": 64, "flux": 32, "sdxl-matched": 16, "flux-matched": 16}
 
 
 @pytest.fixture(scope="module", params=quality_models.LAYOUTS)
@@ -25,6 +27,11 @@ def layout(request):
     ch.ensure_comfy()
     yield request.param
     ch.unload_models()
+
+
+@pytest.fixture(autouse=True)
+def one_scene_per_class(monkeypatch):
+    monkeypatch.setattr(quality, "SCENES_PER_CLASS", 1)
 
 
 def _held_out(layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,9 +43,11 @@ def test_fixture_loads_into_comfy_classes(layout):
     fixture = quality_models.load(layout)
     import comfy.model_base
 
-    expected = comfy.model_base.SDXL if layout == "sdxl" else comfy.model_base.Flux
+    expected = (comfy.model_base.SDXL if quality_models.arch(layout) == "sdxl"
+                else comfy.model_base.Flux)
     assert type(fixture.model) is expected
-    assert fixture.tables["context"].shape[0] == len(quality_data.train_photos()) + 1
+    assert fixture.tables["context"].shape[0] == len(train.class_names(layout)) + 1
+    assert fixture.meta["classes"] == train.class_names(layout)
 
 
 def test_fixture_metadata_counts_every_training_step(layout):
@@ -49,7 +58,8 @@ def test_fixture_metadata_counts_every_training_step(layout):
     fixture = quality_models.load(layout)
     record = json.loads(quality_models.weights_path(layout).with_suffix(".json").read_text())
     runs = quality_models.training_runs(record)
-    assert len(runs) > 1          # the committed fixtures were trained in several runs
+    if layout not in quality_models.MATCHED:
+        assert len(runs) > 1      # the first fixtures were trained in several runs
     assert fixture.meta["steps"] == sum(run["steps_done"] for run in runs)
     assert fixture.meta["run_steps"] == runs[-1]["steps_done"]
 
@@ -66,7 +76,7 @@ def test_comfyui_loader_cannot_detect_the_fixtures(layout):
 def test_trained_denoises_far_better_than_untrained(layout):
     x0, labels = _held_out(layout)
     trained = quality_models.load(layout)
-    untrained = quality_models.build(layout, len(quality_data.train_photos()), seed=0)
+    untrained = quality_models.build(layout, len(train.class_names(layout)), seed=0)
     good = sum(train.held_out_loss(trained, x0, labels, seed=0))
     bad = sum(train.held_out_loss(untrained, x0, labels, seed=0))
     assert good < 0.5 * bad, (good, bad)
@@ -99,14 +109,19 @@ def test_quality_section_runs(layout, tmp_path):
     assert rows["EasyCache 0.5"]["dloss"] is None           # one step: nothing to cache
     assert all(r["s"] > 0 for r in rows.values())
     found = quality.targets(result["rows"], layout)
-    # the speed target first, then every metric against ToMeSD, ToDo and EasyCache (EasyCache's
-    # held-out loss is not applicable to a one-step run): each judged from this run's rows
-    metrics = len(quality.BETTER)
-    assert len(found) == 1 + 3 * metrics - 1
+    # the speed target first (the first fixtures), the recognition accuracy one (the matched
+    # fixtures), then every metric against ToMeSD, ToDo and EasyCache (EasyCache's held-out loss
+    # is not applicable to a one-step run): each judged from this run's rows
+    scenes = layout in quality_models.MATCHED
+    assert (rows["ToMA defaults"]["accuracy"] is not None) == scenes
+    metrics = len(quality.BETTER) - (0 if scenes else 1)
+    head = (layout in quality.TARGET_SPEEDUP) + scenes
+    assert len(found) == head + 3 * metrics - 1
     speed = rows["ToMA defaults"]["speedup"]
-    assert found[0]["met"] == (speed >= quality.TARGET_SPEEDUP[layout])
+    if layout in quality.TARGET_SPEEDUP:
+        assert found[0]["met"] == (speed >= quality.TARGET_SPEEDUP[layout])
     assert all(t["met"] in (True, False, "n/a") for t in found)
-    for t in found[1:]:
+    for t in found[head:]:
         metric = t["target"].split("ToMA ")[1].split(" ")[0]
         ours = rows["ToMA defaults"][metric]
         assert t["value"].startswith(f"{quality._finite(ours) if metric == 'psnr' else ours:.4g}")
