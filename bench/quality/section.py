@@ -451,8 +451,9 @@ def run(cfg: BenchConfig, layouts: tuple[str, ...] = qm.LAYOUTS, reps: int | Non
             plots.frontier(result["rows"], DOCS / f"quality-frontier-{layout}{suffix}.png",
                            f"{layout}-layout fixture, {pixels}px")
             plots.grid(result["pixels"], DOCS / f"quality-grid-{layout}{suffix}.png")
-    notes.insert(0, f"trained fixtures, {STEPS} euler steps, cfg 1.0, {SEEDS['sdxl']} images "
-                    f"per variant, {reps} timed runs each (interleaved), "
+    images = ", ".join(f"{layout} {len(eval_labels(layout))}" for layout in layouts)
+    notes.insert(0, f"trained fixtures, {STEPS} euler steps, cfg 1.0, images per variant: "
+                    f"{images}; {reps} timed runs each (interleaved), "
                     f"{str(cfg.dtype).replace('torch.', '')}; mmd x1000 on the unmerged "
                     "model's middle features; dloss = relative increase of held-out "
                     "denoising loss")
