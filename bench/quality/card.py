@@ -327,8 +327,12 @@ def main(argv: list[str] | None = None) -> None:
 
     if not setup_comfy(torch.device("cpu")):
         raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")
+    layouts = args.layouts.split(",")
+    stray = set((args.pictures or "").split(",")) - set(layouts) - {""}
+    if stray:
+        parser.error(f"--pictures: {sorted(stray)} not among --layouts {layouts}")
     records = {}
-    for layout in args.layouts.split(","):
+    for layout in layouts:
         log_path = qm.weights_path(layout).with_suffix(".json")
         record = json.loads(log_path.read_text())
         fixture = qm.load(layout)

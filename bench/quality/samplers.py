@@ -76,10 +76,17 @@ def measure(layout: str, side: int | None = None, only: tuple[str, ...] | None =
     from . import metrics
 
     side = side or qm.EVAL_LATENT[layout]
+    found = section.variants(layout, side)
+    unknown = set(only or ()) - {v.name for v in found}
+    if unknown:
+        raise ValueError(f"--only: no variants {sorted(unknown)} on {layout}; its variants: "
+                         + ", ".join(v.name for v in found))
+    if per_class is not None and per_class < 1:
+        raise ValueError(f"--per-class must be at least 1, got {per_class}")
     fixture = qm.load(layout)
     base = fixture.patcher()
     patched = {}
-    for v in section.variants(layout, side):
+    for v in found:
         if v.method == "toma" and v.name not in TOMA_VARIANTS:
             continue
         if only is not None and v.name not in (*only, "unmerged"):

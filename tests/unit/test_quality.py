@@ -230,3 +230,12 @@ def test_sampler_sweep_targets_are_judged_per_sampler_and_cfg():
     assert not any("noise" in t["target"] for t in found)
     accuracy = [t for t in found if "recognition accuracy within" in t["target"]]
     assert len(accuracy) == 2 and all(t["met"] for t in accuracy)
+
+
+def test_sampler_sweep_refuses_unknown_variants_and_counts():
+    from bench.quality import samplers
+
+    with pytest.raises(ValueError, match="--only: no variants"):
+        samplers.measure("flux-matched", only=("ToMA nonsense",))
+    with pytest.raises(ValueError, match="--per-class must be at least 1"):
+        samplers.measure("flux-matched", per_class=0)
