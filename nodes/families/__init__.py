@@ -1,7 +1,7 @@
 """The diffusion transformer families ToMA patches, one module each (descriptions only: the
 patch is dit_patch.py). Each module's `family(diffusion_model)` gives its Family for the model
 classes it knows, else None. Classes are matched exactly, not by isinstance: ComfyUI subclasses
-these models for variants with other token layouts (S2V and Animate Wan, Chroma Radiance,
+these models for variants with other token layouts (S2V and Animate 2 Wan, Chroma Radiance,
 ...), which must get the "not supported" error rather than a wrong merge.
 """
 
@@ -28,11 +28,12 @@ MODULES = (flux, wan, qwen_image, hunyuan_video, hunyuan_image, sd3, lumina, ltx
 # Models of these classes share a supported family's blocks but are left alone, and the error
 # says why (classes by name: some exist only in some ComfyUI versions).
 NOT_MERGED = {
-    "AnimateWanModel": "Wan Animate adds its pose latents to the image tokens before the blocks "
-                       "and its face adapter blocks, between the main blocks, attend them frame "
-                       "by frame; merged tokens line up with neither",
-    "WanModel_S2V": "Wan S2V's audio injector writes audio features into the image tokens "
-                    "between blocks, and its motion frames run in front of the video",
+    "WanAnimate2Model": "Wan Animate 2's self-attention splits the video's queries frame by "
+                        "frame, each frame attending its own pose frame; merged tokens span "
+                        "frames",
+    "WanModel_S2V": "Wan S2V spreads its timestep rows over the sequence by position (with "
+                    "motion frames two a frame plus three, across video, reference and motion "
+                    "tokens), so a shorter merged sequence would hand tokens other rows",
     "HumoWanModel": "HuMo's blocks cross-attend audio tokens frame by frame",
     "HiDreamO1Transformer": "HiDream-O1 reuses its prompt's keys and values across steps only "
                             "while no block is replaced; ToMA's block patches would turn that "

@@ -21,6 +21,14 @@ concatenated latent is not all 0 (the node's empty frames are process_out(0), wh
 process_latent_in turns back into exact zeros). A Camera 2.1 call whose every frame carries an
 image runs unmerged and says so.
 
+Wan 2.2 Animate (AnimateWanModel, WanAnimateToVideo): Wan 2.1 image-to-video's blocks and
+rows. The reference image is the latent's first frame, given by the concatenated mask as a
+start image is (and so are the frames a continued chunk's motion fills after it); the pose
+latents are added to the patch embeddings before the blocks, so every token carries its own
+share into the blocks and merges with it, as the camera embedding does. The face adapter
+blocks ComfyUI runs after every fifth main block split the video's queries frame by frame;
+they run outside the block patches, on the full-length video ToMA has put back.
+
 Image-to-video frames never merge: the start frame the denoise mask keeps (Wan 2.2 5B) and the
 frames the concatenated mask marks as given (Wan 2.1 and Wan 2.2 A14B image-to-video, first and
 last frame: the leading ones). Merging the given start frame's tokens with generated ones blurs
@@ -56,8 +64,9 @@ VACE_MASK_CHANNELS = 64
 
 def family(diffusion_model) -> Family | None:
     from comfy.ldm.wan.model import CameraWanModel, VaceWanModel, WanModel
+    from comfy.ldm.wan.model_animate import AnimateWanModel
 
-    if type(diffusion_model) not in (WanModel, VaceWanModel, CameraWanModel):
+    if type(diffusion_model) not in (WanModel, VaceWanModel, CameraWanModel, AnimateWanModel):
         return None
     camera = type(diffusion_model) is CameraWanModel
     patch = tuple(int(p) for p in diffusion_model.patch_size)
@@ -90,7 +99,7 @@ def family(diffusion_model) -> Family | None:
                     "can merge; those model calls run unmerged")
         return None
 
-    kinds = KINDS if type(diffusion_model) is WanModel else UNIFORM_KINDS
+    kinds = KINDS if type(diffusion_model) in (WanModel, AnimateWanModel) else UNIFORM_KINDS
     return description(patch, describe, kinds)
 
 

@@ -14,11 +14,13 @@ A family this ComfyUI lacks is not skipped: the test asserts it is absent.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import types
 
 import pytest
+import tiny_models
 import torch
 from plan_reference import direct
 from test_tiny_models import assert_absent, sample_args
@@ -45,7 +47,8 @@ RATIO = 0.5
 # frames after the grid that never merge (LTX guide frames appended to the latent).
 PROTECTED_FRAMES = {"wan21_i2v": 1, "wan22_14b_i2v": 1, "wan22_5b_i2v": 1,
                     "hunyuan_video_i2v_v2": 1, "ltxv_i2v": 1, "ltx2_i2v": 1, "wan_vace_ref": 1,
-                    "kandinsky5_i2v": 1, "wan_camera_i2v": 1, "wan22_camera_i2v": 1}
+                    "kandinsky5_i2v": 1, "wan_camera_i2v": 1, "wan22_camera_i2v": 1,
+                    "wan_animate": 1, "wan_animate_continue": 2}
 SUFFIX_FRAMES = {"ltxv_guide": 1}
 NAMES = list(FAMILIES)
 
@@ -451,6 +454,8 @@ UPDATE_ERROR = {
     "wan_camera": 0.45,   # 0.301
     "wan_camera_i2v": 0.38,   # 0.254
     "wan22_camera_i2v": 0.37,   # 0.247
+    "wan_animate": 0.37,   # 0.244
+    "wan_animate_continue": 0.27,   # 0.178
 }
 
 
@@ -807,26 +812,27 @@ def _start_image_change(name: str, ratio: float) -> float:
 
 # How far ToMA may move the change of the output between two start images, about 1.5 x the
 # figure measured with the given frames kept (comments: kept, merged, on v0.8.0), and how many
-# times further merging them moves it at least (measured: 7.9 to 15 on Wan, 5.8 on VACE, 2.25
-# on Kandinsky 5, whose other frames see the start image through attention only: no image
-# channels are concatenated to them).
+# times further merging them moves it at least (measured: 7.9 to 15 on Wan and Wan Animate,
+# 5.8 on VACE, 2.25 on Kandinsky 5, whose other frames see the start image through attention
+# only: no image channels are concatenated to them).
 START_IMAGE_CHANGE = {"wan21_i2v": (0.1, 4),            # 0.0655, 0.5218
                       "wan22_14b_i2v": (0.1, 4),        # 0.0663, 0.5165
                       "wan_camera_i2v": (0.15, 4),      # 0.0956, 1.4316
                       "wan22_camera_i2v": (0.13, 4),    # 0.0834, 1.2032
                       "wan_vace_ref": (0.065, 4),       # 0.0422, 0.2453
-                      "kandinsky5_i2v": (0.85, 2)}      # 0.5651, 1.2736
+                      "kandinsky5_i2v": (0.85, 2),      # 0.5651, 1.2736
+                      "wan_animate": (0.15, 4)}         # 0.0968, 1.4289
 
 
 @pytest.mark.parametrize("name", list(START_IMAGE_CHANGE))
 def test_start_image_dependence(name, monkeypatch):
     """The start image an image-to-video model is given keeps its hold on the video: Wan's
-    concatenated frame 0 (WanImageToVideo, WanCameraImageToVideo; the frame the concatenated
-    mask gives, on Wan Camera 2.1 the frame its mask-less image latent fills), VACE's
-    reference frame (WanVaceToVideo, VACE mask 0) and Kandinsky 5's start image
-    (Kandinsky5ImageToVideo's time_dim_replace) never merge, and the change of the output
-    between two start images stays close to the unmerged model's. Merging those frames'
-    tokens (read as giving nothing) moves it several times as far: bounds and factors
+    concatenated frame 0 (WanImageToVideo, WanCameraImageToVideo, WanAnimateToVideo's reference
+    image; the frame the concatenated mask gives, on Wan Camera 2.1 the frame its mask-less
+    image latent fills), VACE's reference frame (WanVaceToVideo, VACE mask 0) and Kandinsky
+    5's start image (Kandinsky5ImageToVideo's time_dim_replace) never merge, and the change of
+    the output between two start images stays close to the unmerged model's. Merging those
+    frames' tokens (read as giving nothing) moves it several times as far: bounds and factors
     START_IMAGE_CHANGE."""
     from toma_pack.nodes.families import kandinsky5, wan
 
@@ -943,3 +949,44 @@ def test_wan_vace_hints_meet_the_full_video(name):
     for (out0, hint), in1 in zip(firsts, seconds, strict=True):
         assert in1.shape[1] == t * h * w
         assert torch.equal(in1, out0 + hint * 1.0)          # WanVaceToVideo's strength 1
+
+
+def test_wan_animate_face_adapter_meets_the_full_video(monkeypatch):
+    """Wan Animate with a face video (WanAnimateToVideo): ComfyUI runs a face adapter block
+    after every fifth main block, outside the block patches, whose queries it splits frame by
+    frame over the whole video stream. With ToMA the adapter's input is main block 0's
+    full-length output (ToMA's unmerge) bit for bit, the blocks themselves merged, and the
+    face video still changes what comes out."""
+    name = "wan_animate"
+    if not available(name):
+        return assert_absent(name)
+    base = tiny_patcher(name, num_layers=5)            # one face adapter block, after block 0
+    (batch, height, width, frames), cfg = sample_args(name)
+    plain = inputs(name, base, batch, height, width, frames)
+    monkeypatch.setitem(tiny_models.FAMILIES, name, dataclasses.replace(
+        tiny_models.FAMILIES[name], guides=tiny_models.wan_animate_guides(face_frames=1)))
+    x = inputs(name, base, batch, height, width, frames)
+    t, h, w = token_grid(name, x.latent.shape)
+    seen: list[torch.Tensor] = []
+
+    def record(module, args):
+        assert args[0].shape[1] == t * h * w
+        seen.append(args[0].clone())
+
+    inner, outer, model = Recorder(), Recorder(), base.clone()
+    inner.install(model)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+    outer.install(toma)
+    hook = base.model.diffusion_model.face_adapter.fuser_blocks[0].register_forward_pre_hook(
+        record)
+    try:
+        out = ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    finally:
+        hook.remove()
+    assert all(a["img"].shape[1] < t * h * w for _, _, a in inner.calls)     # blocks merged
+    firsts = [o for (_, i, _), o in zip(outer.calls, outer.outputs, strict=True) if i == 0]
+    assert len(seen) == len(firsts) > 0
+    for got, want in zip(seen, firsts, strict=True):
+        assert torch.equal(got, want)
+    without = ch.sample(toma, plain.latent, plain.positive, plain.negative, steps=1, cfg=cfg)
+    assert not torch.equal(ch.flat(out), ch.flat(without))

@@ -17,24 +17,25 @@ def _patcher(config):
     return comfy.model_patcher.ModelPatcher(config.get_model({}, device=ch.CPU), ch.CPU, ch.CPU)
 
 
-def tiny_wan_animate():
-    """Wan Animate (AnimateWanModel): a face adapter after blocks and pose latents before them,
-    not read yet."""
-    import comfy.supported_models
-    import tiny_models
-
-    config = tiny_models.family("wan21_t2v").unet_config()
-    return _patcher(comfy.supported_models.WAN22_Animate(
-        {**config, "model_type": "animate", "in_dim": 36}))
-
-
 def tiny_wan_s2v():
-    """Wan 2.2 S2V (WanModel_S2V): audio injected into the image tokens between blocks."""
+    """Wan 2.2 S2V (WanModel_S2V): timestep rows spread over video, reference and motion
+    tokens by position."""
     import comfy.supported_models
     import tiny_models
 
     config = tiny_models.family("wan21_t2v").unet_config()
     return _patcher(comfy.supported_models.WAN22_S2V({**config, "model_type": "s2v"}))
+
+
+def tiny_wan_animate2():
+    """Wan Animate 2 (WanAnimate2Model, ComfyUI 0.33 and later): self-attention split frame by
+    frame against the pose branch."""
+    import comfy.supported_models
+    import tiny_models
+
+    config = tiny_models.family("wan21_t2v").unet_config()
+    return _patcher(comfy.supported_models.WAN_Animate2(
+        {**config, "model_type": "animate2", "in_dim": 36}))
 
 
 def tiny_wan_humo():
@@ -86,15 +87,15 @@ def tiny_svd():
     return _patcher(config)
 
 
-MODELS = {"wan_animate": (tiny_wan_animate, "AnimateWanModel"),
+MODELS = {"wan_animate2": (tiny_wan_animate2, "WanAnimate2Model"),
           "wan_s2v": (tiny_wan_s2v, "WanModel_S2V"), "wan_humo": (tiny_wan_humo, "HumoWanModel"),
           "hidream_o1": (tiny_hidream_o1, "HiDreamO1Transformer"),
           "hunyuan3d": (tiny_hunyuan3d, "Hunyuan3Dv2"), "svd": (tiny_svd, "video UNet")}
 # What the error says about why (models ToMA knows and leaves alone).
-REASONS = {"wan_animate": "face adapter blocks", "wan_s2v": "audio injector",
+REASONS = {"wan_animate2": "frame by frame", "wan_s2v": "timestep rows",
            "wan_humo": "cross-attend audio tokens", "hidream_o1": "prompt's keys and values"}
 # Models that only newer ComfyUI versions have: the class ComfyUI's config would be.
-NEWER = {"hidream_o1": "HiDreamO1"}
+NEWER = {"hidream_o1": "HiDreamO1", "wan_animate2": "WAN_Animate2"}
 
 
 @pytest.mark.parametrize("ratio", [0.5, 0.0])

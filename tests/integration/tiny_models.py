@@ -333,6 +333,34 @@ def _wan_camera(start_image: bool) -> Callable[..., tuple]:
     return guides
 
 
+def wan_animate_guides(face_frames: int = 0, continue_motion: bool = False
+                       ) -> Callable[..., tuple]:
+    """WanAnimateToVideo with a seeded reference image and pose video, `face_frames` frames of
+    a seeded face video (its motion encoder is a full-size network at 512 x 512: the family
+    runs without one, the face adapter's test with one), and with `continue_motion` one frame
+    of a previous chunk to continue from: ComfyUI's own node puts the reference frame in front
+    of the latent (the test's frames count it), its concat mask 0 there and on the latent frame
+    the continued motion fills, and hands the pose latents to every frame after the reference."""
+    def guides(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any, negative: Any,
+               seed: int) -> tuple:
+        import comfy_harness
+
+        comfy_harness.comfy_top_level_nodes()
+        from comfy_extras.nodes_wan import WanAnimateToVideo
+
+        batch, _, frames, h, w = latent.shape
+        length = (frames - 2) * 4 + 1
+        face = _pixels(face_frames, 64, 64, seed + 15) if face_frames else None
+        out = WanAnimateToVideo.execute(
+            positive, negative, _StubVAE(seed + 12), w * 8, h * 8, length, batch, 5, 0,
+            reference_image=_pixels(1, h, w, seed + 13),
+            pose_video=_pixels(length, h, w, seed + 14), face_video=face,
+            continue_motion=_pixels(1, h, w, seed + 16) if continue_motion else None).result
+        assert out[2]["samples"].shape == latent.shape
+        return latent, mask, out[0], out[1]
+    return guides
+
+
 # Conditioning extras ----------------------------------------------------------------------------
 def _clip_vision(attribute: str, tokens: int, dim: int, batch: int, seed: int) -> Any:
     import comfy.clip_vision
@@ -439,6 +467,7 @@ _LTXAV = ("comfy.ldm.lightricks.av_model", "LTXAVModel")
 _VACE = ("comfy.ldm.wan.model", "VaceWanModel")
 _CAMERA = ("comfy.ldm.wan.model", "CameraWanModel")
 _K5 = ("comfy.ldm.kandinsky5.model", "Kandinsky5")
+_ANIMATE = ("comfy.ldm.wan.model_animate", "AnimateWanModel")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -529,6 +558,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            video=True, guides=_wan_camera(start_image=True)),
     Family("wan22_camera_i2v", "WAN22_Camera", _wan(model_type="camera_2.2", in_dim=36),
            _CAMERA, video=True, guides=_wan_camera(start_image=True)),
+    # Wan 2.2 Animate (AnimateWanModel: Wan 2.1 i2v blocks, pose embedding, face adapter)
+    # through WanAnimateToVideo with a reference image and a pose video, and continuing the
+    # motion of a previous chunk.
+    Family("wan_animate", "WAN22_Animate", _wan(model_type="animate", in_dim=36), _ANIMATE,
+           video=True, guides=wan_animate_guides()),
+    Family("wan_animate_continue", "WAN22_Animate", _wan(model_type="animate", in_dim=36),
+           _ANIMATE, video=True, guides=wan_animate_guides(continue_motion=True)),
     # Kandinsky 5 video, text- and image-to-video (Kandinsky5ImageToVideo), and image.
     Family("kandinsky5", "Kandinsky5", _kandinsky5(), _K5, video=True, extra_conds=_pooled),
     Family("kandinsky5_i2v", "Kandinsky5", _kandinsky5(), _K5, video=True,
