@@ -835,8 +835,8 @@ def project(rows: list[dict], found: dict[str, Timing], depth: int, skip: int) -
 def project_parts(parts: list[Part], family: str | None = None) -> dict | None:
     """project for a model of one or more block kinds (HiDream, HunyuanImage: double and
     single): per repetition i, the sum over kinds of skip x plain_i + (depth - skip) x
-    merged_i, plus one plan build per kind (each kind's merged blocks are one group); against
-    the same sum of the lower bounds. None when a kind has no toma row."""
+    merged_i, plus one plan build per kind that merges (each kind's merged blocks are one
+    group); against the same sum of the lower bounds. None when a kind has no toma row."""
     tomas = [next((r for r in part.rows if r["variant"] == "toma"), None) for part in parts]
     if not parts or any(t is None for t in tomas):
         return None
@@ -845,7 +845,8 @@ def project_parts(parts: list[Part], family: str | None = None) -> dict | None:
         sums = [0.0] * len(parts[0].found["plain"].times)
         for part, toma in zip(parts, tomas, strict=True):
             merged = part.found[variant or "plain"].times
-            extra = toma["plan_ms"] / 1e3 if plan else 0.0
+            # a kind with every block unmerged builds no plan
+            extra = toma["plan_ms"] / 1e3 if plan and part.depth > part.skip else 0.0
             for i, (p, m) in enumerate(zip(part.found["plain"].times, merged, strict=True)):
                 sums[i] += part.skip * p + (part.depth - part.skip) * m + extra
         return Timing(tuple(sums))

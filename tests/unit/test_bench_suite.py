@@ -404,6 +404,26 @@ def test_dit_projection_of_two_block_kinds_adds_them_per_repetition() -> None:
     assert dit_families.default_skipped(32, "s") == 5
 
 
+def test_vace_projection_costs_vace_blocks_as_plain_main_blocks() -> None:
+    """Wan VACE 14B from a Wan 14B result: 40 main blocks (5 plain, 35 merged, one plan) and 8
+    VACE blocks plain, against 48 plain blocks; the option with VACE blocks merged leaves the
+    one after main block 0 plain and builds a second plan."""
+    from bench.speed import vace_projection
+
+    source = {"rows": [
+        {"family": "wan14b", "variant": "plain", "ratio": None, "ms": 10_000.0},
+        {"family": "wan14b", "variant": "lower bound", "ratio": 0.5, "ms": 3_500.0},
+        {"family": "wan14b", "variant": "toma", "ratio": 0.5, "ms": 4_000.0, "plan_ms": 100.0},
+        {"family": "sd35_large", "variant": "plain", "ratio": None, "ms": 1.0}]}
+    built, option = vace_projection.vace_rows(source, 8)
+    assert built["speedup"] == pytest.approx(48 * 10 / (5 * 10 + 35 * 4 + 0.1 + 8 * 10))
+    assert built["lb_speedup"] == pytest.approx(48 * 10 / (5 * 10 + 35 * 3.5 + 8 * 10))
+    assert built["variant"] == "projected model: 40 main + 8 VACE blocks, 5 + 8 unmerged"
+    assert option["speedup"] == pytest.approx(48 * 10 / (6 * 10 + 42 * 4 + 0.2))
+    with pytest.raises(SystemExit, match="no toma"):
+        vace_projection.vace_rows({"rows": source["rows"][:2]}, 8)
+
+
 def test_dit_projection_skips_what_the_node_skips() -> None:
     from toma_pack.nodes.options import make_options
 
