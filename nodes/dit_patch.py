@@ -220,15 +220,17 @@ class DiTToMA:
 
     # One block call ------------------------------------------------------------------------------
     def block_call(self, kind: BlockKind, index: int, args: dict,
-                   run: Callable[[dict], dict]) -> dict:
+                   run: Callable[[dict], dict], layer: str) -> dict:
         """Run one block call, merged when it should be; args / run's result are the block's
-        arguments / outputs by name (the "dit" patch form)."""
+        arguments / outputs by name (the "dit" patch form); `layer` names the block in the
+        stats (made when the patch is, not in the traced call: under torch.compile a block
+        index can turn symbolic, which no string can be formatted from)."""
         options = args.get("transformer_options") or {}
         call = self.state.call_of(options)
         txt = args.get(kind.txt) if kind.txt else None
         if call is not None and torch.is_tensor(txt):
             call.data["txt_len"] = txt.shape[1]     # for single-stream blocks after these
-        found = self.plan_for(kind, index, args, options, call)
+        found = self.plan_for(kind, index, args, options, call, layer)
         if found is None:
             return run(args)
         plan, lay, forms, key = found
@@ -244,10 +246,10 @@ class DiTToMA:
         return {**out, kind.stream: with_stream(kind, out[kind.stream], restored)}
 
     def plan_for(self, kind: BlockKind, index: int, args: dict, options: dict,
-                 call: ModelCall | None) -> tuple[MergePlan, Layout, dict, tuple] | None:
+                 call: ModelCall | None, layer: str
+                 ) -> tuple[MergePlan, Layout, dict, tuple] | None:
         """(plan, layout, modulation rows by argument name (RowForm), plan key) for this block
         call, or None to run it unchanged."""
-        layer = f"{kind.letter}{index}"
         grid = call.grid if call is not None and call.mergeable else None
         tokens_n = math.prod(grid) if grid else 0
         level = "x".join(map(str, grid[1:] if grid and grid[0] == 1 else grid or ("?",)))
@@ -431,12 +433,13 @@ class DiTToMA:
     # The two patch forms -------------------------------------------------------------------------
     def replace_patch(self, kind: BlockKind, index: int, previous: Callable | None) -> Callable:
         """The "dit" replace patch of block `index`; `previous` is another pack's patch."""
+        layer = f"{kind.letter}{index}"
 
         def patch(args: dict, extra: dict) -> dict:
             def run(a: dict) -> dict:
                 return previous(a, extra) if previous is not None else extra["original_block"](a)
 
-            return self.block_call(kind, index, args, run)
+            return self.block_call(kind, index, args, run, layer)
 
         return patch
 
@@ -446,26 +449,63 @@ class DiTToMA:
         own signature names them, through block_call; `original` is what ran there before. A
         forward returning a tuple (kind.returns) is seen by name like a "dit" patch's outputs
         and returns the same tuple."""
-        signature = inspect.signature(types.MethodType(type(module).forward, module))
+        params = Parameters.of(types.MethodType(type(module).forward, module))
+        layer = f"{kind.letter}{index}"
 
         def forward(*args, **kwargs):
-            try:
-                named = dict(signature.bind(*args, **kwargs).arguments)
-            except TypeError:
+            named = params.bind(args, kwargs)
+            if named is None:
                 return original(*args, **kwargs)
 
             def run(a: dict) -> dict:
-                bound = signature.bind(*args, **kwargs)
-                bound.arguments.update(a)
-                result = original(*bound.args, **bound.kwargs)
+                positional, by_name = params.call(len(args), {**named, **a})
+                result = original(*positional, **by_name)
                 if not kind.returns:
                     return {kind.stream: result}
                 return dict(zip(kind.returns, result, strict=True))
 
-            out = self.block_call(kind, index, named, run)
+            out = self.block_call(kind, index, named, run, layer)
             return tuple(out[name] for name in kind.returns) if kind.returns else out[kind.stream]
 
         return forward
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """A block forward's parameter names, read once when the patch is made: binding a call by
+    name is then plain tuple and dict work, which torch.compile traces (inspect.Signature.bind
+    reads a mappingproxy dynamo cannot follow: a graph break at every block).
+
+    names: the parameters that take a value by position or name, in order; extra: whether it
+    takes **kwargs."""
+
+    names: tuple[str, ...]
+    extra: bool
+
+    @classmethod
+    def of(cls, forward: Callable) -> Parameters:
+        kinds = inspect.Parameter
+        params = inspect.signature(forward).parameters.values()
+        return cls(tuple(p.name for p in params if p.kind is kinds.POSITIONAL_OR_KEYWORD),
+                   any(p.kind is kinds.VAR_KEYWORD for p in params))
+
+    def bind(self, args: tuple, kwargs: dict) -> dict | None:
+        """The passed arguments by name, or None for a call this signature cannot take."""
+        if len(args) > len(self.names):
+            return None
+        named = dict(zip(self.names, args, strict=False))
+        for name, value in kwargs.items():
+            if name in named or (name not in self.names and not self.extra):
+                return None
+            named[name] = value
+        return named
+
+    def call(self, passed: int, named: dict) -> tuple[tuple, dict]:
+        """(args, kwargs) for the values `named`, in the form of a call that passed `passed`
+        arguments by position: those positional, the rest by name."""
+        positional = self.names[:passed]
+        return tuple(named[n] for n in positional), {
+            k: v for k, v in named.items() if k not in positional}
 
 
 # Installation ----------------------------------------------------------------------------------

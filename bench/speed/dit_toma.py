@@ -100,7 +100,7 @@ class MergedBlock:
         args = self._in_call(self.case.args())
         with torch.inference_mode():
             found = self.toma.plan_for(self.kind, 0, args, args["transformer_options"],
-                                       self.call)
+                                       self.call, f"{self.kind.letter}0")
         if found is None:
             raise RuntimeError(f"{self.case.family}: ToMA left the block unmerged "
                                f"(see the run's notices: {self.state.notices})")

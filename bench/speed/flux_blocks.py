@@ -181,7 +181,7 @@ class _Toma:
         args = self._in_call(_args(inputs, self.kind))
         with torch.inference_mode():
             found = self.toma.plan_for(self.spec, 0, args, args["transformer_options"],
-                                       self.call)
+                                       self.call, f"{self.spec.letter}0")
             return None if found is None else found[0]
 
 
