@@ -229,8 +229,8 @@ def goal(target: str, row: dict | None, key: str, threshold: float,
     return out
 
 
-def commit() -> str | None:
-    """The checkout's commit (with "+changes" when the tree differs from it), or None."""
+def checkout_state() -> str | None:
+    """The checkout's commit now (with "+changes" when the tree differs from it), or None."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, check=True,
                               capture_output=True, text=True).stdout.strip()
@@ -240,6 +240,20 @@ def commit() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+changes" if dirty else "")
+
+
+# Read when a bench starts (every bench imports this module before it runs): the code that ran,
+# not whatever is checked out when a long run writes its result.
+STARTED_AT = checkout_state()
+
+
+def commit() -> str | None:
+    """The commit the bench started at (see checkout_state), and what the checkout is now when
+    it changed during the run."""
+    now = checkout_state()
+    if now == STARTED_AT:
+        return STARTED_AT
+    return f"{STARTED_AT} (the checkout changed during the run: {now} at the end)"
 
 
 def write_result(out: Path, result: dict[str, Any], text: str) -> None:

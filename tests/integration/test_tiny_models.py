@@ -47,6 +47,7 @@ EVEN_VIDEO = (2, 6, 10, 3)
 EVEN_IMAGE = (2, 6, 10, 1)
 SIZES = {"hunyuan_video": EVEN_VIDEO, "hunyuan_video_i2v": EVEN_VIDEO,
          "hunyuan_video_i2v_v2": EVEN_VIDEO, "wan_vace": EVEN_VIDEO, "wan_vace_ref": EVEN_VIDEO,
+         "wan_vace2": EVEN_VIDEO,
          "kandinsky5": EVEN_VIDEO, "kandinsky5_i2v": EVEN_VIDEO, "kandinsky5_image": EVEN_IMAGE,
          "wan_camera": EVEN_VIDEO, "wan_camera_i2v": EVEN_VIDEO, "wan22_camera_i2v": EVEN_VIDEO,
          "wan_animate": EVEN_VIDEO, "wan_animate_continue": EVEN_VIDEO}

@@ -549,6 +549,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("wan_vace_ref", "WAN21_Vace",
            _wan(model_type="vace", vace_layers=1, vace_in_dim=96), _VACE, video=True,
            guides=_wan_vace(reference=True)),
+    # Two VACE blocks, after main blocks 0 and 1: VACE block 1 merges when main block 1 does.
+    Family("wan_vace2", "WAN21_Vace", _wan(model_type="vace", vace_layers=2, vace_in_dim=96),
+           _VACE, video=True, guides=_wan_vace(reference=False)),
     # Wan Fun camera control (CameraWanModel, 24 camera channels) through WanCameraEmbedding
     # and WanCameraImageToVideo: Camera 2.1 (32 input channels: noise + start image latent)
     # with and without a start image, Camera 2.2 (36: noise + 4 mask + image) with one.

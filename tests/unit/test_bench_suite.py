@@ -587,3 +587,14 @@ def test_the_report_opens_with_a_verdict_in_plain_words():
     # unsteady settings say so
     assert "unsteady" in verdict(_report_input(2, "wall"))[-1]
     assert not any("unsteady" in line for line in steady)
+
+
+def test_results_name_the_commit_the_run_started_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long bench names the code it ran (the checkout when it started), and says so when the
+    checkout moved before it wrote its result."""
+    monkeypatch.setattr(common, "STARTED_AT", "abc1234")
+    monkeypatch.setattr(common, "checkout_state", lambda: "abc1234")
+    assert common.commit() == "abc1234"
+    monkeypatch.setattr(common, "checkout_state", lambda: "def5678+changes")
+    assert common.commit() == ("abc1234 (the checkout changed during the run: def5678+changes "
+                               "at the end)")
