@@ -50,6 +50,9 @@ PROTECTED_FRAMES = {"wan21_i2v": 1, "wan22_14b_i2v": 1, "wan22_5b_i2v": 1,
                     "kandinsky5_i2v": 1, "wan_camera_i2v": 1, "wan22_camera_i2v": 1,
                     "wan_animate": 1, "wan_animate_continue": 2}
 SUFFIX_FRAMES = {"ltxv_guide": 1}
+# Tokens in front of the latent's grid, in frames' worth, that never merge (Wan Fun's reference
+# image through ref_conv: one frame of tokens).
+PREFIX_FRAMES = {"wan22_fun_control": 1}
 NAMES = list(FAMILIES)
 
 
@@ -93,7 +96,7 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     """(offset of the mergeable grid in the block's stream, its start in the attention sequence
     (positional rows)) for `kind` ("double_block", "single_block" or "layer"), from the block's
     arguments `args`."""
-    protected = PROTECTED_FRAMES.get(name, 0) * frame_tokens
+    protected = (PROTECTED_FRAMES.get(name, 0) + PREFIX_FRAMES.get(name, 0)) * frame_tokens
     g = group(name)
     if g in ("flux2", "chroma"):
         return (0, txt_len) if kind == "double_block" else (txt_len, txt_len)
@@ -449,6 +452,7 @@ UPDATE_ERROR = {
     "wan_vace": 0.68,   # 0.450
     "wan_vace_ref": 0.56,   # 0.372
     "wan_vace2": 0.68,   # 0.450
+    "wan22_fun_control": 0.54,   # 0.358
     "kandinsky5": 0.53,   # 0.352
     "kandinsky5_i2v": 0.45,   # 0.295
     "kandinsky5_image": 0.6,   # 0.402
@@ -1004,3 +1008,55 @@ def test_wan_animate_face_adapter_meets_the_full_video(monkeypatch):
         assert torch.equal(got, want)
     without = ch.sample(toma, plain.latent, plain.positive, plain.negative, steps=1, cfg=cfg)
     assert not torch.equal(ch.flat(out), ch.flat(without))
+
+
+def test_wan_bernini_context_never_merges():
+    """Bernini in-context conditioning (BerniniConditioning, ComfyUI 0.33 and later) on Wan
+    2.1 / 2.2 A14B: the source video's and each reference image's tokens (a reference at its
+    own aspect) are appended after the video with RoPE rows of their own. ToMA merges the video
+    only: every merged block gets the context tokens whole, after the merged video, with their
+    RoPE rows, and gives them back as the block put them out; ratio 0 is the unmerged model."""
+    import importlib.util
+
+    import comfy_harness
+
+    comfy_harness.comfy_top_level_nodes()
+    if importlib.util.find_spec("comfy_extras.nodes_bernini") is None:
+        assert ch.comfy_version() < (0, 33)
+        return
+    from comfy_extras.nodes_bernini import BerniniConditioning
+
+    name = "wan21_t2v"
+    (batch, height, width, frames), cfg = sample_args(name)
+    base = tiny_patcher(name)
+    x = inputs(name, base, batch, height, width, frames)
+    source = tiny_models._pixels((frames - 1) * 4 + 1, height, width, 21)
+    reference = tiny_models._pixels(1, 4, 6, 22)                 # another aspect than the video
+    out = BerniniConditioning.execute(x.positive, x.negative, tiny_models._StubVAE(23),
+                                      width * 8, height * 8, (frames - 1) * 4 + 1, batch,
+                                      source_video=source,
+                                      reference_images={"reference_image_0": reference},
+                                      ref_max_size=48).result
+    context = out[0][0][1]["context_latents"]
+    assert len(context) == 2 and context[0].shape[-2:] != context[1].shape[-2:]
+    extra = {"context_latents": context}
+    positive = [[x.positive[0][0], {**x.positive[0][1], **extra}]]
+    negative = [[x.negative[0][0], {**x.negative[0][1], **extra}]]
+    run = {"steps": 2, "cfg": cfg}
+    plain = ch.sample(base, x.latent, positive, negative, **run)
+    off = ch.sample(apply_toma(base, make_options(0.0)), x.latent, positive, negative, **run)
+    assert torch.equal(ch.flat(off), ch.flat(plain))
+
+    _, _, inner, outer, merged = recorded_run(name, extra=extra)
+    n = math.prod(token_grid(name, x.latent.shape))
+    extra_tokens = sum(math.prod(token_grid(name, lat.shape)) for lat in context)
+    assert len(inner.calls) == len(outer.calls) > 0 and torch.isfinite(merged).all()
+    for (_, _, a), a_out, (_, _, b), b_out in zip(inner.calls, inner.outputs, outer.calls,
+                                                 outer.outputs, strict=True):
+        assert b["img"].shape[1] == n + extra_tokens
+        m = a["img"].shape[1] - extra_tokens
+        assert m < n                                              # the video merged
+        assert torch.equal(a["img"][:, m:], b["img"][:, n:])      # the context whole
+        rows = a["pe"][:, m:]                                     # one set per batch item
+        assert torch.equal(rows, b["pe"][:, n:].expand_as(rows))  # with its RoPE rows
+        assert torch.equal(b_out[:, n:], a_out[:, m:])            # and back as put out

@@ -40,14 +40,15 @@ ODD_IMAGE = (2, 7, 9, 1)
 # non-square, odd frame count. Wan VACE too (ComfyUI does not pad the VACE context to the
 # patch as it pads the latent: at 7x9 its 3x4 tokens a frame meet the latent's 4x5), Wan camera
 # control (its camera adapter's unpadded convolution likewise gives 3x4 tokens a frame), and
-# Kandinsky 5 (it pads the latent but does not crop its output back), and Wan Animate (its
-# pose embedding is an unpadded convolution too). Their nodes make latents
+# Kandinsky 5 (it pads the latent but does not crop its output back), Wan Animate (its
+# pose embedding is an unpadded convolution too) and Wan Fun's reference image (ref_conv,
+# likewise). Their nodes make latents
 # of even sizes (pixels in steps of 16).
 EVEN_VIDEO = (2, 6, 10, 3)
 EVEN_IMAGE = (2, 6, 10, 1)
 SIZES = {"hunyuan_video": EVEN_VIDEO, "hunyuan_video_i2v": EVEN_VIDEO,
          "hunyuan_video_i2v_v2": EVEN_VIDEO, "wan_vace": EVEN_VIDEO, "wan_vace_ref": EVEN_VIDEO,
-         "wan_vace2": EVEN_VIDEO,
+         "wan_vace2": EVEN_VIDEO, "wan22_fun_control": EVEN_VIDEO,
          "kandinsky5": EVEN_VIDEO, "kandinsky5_i2v": EVEN_VIDEO, "kandinsky5_image": EVEN_IMAGE,
          "wan_camera": EVEN_VIDEO, "wan_camera_i2v": EVEN_VIDEO, "wan22_camera_i2v": EVEN_VIDEO,
          "wan_animate": EVEN_VIDEO, "wan_animate_continue": EVEN_VIDEO}

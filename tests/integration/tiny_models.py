@@ -251,8 +251,13 @@ class _StubVAE:
     [1, 16, (N - 1) // 4 + 1, H / 8, W / 8], every 4th frame's 8 x 8 means through a fixed
     random projection (deterministic, and different images give different latents)."""
 
+    latent_channels = 16
+
     def __init__(self, seed: int) -> None:
         self.projection = _randn(16, 3, seed=seed)
+
+    def spacial_compression_encode(self) -> int:
+        return 8
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
         frames = pixels[::4].movedim(-1, 1).float()                       # [F, 3, H, W]
@@ -359,6 +364,27 @@ def wan_animate_guides(face_frames: int = 0, continue_motion: bool = False
         assert out[2]["samples"].shape == latent.shape
         return latent, mask, out[0], out[1]
     return guides
+
+
+def _wan_fun_control(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any,
+                     negative: Any, seed: int) -> tuple:
+    """Wan22FunControlToVideo with a seeded control video and reference image: ComfyUI's own
+    node concatenates the control latent, the mask (all 1: nothing given) and an empty image
+    latent (concat_mask_index 16), and hands the reference image's latent to the model's
+    ref_conv, whose tokens go in front of the video."""
+    import comfy_harness
+
+    comfy_harness.comfy_top_level_nodes()
+    from comfy_extras.nodes_wan import Wan22FunControlToVideo
+
+    batch, _, frames, h, w = latent.shape
+    length = (frames - 1) * 4 + 1
+    out = Wan22FunControlToVideo.execute(
+        positive, negative, _StubVAE(seed + 12), w * 8, h * 8, length, batch,
+        ref_image=_pixels(1, h, w, seed + 13), control_video=_pixels(length, h, w, seed + 14))
+    out = out.result if hasattr(out, "result") else out
+    assert out[2]["samples"].shape == latent.shape
+    return latent, mask, out[0], out[1]
 
 
 # Conditioning extras ----------------------------------------------------------------------------
@@ -561,6 +587,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            video=True, guides=_wan_camera(start_image=True)),
     Family("wan22_camera_i2v", "WAN22_Camera", _wan(model_type="camera_2.2", in_dim=36),
            _CAMERA, video=True, guides=_wan_camera(start_image=True)),
+    # Wan 2.2 Fun control (52 input channels: noise, control, 4 mask, image; a reference
+    # image through ref_conv) through Wan22FunControlToVideo.
+    Family("wan22_fun_control", "WAN21_T2V", _wan(in_dim=52, in_dim_ref_conv=16), _WAN,
+           video=True, guides=_wan_fun_control),
     # Wan 2.2 Animate (AnimateWanModel: Wan 2.1 i2v blocks, pose embedding, face adapter)
     # through WanAnimateToVideo with a reference image and a pose video, and continuing the
     # motion of a previous chunk.
