@@ -476,26 +476,34 @@ class Parameters:
     name is then plain tuple and dict work, which torch.compile traces (inspect.Signature.bind
     reads a mappingproxy dynamo cannot follow: a graph break at every block).
 
-    names: the parameters that take a value by position or name, in order; extra: whether it
-    takes **kwargs."""
+    names: the parameters that take a value by position or name, in order; keywords: those
+    and the keyword-only ones; extra: whether it takes **kwargs; plain: whether that is all it
+    takes (a forward with positional-only parameters or *args is not bound: its calls run as
+    they came)."""
 
     names: tuple[str, ...]
+    keywords: frozenset[str]
     extra: bool
+    plain: bool
 
     @classmethod
     def of(cls, forward: Callable) -> Parameters:
         kinds = inspect.Parameter
-        params = inspect.signature(forward).parameters.values()
-        return cls(tuple(p.name for p in params if p.kind is kinds.POSITIONAL_OR_KEYWORD),
-                   any(p.kind is kinds.VAR_KEYWORD for p in params))
+        params = list(inspect.signature(forward).parameters.values())
+        names = tuple(p.name for p in params if p.kind is kinds.POSITIONAL_OR_KEYWORD)
+        return cls(names, frozenset(names) | {p.name for p in params
+                                              if p.kind is kinds.KEYWORD_ONLY},
+                   any(p.kind is kinds.VAR_KEYWORD for p in params),
+                   all(p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY,
+                                  kinds.VAR_KEYWORD) for p in params))
 
     def bind(self, args: tuple, kwargs: dict) -> dict | None:
         """The passed arguments by name, or None for a call this signature cannot take."""
-        if len(args) > len(self.names):
+        if not self.plain or len(args) > len(self.names):
             return None
         named = dict(zip(self.names, args, strict=False))
         for name, value in kwargs.items():
-            if name in named or (name not in self.names and not self.extra):
+            if name in named or (name not in self.keywords and not self.extra):
                 return None
             named[name] = value
         return named
