@@ -140,7 +140,9 @@ def shape_grid(shape: object, patch: tuple[int, int, int]) -> tuple[int, int, in
 def set_grid(call: ModelCall, grid: tuple[int, int, int] | None, prefix: int = 0,
              protect_frames: int = 0) -> None:
     """call.grid = the grid's mergeable part: `protect_frames` leading frames join the prefix
-    (tokens before the grid that never merge), together with `prefix` other tokens."""
+    (tokens before the grid that never merge), together with `prefix` other tokens. Its name in
+    the stats ("HxW", "TxHxW") is made here, outside the model: under torch.compile a size can
+    turn symbolic inside it after a change of resolution, and no string is made from one."""
     if grid is None or grid[0] <= protect_frames:
         call.grid, call.mergeable = None, False
         return
@@ -148,6 +150,7 @@ def set_grid(call: ModelCall, grid: tuple[int, int, int] | None, prefix: int = 0
     call.grid = (t - protect_frames, h, w)
     call.data["prefix"] = prefix + protect_frames * h * w
     call.data["protected_frames"] = protect_frames
+    call.data["level"] = "x".join(map(str, call.grid[1:] if call.grid[0] == 1 else call.grid))
 
 
 def describe_plain(patch: tuple[int, int, int]) -> Callable[[ModelCall, object, dict], None]:

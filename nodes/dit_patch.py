@@ -252,7 +252,7 @@ class DiTToMA:
         call, or None to run it unchanged."""
         grid = call.grid if call is not None and call.mergeable else None
         tokens_n = math.prod(grid) if grid else 0
-        level = "x".join(map(str, grid[1:] if grid and grid[0] == 1 else grid or ("?",)))
+        level = call.data["level"] if grid else "?"
 
         def unmerged() -> None:
             self.state.record(call, layer, level, tokens_n, None)
@@ -413,7 +413,7 @@ class DiTToMA:
         """make() for this source tensor, made once per call and key (the blocks of a group get
         the same positional rows, mask and modulation rows) and again if the source differs."""
         kept = call.data.get(key)
-        if kept is None or kept[0] is not source:
+        if kept is None or not same_object(kept[0], source):
             kept = (source, make())
             call.data[key] = kept
         return kept[1]
@@ -468,6 +468,14 @@ class DiTToMA:
             return tuple(out[name] for name in kind.returns) if kind.returns else out[kind.stream]
 
         return forward
+
+
+def same_object(a: object, b: object) -> bool:
+    """Whether `b` is `a`, a tuple or list compared item by item (LTX's (rotation, split) rows:
+    torch.compile cannot trace `is` between two tuples once a graph has broken before it)."""
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+    return a is b
 
 
 @dataclass(frozen=True)

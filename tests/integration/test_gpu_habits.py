@@ -197,23 +197,26 @@ def test_torch_compile_one_graph_no_breaks(name, recompute_every, dynamo_counter
     assert dynamo_counters["stats"]["unique_graphs"] == 1
 
 
-def compiled_run(name: str, toma: bool) -> tuple[set[str], int]:
-    """(graph break reasons, first line each; unique graphs) of 3 steps with CFG of the
+def compiled_run(name: str, toma: bool, sizes: tuple[tuple[int, int], ...] = ((8, 8),),
+                 steps: int = 3) -> tuple[set[str], int]:
+    """(graph break reasons, first line each; unique graphs) of `steps` steps with CFG of the
     family's tiny model under ComfyUI's compile wrapper, with ToMA (every block merged) or
-    without."""
+    without, at each latent size of `sizes` in turn on the same compiled model."""
     import torch._dynamo
     from tiny_models import family
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    model = tiny_patcher(name)
-    x = inputs(name, model, batch=1, height=8, width=8, frames=3 if family(name).video else 1)
-    if toma:
-        model = apply_toma(model, make_options(skip_blocks="none"))
-    with ch.attention_backend("sdpa"):
-        ch.sample(compiled(model, "eager", node_guard_filter()), x.latent, x.positive,
-                  x.negative, steps=3, cfg=2.0, noise_mask=x.noise_mask)
+    plain = tiny_patcher(name)
+    model = apply_toma(plain, make_options(skip_blocks="none")) if toma else plain
+    model = compiled(model, "eager", node_guard_filter())
+    for height, width in sizes:
+        x = inputs(name, plain, batch=1, height=height, width=width,
+                   frames=3 if family(name).video else 1)
+        with ch.attention_backend("sdpa"):
+            ch.sample(model, x.latent, x.positive, x.negative, steps=steps, cfg=2.0,
+                      noise_mask=x.noise_mask)
     reasons = {reason.split("\n")[0] for reason in graph_breaks(counters)}
     return reasons, counters["stats"]["unique_graphs"]
 
@@ -234,6 +237,22 @@ def test_torch_compile_transformer_families(name, dynamo_counters):
           f"ToMA {graphs}, breaks {sorted(merged)}")
     if not plain:
         assert plain_graphs == graphs == 1 and not merged
+    assert merged <= plain
+
+
+@pytest.mark.parametrize("name", ["wan21_t2v", "qwen_image", "lumina2", "ltx2_i2v"])
+def test_torch_compile_across_resolutions(name, dynamo_counters):
+    """An artist changes the size between runs of one compiled model: dynamo recompiles, and
+    after a change it makes sizes symbolic. ToMA's code then still traces: no kind of graph
+    break the unmerged model does not have (strings are made outside the model, positional
+    rows compared item by item). Families with "dit" patches, object patches, and LTX-2's
+    (rotation, split) rows after ComfyUI's own break on v0.33."""
+    if not available(name):
+        return assert_absent(name)
+    sizes = ((8, 8), (10, 12), (12, 6))
+    plain, _ = compiled_run(name, toma=False, sizes=sizes, steps=2)
+    merged, graphs = compiled_run(name, toma=True, sizes=sizes, steps=2)
+    print(f"{name}: breaks unmerged {sorted(plain)}, ToMA {sorted(merged)} ({graphs} graphs)")
     assert merged <= plain
 
 
