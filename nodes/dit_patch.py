@@ -252,7 +252,7 @@ class DiTToMA:
         call, or None to run it unchanged."""
         grid = call.grid if call is not None and call.mergeable else None
         tokens_n = math.prod(grid) if grid else 0
-        level = call.data["level"] if grid else "?"
+        level = call.data.get("level", "?") if grid else "?"
 
         def unmerged() -> None:
             self.state.record(call, layer, level, tokens_n, None)
