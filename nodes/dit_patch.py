@@ -173,6 +173,14 @@ def merge_mask(plan: MergePlan, mask: torch.Tensor | None, dims: tuple[int, ...]
     return out
 
 
+def gcd(a: int, b: int) -> int:
+    """Greatest common divisor by Euclid's steps: torch.compile traces these on symbolic sizes
+    (after a change of resolution), where math.gcd breaks the graph."""
+    while b:
+        a, b = b, a % b
+    return a
+
+
 def regroup_frame_rows(rows: torch.Tensor, kept: int, per_kept: int, per_frame: int,
                        frames: int | None = None) -> tuple[torch.Tensor, int]:
     """Per-frame modulation rows [B, F, ...] for a sequence whose first `kept` frames hold
@@ -183,7 +191,7 @@ def regroup_frame_rows(rows: torch.Tensor, kept: int, per_kept: int, per_frame: 
     frame's row. Integer repeats only: no repeat count is read back from the device."""
     frames = rows.shape[1] - kept if frames is None else frames
     after = rows.shape[1] - kept - frames
-    g = math.gcd(per_kept, per_frame) if kept or after else per_frame
+    g = gcd(per_kept, per_frame) if kept or after else per_frame
     parts = [rows[:, kept:kept + frames].repeat_interleave(per_frame // g, dim=1)]
     if kept:
         parts.insert(0, rows[:, :kept].repeat_interleave(per_kept // g, dim=1))

@@ -164,7 +164,7 @@ class _Axis:
 def _parts(total: int, sizes: tuple[int, ...], device: torch.device | str | None) -> _Axis:
     """Device tensors for an axis of `total` cut into `sizes` (as even_sizes makes them)."""
     parts = len(sizes)
-    base, extra = divmod(total, parts)
+    base, extra = total // parts, total % parts      # divmod does not trace on symbolic sizes
     if sizes != even_sizes(total, parts):
         raise ValueError(f"part sizes {sizes} are not an even split of {total}")
     i = torch.arange(parts, device=device)
@@ -197,7 +197,7 @@ def _compiling() -> bool:
 
 def even_sizes(total: int, parts: int) -> tuple[int, ...]:
     """Split `total` into `parts` sizes differing by at most one (larger ones first)."""
-    base, extra = divmod(total, parts)
+    base, extra = total // parts, total % parts
     return tuple(base + 1 if i < extra else base for i in range(parts))
 
 

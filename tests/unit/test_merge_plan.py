@@ -692,3 +692,25 @@ def test_bad_merge_inputs() -> None:
         plan.unmerge(torch.randn(2, plan.merged_tokens - 1, 4))
     with pytest.raises(ValueError, match="tokens"):
         plan.finish(torch.randn(2, plan.merged_tokens - 1, 4), torch.empty(0))
+
+
+@pytest.mark.parametrize(("mode", "frames"), [("tile", 1), ("stripe", 1), ("tile", 2)])
+def test_plan_traces_on_symbolic_sizes(mode: str, frames: int) -> None:
+    """After an artist changes resolution under torch.compile, dynamo makes sizes symbolic:
+    building regions and a plan from them must still trace as one graph (a builtin that
+    dynamo cannot apply to a symbolic int, such as divmod, makes it drop the whole frame)."""
+    import torch._dynamo
+
+    def merged(x: torch.Tensor) -> torch.Tensor:
+        t, h, w = x.shape[1:4]           # x [B, t, h, w, C]
+        tokens = x.reshape(x.shape[0], t * h * w, x.shape[-1])
+        regions = make_regions(h, w, mode, 4, t=t, frames=frames)
+        plan = build_plan(tokens, t * h, w, 0.5, regions=regions)
+        return plan.unmerge(plan.merge(tokens))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(merged, fullgraph=True, dynamic=True, backend="eager")
+    for h, w in ((8, 8), (10, 12)):
+        x = torch.randn(2, 3, h, w, 8)
+        assert torch.allclose(compiled(x), merged(x), atol=1e-5)
+    torch._dynamo.reset()
