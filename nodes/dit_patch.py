@@ -473,7 +473,11 @@ class DiTToMA:
                 return dict(zip(kind.returns, result, strict=True))
 
             out = self.block_call(kind, index, named, run, layer)
-            return tuple(out[name] for name in kind.returns) if kind.returns else out[kind.stream]
+            if not kind.returns:
+                return out[kind.stream]
+            # A list, not a generator: after a graph break inside the block (HiDream's expert
+            # routing) this line runs in a frame of its own, and dynamo refuses generator frames.
+            return tuple([out[name] for name in kind.returns])
 
         return forward
 
