@@ -34,7 +34,10 @@ NOT_MERGED = {
     "WanModel_S2V": "Wan S2V spreads its timestep rows over the sequence by position (with "
                     "motion frames two a frame plus three, across video, reference and motion "
                     "tokens), so a shorter merged sequence would hand tokens other rows",
-    "HumoWanModel": "HuMo's blocks cross-attend audio tokens frame by frame",
+    "HumoWanModel": "HuMo's audio cross-attention cuts the video's tokens into equal parts, one "
+                    "a frame, and WanHuMoImageToVideo always appends a reference frame (zeros "
+                    "without a reference image) that must not merge, so merged frames could "
+                    "not be equal parts",
     "HiDreamO1Transformer": "HiDream-O1 reuses its prompt's keys and values across steps only "
                             "while no block is replaced; ToMA's block patches would turn that "
                             "off and recompute the prompt every step, a cost not measured yet",

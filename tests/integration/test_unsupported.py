@@ -39,7 +39,7 @@ def tiny_wan_animate2():
 
 
 def tiny_wan_humo():
-    """HuMo (HumoWanModel): blocks that cross-attend audio tokens."""
+    """HuMo (HumoWanModel): an audio cross-attention over equal per-frame parts."""
     import comfy.supported_models
     import tiny_models
 
@@ -93,7 +93,7 @@ MODELS = {"wan_animate2": (tiny_wan_animate2, "WanAnimate2Model"),
           "hunyuan3d": (tiny_hunyuan3d, "Hunyuan3Dv2"), "svd": (tiny_svd, "video UNet")}
 # What the error says about why (models ToMA knows and leaves alone).
 REASONS = {"wan_animate2": "frame by frame", "wan_s2v": "timestep rows",
-           "wan_humo": "cross-attend audio tokens", "hidream_o1": "prompt's keys and values"}
+           "wan_humo": "appends a reference frame", "hidream_o1": "prompt's keys and values"}
 # Models that only newer ComfyUI versions have: the class ComfyUI's config would be.
 NEWER = {"hidream_o1": "HiDreamO1", "wan_animate2": "WAN_Animate2"}
 
