@@ -2,8 +2,8 @@
 model projected from them.
 
     COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.dit_families --threads 1 --clock cpu
-        [--quick] [--families wan22_5b,wan14b,qwen_image,sd35_large,z_image,ltx2,ltxv,
-                               hidream,hunyuan_image,kandinsky5]
+        [--quick] [--families wan22_5b,wan14b,wan_animate14b,qwen_image,sd35_large,
+                               z_image,ltx2,ltxv,hidream,hunyuan_image,kandinsky5]
         [--ratio 0.5]
         [--reps 3] [--family-reps wan14b=2] [--size wan14b=832x480x17]
         [--toma-hook bench.speed.dit_toma:hook | none] [--out bench/results/<date>-cpu-dit.json]
@@ -37,11 +37,16 @@ consecutive merged blocks, recompute_every 1), per repetition; against the same 
 lower bound. Families of two block kinds (HiDream, HunyuanImage: double and single) get one
 case per kind, their rows named "<family> double" / "<family> single", and one projection that
 adds both kinds per repetition (each kind's own depth and default skips, "d0-4" and "s0-4", and
-one plan build per kind: each kind's merged blocks are one group).
+one plan build per kind: each kind's merged blocks are one group). Blocks a model runs outside
+the patches on every token (Wan Animate's face adapter blocks) are timed in the same rounds and
+added unmerged to the plain, merged and lower-bound models alike.
 
 Sizes (pixels -> latent -> token grid t x h x w):
   wan22_5b    Wan 2.2 TI2V 5B, width 3072, 30 blocks: 1280x704, 121 frames -> 31x22x40 = 27280
   wan14b      Wan 2.1 / 2.2 A14B, width 5120, 40 blocks: 832x480, 81 frames -> 21x30x52 = 32760
+  wan_animate14b  Wan 2.2 Animate 14B (image-to-video blocks, 257 CLIP image + 512 text
+              tokens of context): 832x480, 81 frames and the reference frame in front
+              (never merged) -> 22x30x52 = 34320; its 8 face adapter blocks on all of them
   qwen_image  Qwen-Image, width 3072, 60 blocks: 1328x1328 -> 83x83 = 6889 (+ 256 text)
   sd35_large  SD3.5 Large, width 2432, 38 blocks: 1024x1024 -> 64x64 = 4096 (+ 154 text)
   z_image     Z-Image, width 3840, 30 blocks: 1024x1024 -> 64x64 = 4096 (+ 256 text)
@@ -74,6 +79,7 @@ commit, command, notes, table, targets, flags).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib
 import logging
@@ -110,7 +116,8 @@ RATIO = 0.5
 DEFAULT_HOOK = "bench.speed.dit_toma:hook"
 VIDEO_TARGET = 2.2          # projected whole-model speedup of video at ratio 0.5
 LB_TARGET = 1.10            # ToMA within 10% of its lower bound
-VIDEO_FAMILIES = ("wan22_5b", "wan14b", "ltx2", "ltxv", "kandinsky5")  # held to VIDEO_TARGET
+# held to VIDEO_TARGET
+VIDEO_FAMILIES = ("wan22_5b", "wan14b", "wan_animate14b", "ltx2", "ltxv", "kandinsky5")
 KIND_NAMES = {"d": "double", "s": "single"}
 COLUMNS = ("family", "variant", "ratio", "image_tokens", "text_tokens", "ms", "spread", "reps",
            "speedup", "speedup_lo", "speedup_hi", "vs_lb", "lb_speedup", "plan_ms",
@@ -136,6 +143,17 @@ class Size:
 
 
 @dataclass(frozen=True)
+class FullLengthBlock:
+    """A block the model runs between its main blocks outside the "dit" patches (Wan Animate's
+    face adapter blocks), so on every image token whether ToMA merges the main blocks or not:
+    its name, how many the model has, and one call of it on full-length inputs."""
+
+    name: str
+    count: int
+    call: Callable[[], Any]
+
+
+@dataclass(frozen=True)
 class BlockCase:
     """One family's block and full-length inputs, as ComfyUI's block loop hands them over.
 
@@ -146,7 +164,10 @@ class BlockCase:
     call), with only the first `keep` image tokens (None: all) — the lower bound uses it;
     original_block(args) -> {"img", ...}: runs the block like ComfyUI's `original_block`;
     image_out(out) -> the image tokens of an output (for the error); kind: the skip_blocks
-    letter of the block's kind in a family of two ("d" double, "s" single), else "".
+    letter of the block's kind in a family of two ("d" double, "s" single), else "";
+    protect_frames: leading frames of the grid that never merge (a reference frame in front);
+    full_length: the model's blocks that always run on every image token (timed beside the
+    block, costed unmerged in the projection).
 
     Object-patched blocks (HiDream, Kandinsky 5) take args by their forward's own parameter
     names instead, and original_block returns their outputs by the pack's names for them.
@@ -161,10 +182,17 @@ class BlockCase:
     original_block: Callable[[dict], dict]
     image_out: Callable[[dict], torch.Tensor]
     kind: str = ""
+    protect_frames: int = 0
+    full_length: tuple[FullLengthBlock, ...] = ()
 
     @property
     def image_tokens(self) -> int:
         return math.prod(self.grid)
+
+    @property
+    def protected_tokens(self) -> int:
+        """Image tokens of the leading frames that never merge (protect_frames)."""
+        return self.protect_frames * self.grid[1] * self.grid[2]
 
     @property
     def label(self) -> str:
@@ -214,17 +242,22 @@ def _rope(ids: torch.Tensor, head_dim: int, theta: float, axes: list[int]) -> to
 
 
 # Families ---------------------------------------------------------------------------------------
-def wan_case(name: str, dim: int, ffn: int, depth: int, size: Size, text: int = 512) -> BlockCase:
-    """WanAttentionBlock (t2v cross-attention) at width `dim` (heads of 128)."""
+def wan_case(name: str, dim: int, ffn: int, depth: int, size: Size, text: int = 512,
+             image_context: int = 0, lead_frames: int = 0) -> BlockCase:
+    """WanAttentionBlock at width `dim` (heads of 128): text cross-attention, or with
+    `image_context` CLIP image tokens before the text, image-to-video cross-attention;
+    `lead_frames` frames in front of the video's (a reference frame), which never merge."""
     from comfy.ldm.wan.model import WanAttentionBlock
 
     heads = dim // 128
-    block = _fill(WanAttentionBlock("t2v_cross_attn", dim, ffn, heads, qk_norm=True,
-                                    cross_attn_norm=True, eps=1e-6, operation_settings=_ops()), 1)
-    grid = size.grid()
+    cross = "i2v_cross_attn" if image_context else "t2v_cross_attn"
+    block = _fill(WanAttentionBlock(cross, dim, ffn, heads, qk_norm=True, cross_attn_norm=True,
+                                    eps=1e-6, operation_settings=_ops()), 1)
+    t, h, w = size.grid()
+    grid = (t + lead_frames, h, w)
     img = smooth_tokens(grid, dim, 2)
     g = torch.Generator().manual_seed(3)
-    txt = torch.randn(1, text, dim, generator=g)
+    txt = torch.randn(1, image_context + text, dim, generator=g)
     vec = torch.randn(1, 1, 6, dim, generator=g) * 0.1   # e0: one timestep per item
     d = dim // heads
     freqs = _rope(grid_ids(grid), d, 10000.0,
@@ -237,9 +270,37 @@ def wan_case(name: str, dim: int, ffn: int, depth: int, size: Size, text: int = 
 
     def original(a: dict) -> dict:
         return {"img": block(a["img"], context=a["txt"], e=a["vec"], freqs=a["pe"],
-                             context_img_len=None, transformer_options=a["transformer_options"])}
+                             context_img_len=image_context or None,
+                             transformer_options=a["transformer_options"])}
 
-    return BlockCase(name, block, grid, text, depth, args, original, lambda out: out["img"])
+    return BlockCase(name, block, grid, text, depth, args, original, lambda out: out["img"],
+                     protect_frames=lead_frames)
+
+
+# Wan 2.2 Animate: ComfyUI's AnimateWanModel runs face adapter block i // 5 after every fifth
+# main block; its FaceEncoder gives 4 motion tokens per latent frame plus 1 padding token.
+ANIMATE_FACE_EVERY = 5
+ANIMATE_FACE_TOKENS = 5
+CLIP_IMAGE_TOKENS = 257
+
+
+def wan_animate_case(name: str, size: Size) -> BlockCase:
+    """Wan 2.2 Animate 14B: Wan 2.1 image-to-video's block (width 5120, 40 blocks) on the
+    video with WanAnimateToVideo's reference frame in front (never merged), and its face
+    adapter block (FaceBlock: a query and an output projection on every video token,
+    attending per frame to that frame's motion tokens), one after every fifth main block, on
+    the full-length video."""
+    from comfy.ldm.wan.model_animate import FaceBlock
+
+    dim, depth = 5120, 40
+    case = wan_case(name, dim, 13824, depth, size, image_context=CLIP_IMAGE_TOKENS,
+                    lead_frames=1)
+    face = _fill(FaceBlock(dim, dim // 128, qk_norm=True, qk_norm_type="rms", **_ops()), 4)
+    x = case.args()["img"]
+    motion = torch.randn(1, case.grid[0], ANIMATE_FACE_TOKENS, dim,
+                         generator=torch.Generator().manual_seed(5))
+    return dataclasses.replace(case, full_length=(
+        FullLengthBlock("face", depth // ANIMATE_FACE_EVERY, lambda: face(x, motion)),))
 
 
 def qwen_case(name: str, size: Size, text: int = 256) -> BlockCase:
@@ -728,6 +789,7 @@ FAMILIES: dict[str, tuple[Callable[[str, Size], BlockCase | tuple[BlockCase, ...
                  Size(1280, 704, 121, spatial=16), Size(1280, 704, 9, spatial=16)),
     "wan14b": (lambda n, s: wan_case(n, 5120, 13824, 40, s),
                Size(832, 480, 81), Size(832, 480, 5)),
+    "wan_animate14b": (wan_animate_case, Size(832, 480, 81), Size(832, 480, 5)),
     "qwen_image": (qwen_case, Size(1328, 1328), Size(768, 768)),
     "sd35_large": (sd35_case, Size(1024, 1024), Size(768, 768)),
     "z_image": (z_image_case, Size(1024, 1024), Size(768, 768)),
@@ -753,7 +815,8 @@ def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
                merged: Any | None) -> tuple[list[dict], dict[str, Timing]]:
     """Rows plain / lower bound / toma (when `merged`, the hook's block, is not None) for one
     case, and their timings by variant (see the module docstring)."""
-    keep = merged.merged_tokens if merged is not None else round(case.image_tokens * (1 - ratio))
+    keep = (merged.merged_tokens if merged is not None
+            else round(merged_count(case.image_tokens, case.protected_tokens, ratio)))
     calls: dict[str, Callable[[], Any]] = {
         "plain": lambda: case.original_block(case.args()),
         "lower bound": lambda: case.original_block(case.args(keep)),
@@ -763,7 +826,10 @@ def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
     with torch.inference_mode():        # the warm-up, whose outputs give the error
         img_in = case.image_out(case.args())
         first = {name: case.image_out(fn()) for name, fn in calls.items()}
-    found = interleaved(calls, warmup=0, reps=reps, clock=clock, min_reps=1)
+        extra = {f"{b.name} block": b.call for b in case.full_length}
+        for call in extra.values():
+            call()
+    found = interleaved(calls | extra, warmup=0, reps=reps, clock=clock, min_reps=1)
     base = {"family": case.family, "text_tokens": case.text_tokens}
     rows = [{**base, "variant": "plain", "image_tokens": case.image_tokens},
             {**base, "variant": "lower bound", "ratio": ratio, "image_tokens": keep}]
@@ -772,8 +838,13 @@ def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
     for row in rows:
         row.update(found[row["variant"]].fields())
         row.update(speedup(found["plain"], found[row["variant"]]))
+    rows += [{**base, "variant": name, "image_tokens": case.image_tokens,
+              "note": "full length in every variant (never merged)", **found[name].fields()}
+             for name in extra]
+    for row in rows:
         if reps < MIN_REPS:
-            row["note"] = f"{reps} repetition(s): spread from fewer than {MIN_REPS}"
+            row["note"] = "; ".join(filter(None, (
+                row.get("note"), f"{reps} repetition(s): spread from fewer than {MIN_REPS}")))
     if merged is not None:
         toma = rows[2]
         if first["toma"].shape != first["plain"].shape:
@@ -782,7 +853,7 @@ def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
                              f"{tuple(first['plain'].shape)}")
         toma["err_update"] = _rel(first["toma"] - img_in, first["plain"] - img_in)
         versus_lower_bound(toma, found["toma"], found["lower bound"])
-        off = off_ratio(keep, case.image_tokens, ratio)
+        off = off_ratio(keep, case.image_tokens, ratio, case.protected_tokens)
         if off:
             toma["flag"] = "; ".join(filter(None, (toma.get("flag"), off)))
         plans = interleaved({"plan": merged.build_plan}, warmup=0, reps=MIN_REPS, clock=clock)
@@ -796,10 +867,16 @@ def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
 RATIO_SLACK = 0.03
 
 
-def off_ratio(kept: int, tokens: int, ratio: float) -> str | None:
+def merged_count(tokens: int, protected: int, ratio: float) -> float:
+    """The image tokens `ratio` asks for: the `protected` ones (never merged) and 1 - ratio of
+    the others."""
+    return protected + (tokens - protected) * (1.0 - ratio)
+
+
+def off_ratio(kept: int, tokens: int, ratio: float, protected: int = 0) -> str | None:
     """Why a merged count is not a result at `ratio` (its speedup belongs to another ratio),
     or None when it is within RATIO_SLACK of what the ratio asks."""
-    asked = tokens * (1.0 - ratio)
+    asked = merged_count(tokens, protected, ratio)
     if abs(kept - asked) <= RATIO_SLACK * asked:
         return None
     return (f"merges to {kept} tokens where ratio {ratio} asks for {round(asked)} "
@@ -824,6 +901,12 @@ class Part:
     depth: int
     skip: int
 
+    @property
+    def unmerged(self) -> bool:
+        """Every block of the kind runs at full length: no toma row or plan is needed, its
+        plain time counts in every variant."""
+        return self.skip >= self.depth
+
 
 def project(rows: list[dict], found: dict[str, Timing], depth: int, skip: int) -> dict | None:
     """The blocks-only whole-model row of a one-kind model: `depth` blocks, the first `skip`
@@ -834,39 +917,53 @@ def project(rows: list[dict], found: dict[str, Timing], depth: int, skip: int) -
 
 def project_parts(parts: list[Part], family: str | None = None) -> dict | None:
     """project for a model of one or more block kinds (HiDream, HunyuanImage: double and
-    single): per repetition i, the sum over kinds of skip x plain_i + (depth - skip) x
-    merged_i, plus one plan build per kind that merges (each kind's merged blocks are one
-    group); against the same sum of the lower bounds. None when a kind has no toma row."""
+    single; Wan Animate: main and face adapter blocks): per repetition i, the sum over kinds
+    of skip x plain_i + (depth - skip) x merged_i, plus one plan build per kind that merges
+    (each kind's merged blocks are one group); against the same sum of the lower bounds.
+    None when a kind that merges has no toma row."""
     tomas = [next((r for r in part.rows if r["variant"] == "toma"), None) for part in parts]
-    if not parts or any(t is None for t in tomas):
+    if not parts or tomas[0] is None or any(
+            t is None and not p.unmerged for p, t in zip(parts, tomas, strict=True)):
         return None
+    named = [t or p.rows[0] for p, t in zip(parts, tomas, strict=True)]
 
     def model(variant: str | None, plan: bool = False) -> Timing:
         sums = [0.0] * len(parts[0].found["plain"].times)
         for part, toma in zip(parts, tomas, strict=True):
-            merged = part.found[variant or "plain"].times
+            merged = part.found["plain" if part.unmerged else variant or "plain"].times
             # a kind with every block unmerged builds no plan
-            extra = toma["plan_ms"] / 1e3 if plan and part.depth > part.skip else 0.0
+            extra = toma["plan_ms"] / 1e3 if plan and not part.unmerged else 0.0
             for i, (p, m) in enumerate(zip(part.found["plain"].times, merged, strict=True)):
                 sums[i] += part.skip * p + (part.depth - part.skip) * m + extra
         return Timing(tuple(sums))
 
     plain, merged, bound = model(None), model("toma", plan=True), model("lower bound")
-    blocks = " + ".join(f"{p.depth}" + (f" {r['family'].rsplit(' ', 1)[1]}" if len(parts) > 1
-                                        else "") for p, r in zip(parts, tomas, strict=True))
-    unmerged = " + ".join(str(p.skip) for p in parts)
     first = tomas[0]
-    row = {"family": family or first["family"], "ratio": first["ratio"],
+    model_name = family or first["family"]
+    blocks = " + ".join(f"{p.depth}" + (f" {kind_word(r['family'], model_name)}"
+                                        if len(parts) > 1 else "")
+                        for p, r in zip(parts, named, strict=True))
+    unmerged = " + ".join(str(min(p.skip, p.depth)) for p in parts)
+    row = {"family": model_name, "ratio": first["ratio"],
            "variant": f"projected model: {blocks} blocks, {unmerged} unmerged",
            **merged.fields(), **speedup(plain, merged),
-           "note": "; ".join(dict.fromkeys(t["note"] for t in tomas if t.get("note"))) or None}
+           "note": "; ".join(dict.fromkeys(t["note"] for t in tomas if t and t.get("note")))
+           or None}
     versus_lower_bound(row, merged, bound)
     row["lb_speedup"] = plain.median / bound.median
     # the blocks' flags hold for the model made of them
-    flags = (row.get("flag"), *(t.get("flag") for t in tomas))
+    flags = (row.get("flag"), *(t.get("flag") for t in tomas if t))
     if any(flags):
         row["flag"] = "; ".join(dict.fromkeys(f for f in flags if f))
     return row
+
+
+def kind_word(label: str, model: str) -> str:
+    """A part's kind in the projection's label: its rows' family after the model's name
+    ("hidream double" -> "double", "wan_animate14b face" -> "face"), "main" for the model's
+    own."""
+    rest = label[len(model):].strip() if label.startswith(model) else label.rsplit(" ", 1)[-1]
+    return rest or "main"
 
 
 def targets(rows: list[dict], ratio: float) -> list[dict]:
@@ -931,10 +1028,12 @@ def run(families: list[str] | None = None, quick: bool = False, ratio: float = R
         for case in built if isinstance(built, tuple) else (built,):
             log.warning("%s: grid %s, %d image + %d text tokens", case.label, case.grid,
                         case.image_tokens, case.text_tokens)
-            parts.append(bench_kind(case, ratio, (family_reps or {}).get(name, reps), clock,
-                                    merged_block))
-            rows += parts[-1].rows
-            log_rows(parts[-1].rows)    # each block's figures as soon as they exist
+            kind_parts = bench_kind(case, ratio, (family_reps or {}).get(name, reps), clock,
+                                    merged_block)
+            for part in kind_parts:
+                rows += part.rows
+                log_rows(part.rows)     # each block's figures as soon as they exist
+            parts += kind_parts
         projected = project_parts(parts, name)
         if projected:
             rows.append(projected)
@@ -944,22 +1043,30 @@ def run(families: list[str] | None = None, quick: bool = False, ratio: float = R
 
 
 def bench_kind(case: BlockCase, ratio: float, reps: int, clock: str,
-               merged_block: Callable | None) -> Part:
-    """bench_case of one block kind, its rows named by case.label, as a Part of the model."""
+               merged_block: Callable | None) -> list[Part]:
+    """bench_case of one block kind, its rows named by case.label, as a Part of the model, and
+    a Part for each of the case's full-length blocks (rows "<label> <name>", all unmerged)."""
     merged = merged_block(case.family, case, ratio) if merged_block is not None else None
     with torch.inference_mode():
         block_rows, found = bench_case(case, ratio, reps, clock, merged)
+    extra = {f"{b.name} block": b for b in case.full_length}
     for row in block_rows:
-        row["family"] = case.label
-    return Part(block_rows, found, case.depth, default_skipped(case.depth, case.kind))
+        block = extra.get(row["variant"])
+        row["family"] = f"{case.label} {block.name}" if block else case.label
+    main = Part([r for r in block_rows if r["variant"] not in extra], found, case.depth,
+                default_skipped(case.depth, case.kind))
+    return [main, *(Part([r], {"plain": found[r["variant"]]}, extra[r["variant"]].count,
+                         extra[r["variant"]].count)
+                    for r in block_rows if r["variant"] in extra)]
 
 
 def log_rows(rows: list[dict]) -> None:
     """Rows to the log: full-size runs take long."""
     for row in rows:
-        log.warning("%s %s: %d image tokens, %.0f ms (spread %.2f), speedup %.3g (%.3g-%.3g)%s",
-                    row["family"], row["variant"], row.get("image_tokens") or 0, row["ms"],
-                    row["spread"], row["speedup"], row["speedup_lo"], row["speedup_hi"],
+        gain = (f", speedup {row['speedup']:.3g} ({row['speedup_lo']:.3g}-"
+                f"{row['speedup_hi']:.3g})" if "speedup" in row else "")
+        log.warning("%s %s: %d image tokens, %.0f ms (spread %.2f)%s%s", row["family"],
+                    row["variant"], row.get("image_tokens") or 0, row["ms"], row["spread"], gain,
                     f", vs_lb {row['vs_lb']:.3f}" if "vs_lb" in row else "")
 
 

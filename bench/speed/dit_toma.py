@@ -15,7 +15,8 @@ import importlib
 import torch
 
 # bench family -> the pack's families module that describes it
-FAMILIES = {"wan22_5b": "wan", "wan14b": "wan", "qwen_image": "qwen_image",
+FAMILIES = {"wan22_5b": "wan", "wan14b": "wan", "wan_animate14b": "wan",
+            "qwen_image": "qwen_image",
             "sd35_large": "sd3", "z_image": "lumina", "ltx2": "ltx", "ltxv": "ltx",
             "hidream": "hidream", "hunyuan_image": "hunyuan_image", "kandinsky5": "kandinsky5"}
 
@@ -53,6 +54,7 @@ class MergedBlock:
 
     def __init__(self, family: str, case, ratio: float, tokens_per_region: int | None = None,
                  frames: int | None = None) -> None:
+        from toma_pack.nodes.dit_families import set_grid
         from toma_pack.nodes.dit_patch import DiTToMA
         from toma_pack.nodes.options import make_options
         from toma_pack.nodes.run_state import ModelCall, ToMAState
@@ -74,12 +76,15 @@ class MergedBlock:
         # hands it to the blocks in their transformer_options); its plans dict keeps the plan
         self.call = ModelCall(self.state.new_run(), grid=case.grid, merging=True,
                               data={"txt_len": case.text_tokens})
+        if case.protect_frames:         # as the family's describe says it for the real model
+            set_grid(self.call, case.grid, protect_frames=case.protect_frames)
         self.toma = DiTToMA(self.state, spec, {(kind.key, 0): 0})
         self.forward = (self.toma.forward_patch(kind, 0, case.block, case.block.forward)
                         if forward else None)
         self.patch = self.toma.replace_patch(kind, 0, None)
         self.extra = {"original_block": case.original_block}
-        self.merged_tokens = self.build_plan().merged_tokens
+        # the tokens the block runs on: the merged grid and the protected ones before it
+        self.merged_tokens = self.build_plan().merged_tokens + self.call.data.get("prefix", 0)
 
     def __call__(self, args: dict) -> dict:
         if self.forward is None:
