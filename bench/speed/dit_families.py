@@ -816,7 +816,7 @@ def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
     """Rows plain / lower bound / toma (when `merged`, the hook's block, is not None) for one
     case, and their timings by variant (see the module docstring)."""
     keep = (merged.merged_tokens if merged is not None
-            else round(merged_count(case.image_tokens, case.protected_tokens, ratio)))
+            else round(asked_tokens(case.image_tokens, case.protected_tokens, ratio)))
     calls: dict[str, Callable[[], Any]] = {
         "plain": lambda: case.original_block(case.args()),
         "lower bound": lambda: case.original_block(case.args(keep)),
@@ -867,7 +867,7 @@ def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
 RATIO_SLACK = 0.03
 
 
-def merged_count(tokens: int, protected: int, ratio: float) -> float:
+def asked_tokens(tokens: int, protected: int, ratio: float) -> float:
     """The image tokens `ratio` asks for: the `protected` ones (never merged) and 1 - ratio of
     the others."""
     return protected + (tokens - protected) * (1.0 - ratio)
@@ -876,7 +876,7 @@ def merged_count(tokens: int, protected: int, ratio: float) -> float:
 def off_ratio(kept: int, tokens: int, ratio: float, protected: int = 0) -> str | None:
     """Why a merged count is not a result at `ratio` (its speedup belongs to another ratio),
     or None when it is within RATIO_SLACK of what the ratio asks."""
-    asked = merged_count(tokens, protected, ratio)
+    asked = asked_tokens(tokens, protected, ratio)
     if abs(kept - asked) <= RATIO_SLACK * asked:
         return None
     return (f"merges to {kept} tokens where ratio {ratio} asks for {round(asked)} "

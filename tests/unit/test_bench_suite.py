@@ -404,6 +404,58 @@ def test_dit_projection_of_two_block_kinds_adds_them_per_repetition() -> None:
     assert dit_families.default_skipped(32, "s") == 5
 
 
+def test_dit_full_length_blocks_are_timed_beside_the_block_and_never_merged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wan Animate: the face adapter blocks (here "face", 2 of them) run in the same rounds as
+    the block, get rows of their own and a Part whose every block stays unmerged; the
+    protected leading frame counts in the lower bound's tokens and in the ratio check."""
+    monkeypatch.setattr(common, "now", FakeClock())
+    calls = []
+    base = _tiny_dit_case()
+    case = dit_families.BlockCase(
+        base.family, base.block, (2, 2, 4), 0, 10, base.args, base.original_block,
+        base.image_out, protect_frames=1,
+        full_length=(dit_families.FullLengthBlock("face", 2, lambda: calls.append(1)),))
+    assert case.protected_tokens == 8
+
+    class Hook(_PairMerge):
+        merged_tokens = 12              # the 8 protected tokens and 8 merged to 4
+
+    parts = dit_families.bench_kind(case, 0.5, 3, "cpu", lambda f, c, r: Hook(c))
+    assert len(calls) == 1 + 3                                  # warm-up and every round
+    main, face = parts
+    assert [r["variant"] for r in main.rows] == ["plain", "lower bound", "toma"]
+    assert main.rows[1]["image_tokens"] == 12 and "flag" not in main.rows[2]
+    assert (face.depth, face.skip, face.unmerged) == (2, 2, True)
+    assert face.rows[0]["family"] == "wan14b face" and "never merged" in face.rows[0]["note"]
+    assert dit_families.off_ratio(12, 16, 0.5, protected=8) is None
+    assert "asks for 12" in dit_families.off_ratio(8, 16, 0.5, protected=8)
+
+
+def test_dit_projection_adds_unmerged_parts_to_every_variant() -> None:
+    """A part that never merges adds its plain time to the plain, merged and lower-bound
+    models alike and needs no toma row; one that merges still does."""
+    found = {"plain": Timing((10.0, 12.0, 11.0)), "toma": Timing((5.0, 6.5, 5.5)),
+             "lower bound": Timing((4.5, 6.0, 5.0))}
+    face = {"plain": Timing((1.0, 1.5, 1.2))}
+    rows = [{"family": "wan_animate14b", "variant": "toma", "ratio": 0.5, "plan_ms": 100.0}]
+    face_rows = [{"family": "wan_animate14b face", "variant": "face block"}]
+    row = dit_families.project_parts([dit_families.Part(rows, found, 40, 5),
+                                      dit_families.Part(face_rows, face, 8, 8)],
+                                     "wan_animate14b")
+    p, t, b, f = (x.times for x in (found["plain"], found["toma"], found["lower bound"],
+                                    face["plain"]))
+    plain = [40 * p[i] + 8 * f[i] for i in range(3)]
+    toma = [5 * p[i] + 35 * t[i] + 0.1 + 8 * f[i] for i in range(3)]
+    bound = [5 * p[i] + 35 * b[i] + 8 * f[i] for i in range(3)]
+    assert row["variant"] == "projected model: 40 main + 8 face blocks, 5 + 8 unmerged"
+    assert row["speedup"] == pytest.approx(sorted(plain)[1] / sorted(toma)[1])
+    assert row["lb_speedup"] == pytest.approx(sorted(plain)[1] / sorted(bound)[1])
+    assert dit_families.project_parts([dit_families.Part(face_rows, face, 8, 8)]) is None
+    assert dit_families.project_parts([dit_families.Part(rows, found, 40, 5),
+                                       dit_families.Part(face_rows, face, 8, 7)]) is None
+
+
 def test_vace_projection_costs_vace_blocks_as_plain_main_blocks() -> None:
     """Wan VACE 14B from a Wan 14B result: 40 main blocks (5 plain, 35 merged, one plan) and 8
     VACE blocks plain, against 48 plain blocks; the option with VACE blocks merged leaves the

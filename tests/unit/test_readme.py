@@ -149,3 +149,45 @@ def test_every_result_the_readme_quotes_says_how_it_was_made():
             continue
         config = result.get("config", {})
         assert config.get("commit") and config.get("command"), path
+
+
+def tables(text: str) -> list[list[str]]:
+    """Every Markdown table of `text` outside code blocks: its lines, header first."""
+    found: list[list[str]] = []
+    fenced = False
+    previous = ""
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("|"):
+            if previous.startswith("|"):
+                found[-1].append(line)
+            else:
+                found.append([line])
+        previous = "" if fenced else line
+    return found
+
+
+def cells(line: str) -> int:
+    """Cells of a table line (pipes inside backticks do not count)."""
+    return len(re.sub(r"`[^`]*`", "``", line).strip().strip("|").split("|"))
+
+
+DOCUMENTS = ("README.md", "models/README.md", *sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "web" / "docs").rglob("*.md")))
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_every_table_renders(document: str):
+    """A table renders only with its separator line under the header, and shows every cell only
+    when each row has the header's count: a sweep's table in the README once lost both,
+    printing as one paragraph with half its rows unlabelled."""
+    found = tables((ROOT / document).read_text(encoding="utf-8"))
+    broken = [t[0][:60] for t in found if len(t) < 2
+              or not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", t[1].strip())
+              or any(cells(row) != cells(t[0]) for row in t)]
+    assert not broken, broken
+
+
+def test_the_readme_has_its_tables():
+    assert len(tables(README)) > 10
