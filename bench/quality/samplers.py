@@ -22,6 +22,15 @@ and `accuracy` is their recognition accuracy (bench/quality/recognise.py). speed
 time of each sampling call, unmerged's over it, one run each (the section times with more
 care). Writes nothing unless --out: then the JSON there and the same report as .md beside it
 (machine, commit, command, rows).
+
+Image-to-image (--denoise D < 1, matched fixtures): every sample starts from a rendered scene of
+its own class (stream IMAGE_TO_IMAGE_STREAM, which neither the fixtures nor the recogniser were
+trained on), noised and sampled over the last D of the schedule as KSampler does with a latent
+image. The fixtures do not draw their classes from noise (their unmerged samples are recognised
+near chance), so `accuracy` from an empty latent cannot tell whether a method keeps shapes and
+glyphs readable; from a scene it can: the unmerged model keeps most of them, and what a merge
+breaks (edges, thin strokes) shows as accuracy lost against unmerged's. The report gives the
+recogniser's accuracy on the source scenes themselves.
 """
 
 from __future__ import annotations
@@ -45,8 +54,9 @@ SAMPLERS = (("euler", "normal"), ("dpmpp_2m", "karras"), ("euler_ancestral", "no
 CFGS = (1.0, 4.0)
 NOISE_LEVEL = 0.2
 TOMA_VARIANTS = ("ToMA defaults", "ToMA attention r0.5", "ToMA block r0.75")
-COLUMNS = ("model", "sampler", "cfg", "variant", "method", "speedup", "psnr", "ssim", "mmd",
-           "accuracy")
+IMAGE_TO_IMAGE_STREAM = 7000
+COLUMNS = ("model", "sampler", "cfg", "denoise", "variant", "method", "speedup", "psnr",
+           "ssim", "mmd", "accuracy")
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +78,38 @@ def noisy(patcher, level: float, seed: int = 0) -> tuple[Any, Callable[[], None]
     return clone, lambda: state.update(generator=None)
 
 
+def source_scenes(layout: str, side: int, labels: torch.Tensor) -> torch.Tensor:
+    """The image-to-image starts: a rendered scene of each label's class (stream
+    IMAGE_TO_IMAGE_STREAM, one index per image), in model space [n, C, side, side]."""
+    from . import scenes
+
+    classes = (labels - len(data.train_photos())).tolist()
+    pixels = scenes.batch(classes, side * qm.latent_per_pixel(layout), IMAGE_TO_IMAGE_STREAM, 0)
+    return data.pixels_to_model_space(pixels, qm.arch(layout))
+
+
+def source_accuracy(layout: str, per_class: int | None = None) -> float:
+    """The recogniser's accuracy on the image-to-image starts themselves."""
+    labels = section.eval_labels(layout, per_class)
+    start = source_scenes(layout, qm.EVAL_LATENT[layout], labels)
+    pixels = data.to_uint8(data.model_space_to_pixels(start, qm.arch(layout)))
+    return section.recognition(layout, {"source": pixels}, labels)["source"]
+
+
 def measure(layout: str, side: int | None = None, only: tuple[str, ...] | None = None,
-            per_class: int | None = None) -> list[dict[str, Any]]:
+            per_class: int | None = None, denoise: float = 1.0,
+            samplers: tuple[tuple[str, str], ...] | None = None) -> list[dict[str, Any]]:
     """Rows for every sampler, cfg and variant of one fixture (side: latent side, default its
     evaluation size; only: these variants and unmerged; per_class: scene images per class on
-    the matched fixtures, default the section's)."""
+    the matched fixtures, default the section's; denoise < 1: image-to-image from scenes of
+    the labels' classes, matched fixtures only; samplers: default SAMPLERS)."""
     from . import metrics
 
+    if not 0 < denoise <= 1:
+        raise ValueError(f"--denoise must be in (0, 1], got {denoise}")
+    if denoise < 1 and not qm.with_scenes(layout):
+        raise ValueError(f"--denoise {denoise}: image-to-image starts from rendered scenes, "
+                         f"which only the matched fixtures know; {layout} has none")
     side = side or qm.EVAL_LATENT[layout]
     found = section.variants(layout, side)
     unknown = set(only or ()) - {v.name for v in found}
@@ -97,9 +132,10 @@ def measure(layout: str, side: int | None = None, only: tuple[str, ...] | None =
     floor, restart = noisy(base, NOISE_LEVEL)
     patched[f"noise floor ({NOISE_LEVEL:g} x RMS)"] = ("noise", floor)
     labels = section.eval_labels(layout, per_class)
+    scenes_in = source_scenes(layout, side, labels) if denoise < 1 else None
     rows = []
     with torch.inference_mode():
-        for sampler, scheduler in SAMPLERS:
+        for sampler, scheduler in samplers or SAMPLERS:
             for cfg in CFGS:
                 samples, seconds = {}, {}
                 for name, (_, p) in patched.items():
@@ -108,7 +144,8 @@ def measure(layout: str, side: int | None = None, only: tuple[str, ...] | None =
                     restart()
                     start = time.process_time()
                     samples[name] = section.sample(p, fixture, labels, side, cfg=cfg,
-                                                   sampler=sampler, scheduler=scheduler)
+                                                   sampler=sampler, scheduler=scheduler,
+                                                   start=scenes_in, denoise=denoise)
                     seconds[name] = time.process_time() - start
                 pixels = {n: data.to_uint8(data.model_space_to_pixels(x, qm.arch(layout)))
                           for n, x in samples.items()}
@@ -117,7 +154,8 @@ def measure(layout: str, side: int | None = None, only: tuple[str, ...] | None =
                 for name, (method, _) in patched.items():
                     psnr, ssim = metrics.psnr_ssim(pixels["unmerged"], pixels[name])
                     rows.append({"model": layout, "sampler": f"{sampler} / {scheduler}",
-                                 "cfg": cfg, "variant": name, "method": method,
+                                 "cfg": cfg, "denoise": denoise, "variant": name,
+                                 "method": method,
                                  "s": seconds[name],
                                  "speedup": seconds["unmerged"] / seconds[name],
                                  "psnr": psnr, "ssim": ssim,
@@ -144,6 +182,12 @@ def report(result: dict[str, Any]) -> str:
 
     config = result["config"]
     found = targets(result["rows"])
+    sources = config.get("source_accuracy") or {}
+    image_to_image = [] if config.get("denoise", 1.0) >= 1 else [
+        f"- image-to-image at denoise {config['denoise']:g}: every sample starts from a "
+        f"rendered scene of its class (stream {IMAGE_TO_IMAGE_STREAM}); the recogniser's "
+        "accuracy on those scenes: " + ", ".join(f"{k} {v:.3g}" for k, v in sources.items()),
+        ""]
     met = sum(t["met"] is True for t in found)
     return "\n".join([
         "# Quality fixtures under several samplers (bench/quality/samplers.py)", "",
@@ -155,7 +199,7 @@ def report(result: dict[str, Any]) -> str:
         f"(--per-class each; seed {section.SEED}), float32; psnr / ssim against the unmerged "
         "samples of the same sampler and cfg; mmd x1000 on the unmerged model's middle "
         "features; accuracy: the scene recogniser's on the samples; noise floor: the unmerged "
-        f"model with {NOISE_LEVEL:g} x RMS Gaussian noise on each output", "",
+        f"model with {NOISE_LEVEL:g} x RMS Gaussian noise on each output", "", *image_to_image,
         markdown_table(result["rows"], COLUMNS), "", "## Targets", "",
         f"{met} of {len(found)} met; n/a: the peer never gets as fast as ToMA defaults.", "",
         markdown_table(found, ["sampler", "cfg", "target", "value", "met"]), ""])
@@ -174,21 +218,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-class", type=int, default=None,
                         help="matched fixtures: scene images per class (default: the "
                              "section's)")
+    parser.add_argument("--denoise", type=float, default=1.0,
+                        help="below 1: image-to-image from rendered scenes of each sample's "
+                             "class (matched fixtures), as KSampler's denoise")
+    parser.add_argument("--samplers", default=",".join(s for s, _ in SAMPLERS),
+                        help="comma-separated sampler names of " +
+                             ", ".join(f"{s} ({k})" for s, k in SAMPLERS))
     args = parser.parse_args(argv)
+    chosen = {name: (name, schedule) for name, schedule in SAMPLERS}
+    unknown = [n for n in args.samplers.split(",") if n not in chosen]
+    if unknown:
+        parser.error(f"--samplers: unknown {unknown}; choose from {', '.join(chosen)}")
+    samplers = tuple(chosen[n] for n in args.samplers.split(","))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     torch.set_num_threads(1)
     if not setup_comfy(torch.device("cpu")):
         raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")
     only = None if args.only is None else tuple(args.only.split(","))
-    rows = [row for layout in args.layouts.split(",")
-            for row in measure(layout, only=only, per_class=args.per_class)]
+    layouts = args.layouts.split(",")
+    rows = [row for layout in layouts
+            for row in measure(layout, only=only, per_class=args.per_class,
+                               denoise=args.denoise, samplers=samplers)]
+    sources = ({layout: source_accuracy(layout, args.per_class) for layout in layouts}
+               if args.denoise < 1 else {})
     result = {"machine": machine_info(),
               "config": {"commit": commit(),
                          "comfyui": str(ROOT.joinpath(os.environ["COMFYUI_PATH"]).resolve()),
                          "command": " ".join(["python -m bench.quality.samplers",
                                               *(sys.argv[1:] if argv is None else argv)]),
-                         "samplers": SAMPLERS, "cfgs": CFGS, "noise_level": NOISE_LEVEL},
+                         "samplers": samplers, "cfgs": CFGS, "noise_level": NOISE_LEVEL,
+                         "denoise": args.denoise, "source_accuracy": sources},
               "rows": rows}
     text = report(result)
     print(text)

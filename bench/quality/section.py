@@ -171,18 +171,22 @@ def _from_latent(fixture: qm.Fixture, x: torch.Tensor) -> torch.Tensor:
 
 def sample(patcher, fixture: qm.Fixture, labels: torch.Tensor, side: int,
            steps: int = STEPS, cfg: float = 1.0, sampler: str = "euler",
-           scheduler: str = "normal") -> torch.Tensor:
+           scheduler: str = "normal", start: torch.Tensor | None = None,
+           denoise: float = 1.0) -> torch.Tensor:
     """One sample per label (one batch, seed SEED) of a side x side latent, in model space
-    [n, C, side, side]; negative: the null class; ComfyUI's `sampler` and `scheduler`."""
+    [n, C, side, side]; negative: the null class; ComfyUI's `sampler` and `scheduler`.
+    start: images [n, C, side, side] (model space) to sample from at `denoise` < 1, as
+    KSampler does with a latent image (image-to-image); None: from an empty latent."""
     import comfy.sample
 
     channels = fixture.model.latent_format.latent_channels
-    latent = torch.zeros(len(labels), channels, side, side)
+    latent = (torch.zeros(len(labels), channels, side, side) if start is None
+              else _to_latent(fixture, start))
     positive = fixture.conditioning(labels, side, side)
     negative = fixture.conditioning(torch.full_like(labels, -1), side, side)
     noise = comfy.sample.prepare_noise(latent, SEED)
     out = comfy.sample.sample(patcher, noise, steps, cfg, sampler, scheduler, positive,
-                              negative, latent, disable_pbar=True, seed=SEED)
+                              negative, latent, denoise=denoise, disable_pbar=True, seed=SEED)
     return _from_latent(fixture, out)
 
 

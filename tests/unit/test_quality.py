@@ -239,3 +239,7 @@ def test_sampler_sweep_refuses_unknown_variants_and_counts():
         samplers.measure("flux-matched", only=("ToMA nonsense",))
     with pytest.raises(ValueError, match="--per-class must be at least 1"):
         samplers.measure("flux-matched", per_class=0)
+    with pytest.raises(ValueError, match="only the matched fixtures"):
+        samplers.measure("sdxl", denoise=0.5)
+    with pytest.raises(ValueError, match=r"--denoise must be in \(0, 1\]"):
+        samplers.measure("sdxl-matched", denoise=0.0)
