@@ -1,0 +1,295 @@
+"""HiDream-O1's prompt K/V cache against merging: what patching its blocks costs, measured.
+
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.hidream_o1_cache --threads 1 --clock cpu
+        [--cases t2i-128,t2i-512,edit-128] [--size 2048x2048] [--ratio 0.5] [--reps 3]
+        [--out bench/results/<date>-cpu-hidream-o1-cache.json]
+
+HiDreamO1Transformer (ComfyUI 0.33) runs [prompt; tms; image (; reference patches)] through its
+36 Qwen3-VL-8B decoder layers (width 4096, 32 query and 8 key/value heads of 128, feed-forward
+12288), the prompt causal. From its second call on it keeps the prompt's keys and values (the
+"hot path"): a step runs only [tms; image (; reference patches)] and attends to the cached
+prompt. It keeps them only while no "dit" replace patch is set, so a model whose blocks any node
+patches (a merging patch among them) runs the whole sequence at every step.
+
+One decoder layer at the real width (seeded random weights, fp32, CPU, SDPA attention), its
+arguments taken from the model's own forward (a one-layer model: the cold call, then the hot
+call on the cache it left), timed in interleaved rounds:
+
+- cached: the hot path, as the unpatched model runs every step after the first;
+- patched: the whole sequence, as the model runs with any block patch and nothing merged;
+- merged, patched (lower bound): the whole sequence with only (1 - ratio) of the image tokens
+  and their RoPE rows (the prompt, tms and reference patches unchanged): the best a merging
+  "dit" patch could give;
+- merged, cached (lower bound): the hot path with the same image tokens: what merging would
+  give if it kept the cache.
+
+Projection (layers only; the node's default skip_blocks, blocks 0-4, unmerged; no merging
+cost, so every merged figure is a lower bound on the time): any patch makes every layer lose
+the cache, so the patched model is 5 x patched + 31 x merged, patched, against 36 x cached;
+per repetition. Cases: t2i-P: text to image with a prompt of P tokens (chat template included);
+edit-P: instruction edit with one reference image (HiDream-O1 Reference Images): its 12 x 12 ViT
+tokens join the cached prompt, its 32-pixel patches (as many as the target's) the gen tokens.
+
+Writes nothing unless --out: then the JSON there and the same report as .md beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..shared.common import (
+    MIN_REPS,
+    Timing,
+    commit,
+    cpu_features,
+    cpu_model,
+    interleaved,
+    machine_info,
+    markdown_table,
+    speedup,
+    write_result,
+)
+from .dit_families import (
+    _setup,
+    capture_forwards,
+    default_skipped,
+    keep_grid,
+    latent_image,
+    one_block_model,
+)
+
+log = logging.getLogger(__name__)
+
+DEPTH = 36                  # Qwen3-VL-8B decoder layers
+PATCH = 32                  # HiDream-O1's pixel patch
+TMS_TOKEN_ID = 151673       # the prompt's last token, the timestep's slot
+VARIANTS = ("cached", "patched", "merged, patched", "merged, cached")
+COLUMNS = ("case", "variant", "prompt_tokens", "gen_tokens", "image_tokens", "ms", "spread",
+           "reps", "speedup", "speedup_lo", "speedup_hi", "note")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generation: its name, prompt length (chat template included) and reference count."""
+
+    name: str
+    prompt: int
+    references: int
+
+
+def parse_case(text: str) -> Case:
+    """"t2i-128" / "edit-128" -> Case."""
+    kind, _, prompt = text.partition("-")
+    if kind not in ("t2i", "edit") or not prompt.isdigit() or int(prompt) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected t2i-P or edit-P, P >= 2 tokens")
+    return Case(text, int(prompt), 1 if kind == "edit" else 0)
+
+
+def build_model(text: dict[str, Any] | None = None) -> torch.nn.Module:
+    """HiDreamO1Transformer at the real width (or with the decoder settings `text`) with one
+    decoder layer; the vision tower is dropped (reference images enter as their token counts:
+    the ViT's output is computed once per generation, outside the layers)."""
+    from comfy.ldm.hidream_o1.model import HiDreamO1Transformer
+
+    return one_block_model(HiDreamO1Transformer, ("visual",),
+                           text_config_overrides={**(text or {}), "num_hidden_layers": 1})
+
+
+def conditioning(case: Case, x: torch.Tensor) -> dict[str, Any]:
+    """The model's extra conditioning as ComfyUI's HiDream-O1 model builds it for `case`:
+    prompt ids [1, P] ending in the tms token; with a reference, a white image of the target's
+    size, its ViT tokens spliced into the prompt (their pixel values left out: see
+    build_model)."""
+    from comfy.ldm.hidream_o1.conditioning import build_extra_conds
+
+    ids = torch.arange(1000, 1000 + case.prompt).unsqueeze(0)
+    ids[0, -1] = TMS_TOKEN_ID
+    refs = [torch.ones(1, x.shape[-2], x.shape[-1], 3)] * case.references or None
+    conds = build_extra_conds(ids, x, ref_images=refs, target_patch_size=PATCH)
+    conds.pop("ref_pixel_values", None)
+    conds.pop("ref_image_grid_thw", None)
+    conds.pop("token_types")
+    return conds
+
+
+@dataclass(frozen=True)
+class Layer:
+    """The layer and its arguments from the model's forward: cold (the whole sequence) and hot
+    (tokens after the cached prefix); where the image starts in each, its length and the
+    prefix's."""
+
+    layer: torch.nn.Module
+    cold: dict
+    hot: dict
+    image_start: int
+    image_tokens: int
+    cache_len: int
+
+    def call(self, hot: bool, keep: int | None = None) -> Callable[[], Any]:
+        """One layer call on fresh arguments (the layer adds into its input in place), with
+        only the first `keep` image tokens and their RoPE rows."""
+        args = self.hot if hot else self.cold
+        start = self.image_start - (self.cache_len if hot else 0)
+        keep = keep or self.image_tokens
+
+        def run() -> Any:
+            cut = {**args, "x": keep_grid(args["x"], 1, start, self.image_tokens, keep),
+                   "freqs_cis": tuple(keep_grid(t, t.ndim - 2, start, self.image_tokens, keep)
+                                      for t in args["freqs_cis"])}
+            return self.layer(**cut)
+
+        return run
+
+
+def capture_layer(model: torch.nn.Module, case: Case, size: tuple[int, int]) -> Layer:
+    """Layer for `case` at `size` (width, height): a cold call fills the cache, the hot call's
+    and a second cold call's layer arguments are recorded (the cold one as a block patch runs
+    it: no K/V kept)."""
+    width, height = size
+    grid = (1, height // PATCH, width // PATCH)
+    x = latent_image(grid, 3, 2, PATCH)
+    conds = conditioning(case, x)
+    t = torch.full((1,), 700.0)
+    layer = model.language_model.layers[0]
+    with torch.inference_mode():
+        model.clear_kv_cache()
+        model(x, t, **conds)                                        # fills the cache
+        hot = capture_forwards(lambda: model(x, t, **conds), [layer])[0]
+        model.clear_kv_cache()
+        cold = capture_forwards(lambda: model(x, t, **conds), [layer])[0]
+    cache_len = hot["past_key_value"][2]
+    cold["past_key_value"] = None
+    return Layer(layer, cold, hot, conds["input_ids"].shape[1], math.prod(grid), cache_len)
+
+
+def bench_case(model: torch.nn.Module, case: Case, size: tuple[int, int], ratio: float,
+               reps: int, clock: str) -> list[dict]:
+    """The four variants' rows and the projected models' for one case."""
+    lay = capture_layer(model, case, size)
+    keep = round(lay.image_tokens * (1 - ratio))
+    calls = {"cached": lay.call(True), "patched": lay.call(False),
+             "merged, patched": lay.call(False, keep), "merged, cached": lay.call(True, keep)}
+    cold_len, hot_len = lay.cold["x"].shape[1], lay.hot["x"].shape[1]
+    tokens = {"cached": (hot_len, lay.image_tokens), "patched": (cold_len, lay.image_tokens),
+              "merged, patched": (cold_len - lay.image_tokens + keep, keep),
+              "merged, cached": (hot_len - lay.image_tokens + keep, keep)}
+    with torch.inference_mode():
+        for fn in calls.values():     # warm-up
+            fn()
+        found = interleaved(calls, warmup=0, reps=reps, clock=clock)
+    base = {"case": case.name, "prompt_tokens": lay.cache_len}
+    rows = []
+    for name in VARIANTS:
+        gen, image = tokens[name]
+        rows.append({**base, "variant": name, "gen_tokens": gen, "image_tokens": image,
+                     **found[name].fields(), **speedup(found["cached"], found[name]),
+                     "note": "lower bound" if name.startswith("merged") else None})
+    rows += projections(case, found, ratio)
+    return rows
+
+
+def projections(case: Case, found: dict[str, Timing], ratio: float) -> list[dict]:
+    """The 36-layer models against the unpatched model (36 x cached), per repetition."""
+    skip = default_skipped(DEPTH)
+
+    def model(unmerged: str, merged: str, skipped: int) -> Timing:
+        return Timing(tuple(skipped * u + (DEPTH - skipped) * m for u, m in
+                            zip(found[unmerged].times, found[merged].times, strict=True)))
+
+    today = model("cached", "cached", DEPTH)
+    models = [(f"model, any block patch, nothing merged ({DEPTH} x patched)",
+               model("patched", "patched", DEPTH), None),
+              (f"model, merging patch at ratio {ratio:g} ({skip} x patched + {DEPTH - skip} x "
+               f"merged, patched)", model("patched", "merged, patched", skip), "lower bound"),
+              (f"model, merging that kept the cache ({skip} x cached + {DEPTH - skip} x "
+               f"merged, cached)", model("cached", "merged, cached", skip), "lower bound")]
+    return [{"case": case.name, "variant": name, **timing.fields(), **speedup(today, timing),
+             "note": note} for name, timing, note in models]
+
+
+def notes(clock: str, reps: int) -> list[str]:
+    """How the figures were taken, for the report."""
+    return [f"CPU {cpu_model()} ({cpu_features()}), {torch.get_num_threads()} thread(s), "
+            f"{clock} clock, float32; one untimed call per variant, then median, minimum and "
+            f"spread of {reps} interleaved repetitions",
+            "speedup: against cached (the unpatched model's layer, or its 36 layers); "
+            "speedup_lo/hi: lowest/highest ratio of the side-by-side repetitions",
+            "gen_tokens: the tokens the layer runs on (queries); prompt_tokens: the prefix the "
+            "hot path keeps as keys and values; lower bound: merged image tokens with no "
+            "merging cost"]
+
+
+def report(result: dict[str, Any]) -> str:
+    """The Markdown report of a result dict."""
+    lines = ["# HiDream-O1: its prompt K/V cache against a merging block patch", "",
+             ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
+             f"commit: {result['config']['commit']}", "",
+             f"command: `{result['config']['command']}`", "",
+             f"ComfyUI: {result['config']['comfyui']}", ""]
+    lines += [f"- {note}" for note in result["notes"]]
+    lines += ["", markdown_table(result["rows"], COLUMNS)]
+    return "\n".join(lines) + "\n"
+
+
+def _size(text: str) -> tuple[int, int]:
+    width, _, height = text.partition("x")
+    if not (width.isdigit() and height.isdigit()) or int(width) % PATCH or int(height) % PATCH:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WxH, multiples of {PATCH}")
+    return int(width), int(height)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="t2i-128,t2i-512,edit-128",
+                        type=lambda s: [parse_case(c.strip()) for c in s.split(",") if c.strip()])
+    parser.add_argument("--size", type=_size, default=(2048, 2048),
+                        help="WxH pixels (HiDream-O1's default and trained size: 2048x2048)")
+    parser.add_argument("--ratio", type=float, default=0.5)
+    parser.add_argument("--reps", type=int, default=MIN_REPS)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON path for the results (the .md report beside it)")
+    a = parser.parse_args(argv)
+    if not 0 < a.ratio < 1:
+        parser.error(f"--ratio must be in (0, 1), got {a.ratio}")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    _setup()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    model = build_model()
+    rows = []
+    for case in a.cases:
+        case_rows = bench_case(model, case, a.size, a.ratio, a.reps, a.clock)
+        for row in case_rows:
+            log.warning("%s %s: %.0f ms, speedup %.3g", row["case"], row["variant"], row["ms"],
+                        row["speedup"])
+        rows += case_rows
+    result = {"machine": machine_info(),
+              "config": {"commit": commit(), "comfyui": os.environ.get("COMFYUI_PATH"),
+                         "command": "python -m bench.speed.hidream_o1_cache " + " ".join(
+                             sys.argv[1:] if argv is None else argv),
+                         "clock": a.clock, "threads": torch.get_num_threads(), "reps": a.reps,
+                         "ratio": a.ratio, "size": a.size},
+              "notes": notes(a.clock, a.reps), "rows": rows}
+    text = report(result)
+    print(text)
+    if a.out:
+        write_result(a.out, result, text)
+        print(f"JSON: {a.out} (Markdown beside it) at {datetime.datetime.now():%H:%M}")
+
+
+if __name__ == "__main__":
+    main()
