@@ -39,8 +39,10 @@ NOT_MERGED = {
                     "without a reference image) that must not merge, so merged frames could "
                     "not be equal parts",
     "HiDreamO1Transformer": "HiDream-O1 reuses its prompt's keys and values across steps only "
-                            "while no block is replaced; ToMA's block patches would turn that "
-                            "off and recompute the prompt every step, a cost not measured yet",
+                            "while no block is replaced, so block patches would recompute the "
+                            "prompt at every step (measured at 2048x2048 with prompts of 128 "
+                            "and 512 tokens: 9-10% slower a step); merging that keeps the "
+                            "cache is not built yet",
 }
 
 
