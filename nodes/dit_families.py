@@ -61,6 +61,9 @@ class BlockKind:
     more_pe: other arguments holding positional rows over the same sequence (LTX-2's video
     side of its audio-video attention); a positional-rows argument is a tensor or a tuple whose
     tensors are rows (LTX's (rotation, split) pair);
+    pe_heads: the positional rows are [1, L, D] and the block broadcasts them over its
+    [B, H, L, D] queries and keys (HiDream-O1's): merged per batch item they become
+    [B, 1, L', D], the head axis made explicit;
     stream_item: the stream argument is a tuple (LTX-2's (video, audio)) whose item this is;
     opaque: arguments the patch cannot line up with a merged sequence (LTX's guide attention
     mask, which addresses fixed token spans): a block call where one is set runs unmerged;
@@ -81,6 +84,7 @@ class BlockKind:
     mask_dims: tuple[int, ...] = (-2, -1)
     rows: tuple[str, ...] = ()
     more_pe: tuple[str, ...] = ()
+    pe_heads: bool = False
     stream_item: int | None = None
     opaque: tuple[str, ...] = ()
     hook: str = "dit"

@@ -37,6 +37,7 @@ What other packs' code sees, decided on every block call from what ComfyUI hands
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -150,6 +151,17 @@ def merged_options(options: dict, start: int, plan: MergePlan,
     if span is not None and len(span) == 2 and span[0] <= start < span[1]:
         out["img_slice"] = [span[0], span[1] - (plan.tokens - plan.merged_tokens)]
     return out
+
+
+def merged_rows_of(kind: BlockKind, plan: MergePlan, pe: torch.Tensor,
+                   lay: Layout) -> torch.Tensor:
+    """Positional rows for the merged sequence (plan.merge_positions along their token axis);
+    rows a block broadcasts over its heads (kind.pe_heads) get the head axis back when the
+    batch's items merged apart: [1, L, D] -> [B, 1, L', D]."""
+    merged = plan.merge_positions(pe, token_axis(pe, lay.seq_len), lay.seq_start)
+    if kind.pe_heads and pe.dim() == 3 and merged.shape[0] > 1:
+        return merged.unsqueeze(1)
+    return merged
 
 
 def mask_fits(mask: torch.Tensor | None, dims: tuple[int, ...], length: int) -> bool:
@@ -389,8 +401,7 @@ class DiTToMA:
             value = args.get(name)
             if position_tensors(value):
                 out[name] = self.once(call, ("pe", name, key), value, lambda v=value: (
-                    map_positions(v, lambda pe: plan.merge_positions(
-                        pe, token_axis(pe, lay.seq_len), lay.seq_start))))
+                    map_positions(v, lambda pe: merged_rows_of(kind, plan, pe, lay))))
         mask = args.get(kind.mask) if kind.mask else None
         if torch.is_tensor(mask):
             out[kind.mask] = self.once(call, ("mask", key), mask, lambda: merge_mask(
@@ -556,13 +567,19 @@ def existing_replace(model, block_kind: str, index: int) -> Callable | None:
     return to.get("patches_replace", {}).get("dit", {}).get((block_kind, index))
 
 
+def blocks_of(diffusion_model, kind: BlockKind) -> torch.nn.ModuleList:
+    """The diffusion model's blocks of `kind` (its `modules` attribute path, dotted where the
+    blocks sit in a submodule: HiDream-O1's language_model.layers)."""
+    return functools.reduce(getattr, kind.modules.split("."), diffusion_model)
+
+
 def patch_dit(model, state: ToMAState, family: Family) -> DiTToMA:
     """Install ToMA on a cloned ModelPatcher `model` of `family` (changes only its options).
 
     Raises ValueError (shown by the node) for skip_blocks past the model's depth.
     """
     diffusion_model = model.get_model_object("diffusion_model")
-    depths = {kind.key: len(getattr(diffusion_model, kind.modules)) for kind in family.kinds}
+    depths = {kind.key: len(blocks_of(diffusion_model, kind)) for kind in family.kinds}
     skipped = state.options.skip_blocks.for_kinds([(k.letter, depths[k.key])
                                                    for k in family.kinds])
     groups = {(kind.key, i): g for kind, skip in zip(family.kinds, skipped, strict=True)
@@ -589,7 +606,7 @@ def patch_dit(model, state: ToMAState, family: Family) -> DiTToMA:
                 model.set_model_patch_replace(toma.replace_patch(kind, i, previous), "dit",
                                               kind.key, i)
             else:
-                module = getattr(diffusion_model, kind.modules)[i]
+                module = blocks_of(diffusion_model, kind)[i]
                 patch_forward(model, f"{kind.modules}.{i}", module,
                               lambda original, k=kind, j=i, m=module:
                               toma.forward_patch(k, j, m, original))

@@ -3,7 +3,8 @@ model projected from them.
 
     COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.dit_families --threads 1 --clock cpu
         [--quick] [--families wan22_5b,wan14b,wan_animate14b,qwen_image,sd35_large,
-                               z_image,ltx2,ltxv,hidream,hunyuan_image,kandinsky5]
+                               z_image,ltx2,ltxv,hidream,hunyuan_image,kandinsky5,
+                               hidream_o1]
         [--ratio 0.5]
         [--reps 3] [--family-reps wan14b=2] [--size wan14b=832x480x17]
         [--toma-hook bench.speed.dit_toma:hook | none] [--out bench/results/<date>-cpu-dit.json]
@@ -62,6 +63,9 @@ Sizes (pixels -> latent -> token grid t x h x w):
               (+ 256 text)
   kandinsky5  Kandinsky 5 Lite 2B (video), width 1792, 32 blocks: 768x512, 121 frames
               -> 31x32x48 = 47616 (+ 256 text tokens as cross-attention context)
+  hidream_o1  HiDream-O1, Qwen3-VL-8B decoder, width 4096, 36 layers: 2048x2048 (its default
+              size; 32-pixel patches of the pixels) -> 64x64 = 4096 (+ 128 prompt tokens in
+              front, the whole sequence as any patched model runs it)
 --quick uses fewer frames / smaller images (same widths); --size name=WxH[xF] overrides one.
 On one CPU core a plain Wan 14B block at full size takes about 8 minutes: time --quick first.
 
@@ -732,6 +736,37 @@ def hunyuan_image_cases(name: str, size: Size, text: int = 256) -> tuple[BlockCa
                       lambda out: out["img"][:, txt:txt + full], "s"))
 
 
+def hidream_o1_case(name: str, size: Size, text: int = 128) -> BlockCase:
+    """HiDream-O1 (ComfyUI 0.33): one of its 36 Qwen3-VL-8B decoder layers (width 4096, 32
+    query and 8 key/value heads of 128, feed-forward 12288) on [prompt; image] in 32-pixel
+    patches, the arguments from the model's own forward as its "dit" replace patch gets them
+    (capture_block; bench/speed/hidream_o1_cache.py builds the model and the prompt of `text`
+    ids ending in the tms token): x [1, P + N, 4096], RoPE rows (cos, sin, -sin) [1, P + N, D].
+    The model runs this path, the whole sequence, whenever a block is patched; unpatched it
+    keeps the prompt's keys and values across steps (hidream_o1_cache measures that
+    difference). The lower bound cuts the image and its RoPE rows."""
+    from .hidream_o1_cache import PATCH, Case, build_model, conditioning
+
+    model = build_model()
+    grid = size.grid()
+    x = latent_image(grid, 3, 2, PATCH)
+    conds = conditioning(Case(name, text, 0), x)
+    with torch.inference_mode():
+        captured, original = capture_block(lambda options: model(
+            x, torch.full((1,), 700.0), transformer_options=options, **conds))
+    full, prompt = math.prod(grid), conds["input_ids"].shape[1]
+
+    def args(keep: int | None = None) -> dict:
+        n = keep or full
+        return {**captured, "x": keep_grid(captured["x"], 1, prompt, full, n),
+                "freqs_cis": tuple(keep_grid(t, 1, prompt, full, n)
+                                   for t in captured["freqs_cis"]),
+                "transformer_options": {}}
+
+    return BlockCase(name, model.language_model.layers[0], grid, prompt, 36, args, original,
+                     lambda out: out["x"][:, prompt:prompt + full])
+
+
 def kandinsky5_case(name: str, size: Size, text: int = 256) -> BlockCase:
     """Kandinsky 5 Lite 2B video (Kandinsky5's defaults in comfy/ldm/kandinsky5): visual
     blocks at width 1792 (28 heads of 64), 32 of them, self-attention over the image tokens
@@ -803,6 +838,8 @@ FAMILIES: dict[str, tuple[Callable[[str, Size], BlockCase | tuple[BlockCase, ...
     "hunyuan_image": (hunyuan_image_cases, Size(2048, 2048, spatial=32, patch=1),
                       Size(1024, 1024, spatial=32, patch=1)),
     "kandinsky5": (kandinsky5_case, Size(768, 512, 121), Size(768, 512, 9)),
+    "hidream_o1": (hidream_o1_case, Size(2048, 2048, spatial=32, patch=1),
+                   Size(1024, 1024, spatial=32, patch=1)),
 }
 
 

@@ -18,13 +18,17 @@ import torch
 FAMILIES = {"wan22_5b": "wan", "wan14b": "wan", "wan_animate14b": "wan",
             "qwen_image": "qwen_image",
             "sd35_large": "sd3", "z_image": "lumina", "ltx2": "ltx", "ltxv": "ltx",
-            "hidream": "hidream", "hunyuan_image": "hunyuan_image", "kandinsky5": "kandinsky5"}
+            "hidream": "hidream", "hunyuan_image": "hunyuan_image", "kandinsky5": "kandinsky5",
+            "hidream_o1": "hidream_o1"}
 
 
 def family_spec(family: str, module):
     """The pack's Family for a bench family (what nodes/families/<module>.family gives the
     real model): LTX with 1x1x1 patches, LTX-2 with its audio-video block kind and its
-    compressed timesteps; the others from their description((1, 2, 2))."""
+    compressed timesteps; HiDream-O1 with its 32-pixel patches; the others from their
+    description((1, 2, 2))."""
+    if family == "hidream_o1":
+        return module.description()
     if family == "ltx2":
         from comfy.ldm.lightricks import av_model
 

@@ -11,6 +11,7 @@ from ..dit_families import Family
 from . import (
     flux,
     hidream,
+    hidream_o1,
     hunyuan_image,
     hunyuan_video,
     kandinsky5,
@@ -22,7 +23,7 @@ from . import (
 )
 
 MODULES = (flux, wan, qwen_image, hunyuan_video, hunyuan_image, sd3, lumina, ltx, hidream,
-           kandinsky5)
+           hidream_o1, kandinsky5)
 
 
 # Models of these classes share a supported family's blocks but are left alone, and the error
@@ -38,11 +39,6 @@ NOT_MERGED = {
                     "a frame, and WanHuMoImageToVideo always appends a reference frame (zeros "
                     "without a reference image) that must not merge, so merged frames could "
                     "not be equal parts",
-    "HiDreamO1Transformer": "HiDream-O1 reuses its prompt's keys and values across steps only "
-                            "while no block is replaced, so block patches would recompute the "
-                            "prompt at every step (measured at 2048x2048 with prompts of 128 "
-                            "and 512 tokens: 9-10% slower a step); merging that keeps the "
-                            "cache is not built yet",
 }
 
 

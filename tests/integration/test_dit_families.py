@@ -26,6 +26,7 @@ from plan_reference import direct
 from test_tiny_models import assert_absent, sample_args
 from tiny_models import (
     FAMILIES,
+    HIDREAM_O1_PROMPT,
     TEXT_TOKENS,
     available,
     inputs,
@@ -58,7 +59,7 @@ NAMES = list(FAMILIES)
 
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
-                   "ltxv", "ltx2", "hidream", "kandinsky5"):
+                   "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -111,6 +112,8 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     if g in ("lumina2", "z_image"):
         text = lumina_text(name, args["x"].shape[1], frame_tokens)
         return text, text
+    if g == "hidream_o1":                                       # [prompt; image]
+        return HIDREAM_O1_PROMPT, HIDREAM_O1_PROMPT
     return protected, protected                                 # Wan, SD3, LTX, HiDream
 
 
@@ -163,9 +166,9 @@ class Recorder:
             self.calls.append(_snapshot(kind, index, args))
             if self.unmerged:      # the block itself on copies (blocks update their input)
                 copies = {k: _clone(v) for k, v in args.items()}
-                self.references.append(_clone(extra["original_block"](copies)["img"]))
+                self.references.append(_clone(stream_out(extra["original_block"](copies))))
             out = previous(args, extra) if previous is not None else extra["original_block"](args)
-            self.outputs.append(_clone(out["img"]))
+            self.outputs.append(_clone(stream_out(out)))
             return out
 
         return f
@@ -188,6 +191,11 @@ class Recorder:
         return f
 
 
+def stream_out(out: dict):
+    """The stream a "dit" replace patch returns: `img`, HiDream-O1's `x`."""
+    return out["img"] if "img" in out else out["x"]
+
+
 # Blocks ComfyUI calls without replace patches: (kind, diffusion model attribute).
 OBJECT_BLOCKS = (("layer", "layers"), ("double_block", "double_stream_blocks"),
                  ("single_block", "single_stream_blocks"), ("visual", "visual_transformer_blocks"))
@@ -195,15 +203,17 @@ STREAM = {"layer": "x", "visual": "visual_embed"}
 
 
 def stream_name(name: str, kind: str) -> str:
-    """The block argument holding the grid: Lumina's `x`, HiDream's `image_tokens`, Kandinsky
-    5's `visual_embed`, else `img`."""
+    """The block argument holding the grid: Lumina's and HiDream-O1's `x`, HiDream's
+    `image_tokens`, Kandinsky 5's `visual_embed`, else `img`."""
+    if group(name) == "hidream_o1":
+        return "x"
     return "image_tokens" if group(name) == "hidream" else STREAM.get(kind, "img")
 
 
 # Arguments holding positional rows over the grid's sequence (a tensor, or a tuple whose
 # tensors are rows: LTX's (rotation, split) pair, (cos, sin) before ComfyUI 0.8).
 PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "ltx2": ("v_pe", "v_cross_pe"),
-      "hidream": ("rope",)}
+      "hidream": ("rope",), "hidream_o1": ("freqs_cis",)}
 # The separate text stream of two-stream blocks: it reaches the block as it came.
 TEXT = {"hidream": "text_tokens"}
 # Arguments holding modulation rows spread evenly over the stream (ComfyUI's repeat_e and
@@ -370,6 +380,8 @@ def test_merged_blocks_follow_the_plan(name):
             pe_pairs = list(zip(position_tensors(a.get(pe_key)),
                                 position_tensors(b.get(pe_key)), strict=True))
             for pe_in, pe_out in pe_pairs:
+                if pe_in.dim() == pe_out.dim() + 1:     # HiDream-O1's [1, L, D] -> [B, 1, L', D]
+                    pe_in = pe_in.squeeze(1)
                 axis = 2 if pe_out.shape[1] == 1 else 1
                 for item, dest in enumerate(plan.dest_tokens):
                     i = min(item, pe_out.shape[0] - 1)
@@ -438,6 +450,7 @@ UPDATE_ERROR = {
     "hunyuan_video15": 0.84,   # 0.561
     "hunyuan_image": 0.93,   # 0.621
     "hidream": 1.22,   # 0.811
+    "hidream_o1": 0.92,   # 0.616
     "sd3": 1.02,   # 0.681
     "sd35": 0.89,   # 0.591
     "lumina2": 1.16,   # 0.773

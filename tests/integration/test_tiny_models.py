@@ -43,7 +43,8 @@ ODD_IMAGE = (2, 7, 9, 1)
 # Kandinsky 5 (it pads the latent but does not crop its output back), Wan Animate (its
 # pose embedding is an unpadded convolution too) and Wan Fun's reference image (ref_conv,
 # likewise). Their nodes make latents
-# of even sizes (pixels in steps of 16).
+# of even sizes (pixels in steps of 16). HiDream-O1 samples pixels, which its model cuts into
+# 32-pixel patches without padding (EmptyHiDreamO1LatentImage steps by 32): 7 x 9 patches.
 EVEN_VIDEO = (2, 6, 10, 3)
 EVEN_IMAGE = (2, 6, 10, 1)
 SIZES = {"hunyuan_video": EVEN_VIDEO, "hunyuan_video_i2v": EVEN_VIDEO,
@@ -51,7 +52,8 @@ SIZES = {"hunyuan_video": EVEN_VIDEO, "hunyuan_video_i2v": EVEN_VIDEO,
          "wan_vace2": EVEN_VIDEO, "wan22_fun_control": EVEN_VIDEO,
          "kandinsky5": EVEN_VIDEO, "kandinsky5_i2v": EVEN_VIDEO, "kandinsky5_image": EVEN_IMAGE,
          "wan_camera": EVEN_VIDEO, "wan_camera_i2v": EVEN_VIDEO, "wan22_camera_i2v": EVEN_VIDEO,
-         "wan_animate": EVEN_VIDEO, "wan_animate_continue": EVEN_VIDEO}
+         "wan_animate": EVEN_VIDEO, "wan_animate_continue": EVEN_VIDEO,
+         "hidream_o1": (2, 7 * 32, 9 * 32, 1)}
 
 
 def assert_absent(name: str) -> None:
@@ -151,10 +153,14 @@ _LTX2_ARGS = {"double_block": {"img", "v_context", "a_context", "attention_mask"
 _LTX2_033 = {"self_attention_mask", "v_prompt_timestep", "a_prompt_timestep"}
 # Kandinsky 5: its loop has replace patches, but they cannot run the block
 # (test_kandinsky5_replace_patches_cannot_run_the_block): object patches only.
+# HiDream-O1: one sequence [prompt; image] as `x`, its RoPE rows (cos, sin, -sin) [1, L, D].
+_HIDREAM_O1_ARGS = {"double_block": {"x", "attention_mask", "freqs_cis", "optimized_attention",
+                                     "transformer_options"}}
 DIT_ARGS = {"wan": _TWO_STREAM_ARGS, "kandinsky5": {}, "qwen": _TWO_STREAM_ARGS,
             "hunyuan": _HV_ARGS,
             "sd3": {"double_block": {"img", "txt", "vec", "transformer_options"}},
-            "lumina2": {}, "z_image": {}, "hidream": {}, "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS,
+            "lumina2": {}, "z_image": {}, "hidream_o1": _HIDREAM_O1_ARGS, "hidream": {},
+            "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS,
             "ltxv": _LTXV_ARGS, "ltx2": _LTX2_ARGS}
 
 
@@ -222,6 +228,13 @@ def test_dit_replace_patches_see_the_documented_sequence(name: str) -> None:
     image = math.prod(token_grid(name, x.latent.shape))   # LTX: its guide frames included
     for ref in x.positive[0][1].get("reference_latents", []):
         image += math.prod(token_grid(name, ref.shape))   # Qwen edit: appended to the image
+    if _group(name) == "hidream_o1":
+        sequence = x.positive[0][1]["text_input_ids"].shape[1] + image   # [prompt; image]
+        for kind, _, args in calls:
+            assert set(args) == expected[kind], kind
+            assert args["x"].shape[1] == sequence
+            assert all(rows.shape[1] == sequence for rows in args["freqs_cis"])
+        return
     text = None
     video_only = _group(name) in ("wan", "ltxv", "ltx2")   # the text is cross-attention only
     for kind, _, args in calls:

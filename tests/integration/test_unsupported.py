@@ -47,21 +47,6 @@ def tiny_wan_humo():
     return _patcher(comfy.supported_models.WAN21_HuMo({**config, "model_type": "humo"}))
 
 
-def tiny_hidream_o1():
-    """HiDream-O1 (ComfyUI 0.33 and later): a Qwen3-VL decoder over prompt and image tokens
-    that caches the prompt's keys and values while no block is replaced."""
-    import comfy.supported_models
-
-    text = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 16, "rope_dims": [4, 2, 2]}
-    vision = {"hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "depth": 1,
-              "num_position_embeddings": 16, "deepstack_visual_indexes": ()}
-    return _patcher(comfy.supported_models.HiDreamO1({
-        "image_model": "hidream_o1", "text_config_overrides": text,
-        "vision_config_overrides": vision}))
-
-
 def tiny_hunyuan3d():
     """Hunyuan3D 2: Flux's block classes on shape latents, not an image grid."""
     import comfy.supported_models
@@ -89,13 +74,12 @@ def tiny_svd():
 
 MODELS = {"wan_animate2": (tiny_wan_animate2, "WanAnimate2Model"),
           "wan_s2v": (tiny_wan_s2v, "WanModel_S2V"), "wan_humo": (tiny_wan_humo, "HumoWanModel"),
-          "hidream_o1": (tiny_hidream_o1, "HiDreamO1Transformer"),
           "hunyuan3d": (tiny_hunyuan3d, "Hunyuan3Dv2"), "svd": (tiny_svd, "video UNet")}
 # What the error says about why (models ToMA knows and leaves alone).
 REASONS = {"wan_animate2": "frame by frame", "wan_s2v": "timestep rows",
-           "wan_humo": "appends a reference frame", "hidream_o1": "prompt's keys and values"}
+           "wan_humo": "appends a reference frame"}
 # Models that only newer ComfyUI versions have: the class ComfyUI's config would be.
-NEWER = {"hidream_o1": "HiDreamO1", "wan_animate2": "WAN_Animate2"}
+NEWER = {"wan_animate2": "WAN_Animate2"}
 
 
 @pytest.mark.parametrize("ratio", [0.5, 0.0])

@@ -42,6 +42,7 @@ CLIP_VISION_DIM = 1280
 SIGLIP_DIM = 1152          # HunyuanVideo 1.5: vision_in = MLPProj(1152, hidden)
 BYT5_DIM = 1472            # HunyuanVideo 1.5: ByT5Mapper(in_dim=1472)
 HIDREAM_LLAMA_TOKENS = 5   # HiDream's Llama context, another length than the T5 one
+HIDREAM_O1_PROMPT = 6      # HiDream-O1's prompt ids, the tms token last
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,22 @@ def _hidream() -> dict[str, Any]:
             "text_emb_dim": POOLED_DIM, "num_routed_experts": 4, "num_activated_experts": 2,
             "axes_dims_rope": [8, 4, 4], "max_resolution": [128, 128],
             "llama_layers": [0, 1, 2, 2]}
+
+
+def _hidream_o1() -> dict[str, Any]:
+    """HiDream-O1 (ComfyUI 0.33 and later): a Qwen3-VL decoder of 2 layers, 4 query and 2
+    key/value heads of 16 (interleaved MRoPE 4+2+2), over [prompt; image] in 32-pixel patches;
+    the real vocabulary (the prompt ends in its tms token, where the timestep goes) and a
+    one-layer vision tower (edits only)."""
+    return {"image_model": "hidream_o1",
+            "text_config_overrides": {"hidden_size": 64,
+                                      "intermediate_size": 128, "num_hidden_layers": 2,
+                                      "num_attention_heads": 4, "num_key_value_heads": 2,
+                                      "head_dim": 16, "rope_dims": [4, 2, 2]},
+            "vision_config_overrides": {"hidden_size": 32, "num_heads": 2,
+                                        "intermediate_size": 64, "depth": 1,
+                                        "num_position_embeddings": 16,
+                                        "deepstack_visual_indexes": ()}}
 
 
 def _mmdit(qk_norm: str | None, x_block_self_attn_layers: list[int]) -> Callable[[], dict]:
@@ -459,6 +476,18 @@ def _hidream_llama(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, A
                                           seed=seed + 6)}
 
 
+def _hidream_o1_prompt(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """HiDream-O1's text encoder output: the prompt's token ids [1, HIDREAM_O1_PROMPT] (seeded),
+    ending in the tms token as its chat template does; the model makes its own conditioning
+    from them."""
+    from comfy.text_encoders.hidream_o1 import TMS_TOKEN_ID
+
+    ids = torch.randint(1000, 2000, (1, HIDREAM_O1_PROMPT),
+                        generator=torch.Generator().manual_seed(seed))
+    ids[0, -1] = TMS_TOKEN_ID
+    return {"text_input_ids": ids}
+
+
 def _text_mask(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     """Lumina 2 / Z-Image and LTX-Video text encoders hand over their attention mask [1, L]
     (1 = token); a single prompt has no padding. v0.3.64's Lumina needs it (num_tokens comes
@@ -539,6 +568,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("hidream", "HiDream", _hidream,
            ("comfy.ldm.hidream.model", "HiDreamImageTransformer2DModel"),
            extra_conds=_hidream_llama),
+    # HiDream-O1: pixels [B, 3, H, W] in 32-pixel patches, the prompt's ids as conditioning.
+    Family("hidream_o1", "HiDreamO1", _hidream_o1,
+           ("comfy.ldm.hidream_o1.model", "HiDreamO1Transformer"), patch=(1, 32, 32),
+           extra_conds=_hidream_o1_prompt),
     Family("sd3", "SD3", _mmdit(None, []), _MMDIT, extra_conds=_pooled),
     # SD3.5: RMS q/k norm; Medium's MMDiT-X second self-attention in block 0.
     Family("sd35", "SD3", _mmdit("rms", [0]), _MMDIT, extra_conds=_pooled),
