@@ -13,7 +13,7 @@ log = logging.getLogger("ToMA")
 SUPPORTED = ("SDXL, SD1.5 and SD2 (ComfyUI's UNet), Flux.1 dev/schnell, Flux Kontext, Flux 2, "
              "Chroma, Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate), "
              "HunyuanVideo 1.0/1.5, HunyuanImage 2.1, Qwen-Image (and Edit), SD3/SD3.5, "
-             "Lumina 2, Z-Image, LTX-Video, LTX-2, HiDream-I1 and Kandinsky 5")
+             "Lumina 2, Z-Image, LTX-Video, LTX-2, HiDream-I1, HiDream-O1 and Kandinsky 5")
 WRAPPER_KEY = "toma"
 
 

@@ -26,9 +26,9 @@ from plan_reference import direct
 from test_tiny_models import assert_absent, sample_args
 from tiny_models import (
     FAMILIES,
-    HIDREAM_O1_PROMPT,
     TEXT_TOKENS,
     available,
+    hidream_o1_sequence,
     inputs,
     tiny_patcher,
     token_grid,
@@ -72,6 +72,13 @@ def merged_grid(name: str, latent) -> tuple[int, int, int]:
     return t - PROTECTED_FRAMES.get(name, 0) - SUFFIX_FRAMES.get(name, 0), h, w
 
 
+def prompt_tokens(name: str, x) -> int:
+    """Tokens in front of the image in HiDream-O1's one sequence (its prompt, an edit's ViT
+    tokens spliced in), 0 for the other families (their text length is read from the blocks'
+    `txt`)."""
+    return hidream_o1_sequence(x)[0] if group(name) == "hidream_o1" else 0
+
+
 def stream_tensor(value):
     """The grid's tensor of a block's stream argument or output: LTX-2's video of its (video,
     audio) pair, else the value itself."""
@@ -112,8 +119,8 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     if g in ("lumina2", "z_image"):
         text = lumina_text(name, args["x"].shape[1], frame_tokens)
         return text, text
-    if g == "hidream_o1":                                       # [prompt; image]
-        return HIDREAM_O1_PROMPT, HIDREAM_O1_PROMPT
+    if g == "hidream_o1":        # [prompt (txt_len: prompt_tokens); image; reference patches]
+        return txt_len, txt_len
     return protected, protected                                 # Wan, SD3, LTX, HiDream
 
 
@@ -351,7 +358,7 @@ def test_merged_blocks_follow_the_plan(name):
     _, h, w = grid
     n = math.prod(grid)
     plans: dict = {}
-    txt_len = 0
+    txt_len = prompt_tokens(name, x)
     for (kind, index, a), (_, _, b) in zip(inner, outer, strict=True):
         if "txt" in b and torch.is_tensor(b["txt"]):
             txt_len = b["txt"].shape[1]
@@ -451,6 +458,7 @@ UPDATE_ERROR = {
     "hunyuan_image": 0.93,   # 0.621
     "hidream": 1.22,   # 0.811
     "hidream_o1": 0.92,   # 0.616
+    "hidream_o1_edit": 0.4,   # 0.267
     "sd3": 1.02,   # 0.681
     "sd35": 0.89,   # 0.591
     "lumina2": 1.16,   # 0.773
@@ -490,7 +498,7 @@ def test_merged_block_outputs_follow_the_update_rule(name):
     _, h, w = grid
     n = math.prod(grid)
     plans: dict = {}
-    txt_len, worst = 0, 0.0
+    txt_len, worst = prompt_tokens(name, x), 0.0
     calls = zip(inner.calls, inner.outputs, outer.calls, outer.outputs, outer.references,
                 strict=True)
     for (kind, index, a), a_out, (_, _, b), b_out, ref in calls:
@@ -722,6 +730,29 @@ def test_hidream_e1_edit_image_runs_unmerged(caplog):
         cond[0][1]["concat_latent_image"] = image
     assert_runs_unmerged(model, x.latent, x.positive, x.negative, {"steps": 1, "cfg": cfg},
                          "HiDream-E1", caplog)
+
+
+def test_hidream_o1_says_its_prompt_cache_is_off(caplog):
+    """Unpatched, HiDream-O1 keeps its prompt's keys and values from the first step for the
+    next ones; with ToMA's block patches ComfyUI keeps none (it recomputes the prompt at every
+    step) and the user is told once."""
+    import logging
+
+    name = "hidream_o1"
+    if not available(name):
+        return assert_absent(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    plain = tiny_patcher(name)
+    x = inputs(name, plain, batch, height, width, frames)
+    ch.sample(plain, x.latent, x.positive, x.negative, steps=2, cfg=cfg)
+    assert len(plain.model.diffusion_model._kv_cache_entries) > 0
+    model = tiny_patcher(name)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        ch.sample(toma, x.latent, x.positive, x.negative, steps=2, cfg=cfg)
+    assert model.model.diffusion_model._kv_cache_entries == []
+    told = [r for r in caplog.records if "recomputes its prompt's keys" in r.getMessage()]
+    assert len(told) == 1
 
 
 def test_default_widgets_on_hunyuan_video15_as_comfyui_builds_it():

@@ -13,6 +13,8 @@ Counts are stable where times are not, so they are tested; speed lives in bench/
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from op_counts import OpCounter
@@ -87,17 +89,21 @@ SYNC_FAMILIES = ["wan21_t2v", "wan22_5b", "wan22_5b_i2v", "qwen_image", "qwen_im
                  "ltx2_i2v", "hidream", "wan_vace", "wan_vace_ref", "kandinsky5",
                  "kandinsky5_i2v", "kandinsky5_image", "wan_camera", "wan_camera_i2v",
                  "wan22_camera_i2v", "wan_animate", "wan_animate_continue", "wan_vace2",
-                 "wan22_fun_control"]
+                 "wan22_fun_control", "hidream_o1"]
 
 
-def assert_no_syncs(plain: OpCounter, toma: OpCounter) -> None:
-    """ToMA's calls sync exactly as often as the unmerged model's, first calls included. On
-    these families the model itself never does, but for HiDream's MoE feed-forward: its expert
-    routing indexes tokens by boolean masks, one index and one index_put_ per expert and block
-    (16 each per call on the tiny model), merged or not."""
+def assert_no_syncs(plain: OpCounter, toma: OpCounter, dropped: tuple[str, ...] = ()) -> None:
+    """ToMA's calls sync exactly as often as the unmerged model's, first calls included, less
+    the `dropped` kinds of sync (which the model makes only while unpatched). On these families
+    the model itself never syncs, but for HiDream's MoE feed-forward (its expert routing
+    indexes tokens by boolean masks, one index and one index_put_ per expert and block: 16 each
+    per call on the tiny model, merged or not) and HiDream-O1 (its output's image tokens picked
+    by a boolean mask, one a call; unpatched, its prompt cache lookup compares the prompt's ids
+    with torch.equal, twice a call after the first)."""
     assert len(plain.syncs) == len(toma.syncs) > 0
     for i, (a, b) in enumerate(zip(plain.syncs, toma.syncs, strict=True)):
-        assert b == a, f"model call {i}: {dict(b)} with ToMA, {dict(a)} without"
+        want = a - Counter({kind: a[kind] for kind in dropped})
+        assert b == want, f"model call {i}: {dict(b)} with ToMA, {dict(a)} without"
 
 
 @pytest.mark.parametrize("name", ["sdxl", "flux"])
@@ -134,7 +140,7 @@ def test_no_host_syncs_transformer_families(name):
     ch.sample(plain, x.latent, x.positive, x.negative, steps=2, cfg=2.0, noise_mask=x.noise_mask)
     toma, toma_ops = counted(tiny_patcher(name), toma=True, skip_blocks="none", tile_count=4)
     ch.sample(toma, x.latent, x.positive, x.negative, steps=2, cfg=2.0, noise_mask=x.noise_mask)
-    assert_no_syncs(plain_ops, toma_ops)
+    assert_no_syncs(plain_ops, toma_ops, ("equal",) if name == "hidream_o1" else ())
     assert all(c["plan_weights"] > 0 for c in toma_ops.ops), name
 
 

@@ -33,7 +33,8 @@ V1_OBJECT_INFO = json.loads((Path(__file__).parent / "object_info_v1.json").read
 # Texts changed on purpose since the V1 nodes (tooltips and descriptions only; ids, names,
 # types, defaults and order never change): the families the pack covers.
 SINCE_V1 = {"Wan 2.1/2.2 (and VACE, Fun camera control)":
-            "Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate)"}
+            "Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate)",
+            "HiDream-I1 and Kandinsky 5": "HiDream-I1, HiDream-O1 and Kandinsky 5"}
 
 
 def since_v1(value: object) -> object:

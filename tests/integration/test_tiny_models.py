@@ -23,6 +23,7 @@ from tiny_models import (
     diffusion_model_class,
     families_by_version,
     family,
+    hidream_o1_sequence,
     in_tree,
     inputs,
     tiny_patcher,
@@ -43,8 +44,8 @@ ODD_IMAGE = (2, 7, 9, 1)
 # Kandinsky 5 (it pads the latent but does not crop its output back), Wan Animate (its
 # pose embedding is an unpadded convolution too) and Wan Fun's reference image (ref_conv,
 # likewise). Their nodes make latents
-# of even sizes (pixels in steps of 16). HiDream-O1 samples pixels, which its model cuts into
-# 32-pixel patches without padding (EmptyHiDreamO1LatentImage steps by 32): 7 x 9 patches.
+# of even sizes (pixels in steps of 16). (HiDream-O1's sizes count its 32-pixel patches: its
+# tiny family's `scale`.)
 EVEN_VIDEO = (2, 6, 10, 3)
 EVEN_IMAGE = (2, 6, 10, 1)
 SIZES = {"hunyuan_video": EVEN_VIDEO, "hunyuan_video_i2v": EVEN_VIDEO,
@@ -52,8 +53,7 @@ SIZES = {"hunyuan_video": EVEN_VIDEO, "hunyuan_video_i2v": EVEN_VIDEO,
          "wan_vace2": EVEN_VIDEO, "wan22_fun_control": EVEN_VIDEO,
          "kandinsky5": EVEN_VIDEO, "kandinsky5_i2v": EVEN_VIDEO, "kandinsky5_image": EVEN_IMAGE,
          "wan_camera": EVEN_VIDEO, "wan_camera_i2v": EVEN_VIDEO, "wan22_camera_i2v": EVEN_VIDEO,
-         "wan_animate": EVEN_VIDEO, "wan_animate_continue": EVEN_VIDEO,
-         "hidream_o1": (2, 7 * 32, 9 * 32, 1)}
+         "wan_animate": EVEN_VIDEO, "wan_animate_continue": EVEN_VIDEO}
 
 
 def assert_absent(name: str) -> None:
@@ -225,16 +225,16 @@ def test_dit_replace_patches_see_the_documented_sequence(name: str) -> None:
 
     expected = dit_args(name)
     assert {(k, i) for k, i, _ in calls} == {(k, i) for k in expected for i in range(2)}
-    image = math.prod(token_grid(name, x.latent.shape))   # LTX: its guide frames included
-    for ref in x.positive[0][1].get("reference_latents", []):
-        image += math.prod(token_grid(name, ref.shape))   # Qwen edit: appended to the image
-    if _group(name) == "hidream_o1":
-        sequence = x.positive[0][1]["text_input_ids"].shape[1] + image   # [prompt; image]
+    if _group(name) == "hidream_o1":            # [prompt; image; reference patches]
+        _, sequence = hidream_o1_sequence(x)
         for kind, _, args in calls:
             assert set(args) == expected[kind], kind
             assert args["x"].shape[1] == sequence
             assert all(rows.shape[1] == sequence for rows in args["freqs_cis"])
         return
+    image = math.prod(token_grid(name, x.latent.shape))   # LTX: its guide frames included
+    for ref in x.positive[0][1].get("reference_latents", []):
+        image += math.prod(token_grid(name, ref.shape))   # Qwen edit: appended to the image
     text = None
     video_only = _group(name) in ("wan", "ltxv", "ltx2")   # the text is cross-attention only
     for kind, _, args in calls:

@@ -72,7 +72,9 @@ class Family:
     latent a NestedTensor of both, as LTXVConcatAVLatent makes it), 0 for none;
     guides: (latent, noise mask, positive, negative, seed) -> the same after ComfyUI's own
     conditioning node code has added what it adds there (LTXVAddGuide's guide frames,
-    WanVaceToVideo's VACE context, Kandinsky5ImageToVideo's start image).
+    WanVaceToVideo's VACE context, Kandinsky5ImageToVideo's start image);
+    scale: latent pixels per unit of the sizes `inputs` takes (HiDream-O1 samples pixels, which
+    its model cuts into 32-pixel patches without padding: sizes count its patches).
     """
 
     name: str
@@ -89,6 +91,7 @@ class Family:
     text_dim: int = TEXT_DIM
     audio_tokens: int = 0
     guides: Callable[..., tuple] | None = None
+    scale: int = 1
 
 
 # Toy unet_configs, in each family's real layout -------------------------------------------------
@@ -488,6 +491,13 @@ def _hidream_o1_prompt(batch: int, shape: tuple[int, ...], seed: int) -> dict[st
     return {"text_input_ids": ids}
 
 
+def _hidream_o1_edit(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """HiDream-O1 Reference Images with one image of the target's size (seeded pixels
+    [1, H, W, 3]): its ViT tokens join the prompt, its 32-pixel patches follow the image."""
+    image = torch.rand(1, shape[-2], shape[-1], 3, generator=torch.Generator().manual_seed(seed))
+    return {**_hidream_o1_prompt(batch, shape, seed), "reference_latents": [image]}
+
+
 def _text_mask(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     """Lumina 2 / Z-Image and LTX-Video text encoders hand over their attention mask [1, L]
     (1 = token); a single prompt has no padding. v0.3.64's Lumina needs it (num_tokens comes
@@ -571,7 +581,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     # HiDream-O1: pixels [B, 3, H, W] in 32-pixel patches, the prompt's ids as conditioning.
     Family("hidream_o1", "HiDreamO1", _hidream_o1,
            ("comfy.ldm.hidream_o1.model", "HiDreamO1Transformer"), patch=(1, 32, 32),
-           extra_conds=_hidream_o1_prompt),
+           extra_conds=_hidream_o1_prompt, scale=32),
+    Family("hidream_o1_edit", "HiDreamO1", _hidream_o1,
+           ("comfy.ldm.hidream_o1.model", "HiDreamO1Transformer"), patch=(1, 32, 32),
+           extra_conds=_hidream_o1_edit, scale=32),
     Family("sd3", "SD3", _mmdit(None, []), _MMDIT, extra_conds=_pooled),
     # SD3.5: RMS q/k norm; Medium's MMDiT-X second self-attention in block 0.
     Family("sd35", "SD3", _mmdit("rms", [0]), _MMDIT, extra_conds=_pooled),
@@ -719,9 +732,10 @@ def latent_shape(name: str, patcher: ModelPatcher, batch: int, height: int, widt
 def inputs(name: str, patcher: ModelPatcher, batch: int = 1, height: int = 8, width: int = 8,
            frames: int = 1, seed: int = 0) -> SampleInputs:
     """Empty latent, (positive, negative) conditioning and noise mask for the family's tiny
-    model; the negative has its own text context and extras seeded differently."""
+    model (height and width in units of the family's `scale`); the negative has its own text
+    context and extras seeded differently."""
     fam = family(name)
-    shape = latent_shape(name, patcher, batch, height, width, frames)
+    shape = latent_shape(name, patcher, batch, height * fam.scale, width * fam.scale, frames)
 
     def cond(offset: int) -> Conditioning:
         context = _randn(batch, fam.text_tokens, fam.text_dim, seed=seed + offset)
@@ -742,6 +756,18 @@ def inputs(name: str, patcher: ModelPatcher, batch: int = 1, height: int = 8, wi
         audio = torch.zeros(batch, 8, fam.audio_tokens, 16)
         latent = comfy.nested_tensor.NestedTensor((latent, audio))
     return SampleInputs(latent, positive, negative, mask)
+
+
+def hidream_o1_sequence(x: SampleInputs) -> tuple[int, int]:
+    """(tokens in front of the image, tokens in all) of the sequence HiDream-O1's blocks get
+    for the positive conditioning of `x`: [prompt (an edit's ViT tokens spliced in); image;
+    reference patches], as ComfyUI's own build_extra_conds lays it out."""
+    from comfy.ldm.hidream_o1.conditioning import build_extra_conds
+
+    extras = x.positive[0][1]
+    conds = build_extra_conds(extras["text_input_ids"], x.latent,
+                              ref_images=extras.get("reference_latents"))
+    return conds["input_ids"].shape[1], conds["vinput_mask"].shape[1]
 
 
 def video_of(latent: Any) -> torch.Tensor:
