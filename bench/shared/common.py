@@ -256,6 +256,16 @@ def commit() -> str | None:
     return f"{STARTED_AT} (the checkout changed during the run: {now} at the end)"
 
 
+def report_head(title: str, result: dict[str, Any]) -> list[str]:
+    """A Markdown report's first lines for a result dict with machine, config (commit,
+    command, comfyui) and notes: the title, where and how it ran, the notes as a list."""
+    config = result["config"]
+    lines = [f"# {title}", "", ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
+             f"commit: {config['commit']}", "", f"command: `{config['command']}`", "",
+             f"ComfyUI: {config['comfyui']}", ""]
+    return lines + [f"- {note}" for note in result["notes"]]
+
+
 def write_result(out: Path, result: dict[str, Any], text: str) -> None:
     """A bench's result: the JSON at `out` (its folder made), the Markdown report `text` beside
     it (.md)."""

@@ -108,6 +108,7 @@ from ..shared.common import (
     interleaved,
     machine_info,
     markdown_table,
+    report_head,
     speedup,
     versus_lower_bound,
     write_result,
@@ -1124,12 +1125,8 @@ def notes(clock: str, reps: int, family_reps: dict[str, int]) -> list[str]:
 
 def report(result: dict[str, Any]) -> str:
     """The Markdown report of a result dict."""
-    lines = ["# DiT families: one block at full width per family, and the projected model", "",
-             ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
-             f"commit: {result['config']['commit']}", "",
-             f"command: `{result['config']['command']}`", "",
-             f"ComfyUI: {result['config']['comfyui']}", ""]
-    lines += [f"- {note}" for note in result["notes"]]
+    lines = report_head("DiT families: one block at full width per family, and the projected "
+                        "model", result)
     lines += ["", markdown_table(result["rows"], COLUMNS), "", "## Targets", ""]
     lines += [markdown_table(result["targets"], ["target", "value", "met", "why"])
               if result["targets"] else "- none checked (no ToMA rows at ratio 0.5)"]

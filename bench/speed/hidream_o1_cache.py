@@ -57,6 +57,7 @@ from ..shared.common import (
     interleaved,
     machine_info,
     markdown_table,
+    report_head,
     speedup,
     write_result,
 )
@@ -232,12 +233,7 @@ def notes(clock: str, reps: int) -> list[str]:
 
 def report(result: dict[str, Any]) -> str:
     """The Markdown report of a result dict."""
-    lines = ["# HiDream-O1: its prompt K/V cache against a merging block patch", "",
-             ", ".join(f"{k}: {v}" for k, v in result["machine"].items()), "",
-             f"commit: {result['config']['commit']}", "",
-             f"command: `{result['config']['command']}`", "",
-             f"ComfyUI: {result['config']['comfyui']}", ""]
-    lines += [f"- {note}" for note in result["notes"]]
+    lines = report_head("HiDream-O1: its prompt K/V cache against a merging block patch", result)
     lines += ["", markdown_table(result["rows"], COLUMNS)]
     return "\n".join(lines) + "\n"
 
