@@ -737,6 +737,18 @@ def hunyuan_image_cases(name: str, size: Size, text: int = 256) -> tuple[BlockCa
                       lambda out: out["img"][:, txt:txt + full], "s"))
 
 
+def token_smooth_pixels(grid: tuple[int, int, int], patch: int) -> torch.Tensor:
+    """Pixels [1, 3, h * patch, w * patch] whose patches resemble their neighbours as the
+    latent tokens of the 2x2-patch families do: latent_image's field over a grid with two
+    pixels a token, upsampled (bilinear) to `patch` pixels a token. (latent_image at 32-pixel
+    patches would vary within a patch as much as between 2x2 patches: neighbouring 32-pixel
+    tokens nearly unrelated, unlike a picture's.)"""
+    _, h, w = grid
+    coarse = latent_image(grid, 3, 2, 2)
+    return F.interpolate(coarse, size=(h * patch, w * patch), mode="bilinear",
+                         align_corners=False)
+
+
 def hidream_o1_case(name: str, size: Size, text: int = 128) -> BlockCase:
     """HiDream-O1 (ComfyUI 0.33): one of its 36 Qwen3-VL-8B decoder layers (width 4096, 32
     query and 8 key/value heads of 128, feed-forward 12288) on [prompt; image] in 32-pixel
@@ -750,7 +762,7 @@ def hidream_o1_case(name: str, size: Size, text: int = 128) -> BlockCase:
 
     model = build_model()
     grid = size.grid()
-    x = latent_image(grid, 3, 2, PATCH)
+    x = token_smooth_pixels(grid, PATCH)
     conds = conditioning(Case(name, text, 0), x)
     with torch.inference_mode():
         captured, original = capture_block(lambda options: model(
