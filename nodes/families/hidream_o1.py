@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dit_families import BlockKind, Family, latent_grid, set_grid
+from ..dit_families import BlockKind, Family, set_grid
 
 KINDS = (BlockKind("double_block", "language_model.layers", "", "stream_before", stream="x",
                    txt=None, pe="freqs_cis", mask="attention_mask", pe_heads=True),)
@@ -37,8 +37,7 @@ def family(diffusion_model) -> Family | None:
         if not torch.is_tensor(ids) or not torch.is_tensor(x) or x.dim() != 4:
             call.mergeable = False
             return None
-        set_grid(call, latent_grid(x[..., :x.shape[-2] // 32 * 32, :x.shape[-1] // 32 * 32],
-                                   PATCH))
+        set_grid(call, (1, x.shape[-2] // PATCH[1], x.shape[-1] // PATCH[2]))
         call.data["txt_len"] = ids.shape[1]
         return CACHE_NOTE
 
