@@ -54,8 +54,8 @@ def _p(plan: MergePlan) -> torch.Tensor:
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> None:
     """|a - b| <= tol everywhere. Each caller's tol is the largest difference measured over all
-    its cases (torch 2.13 CPU, stated beside it) times a margin of about 4; comparisons measured
-    bit-identical use torch.equal instead."""
+    its cases (torch 2.13 CPU, stated beside it; where an Intel and an AMD CPU differ, both)
+    times a margin of about 4; comparisons measured bit-identical use torch.equal instead."""
     torch.testing.assert_close(a, b, atol=tol, rtol=0)
 
 
@@ -319,7 +319,7 @@ def test_around_is_the_residual_update_unmerged(h: int, w: int, mode: str, tile_
     want[:, :prefix] = block(merged)[:, :prefix]
     want[:, prefix + n:] = block(merged)[:, prefix + plan.merged_tokens:]
     got = plan.around(block, x, prefix)
-    _close(got, want, 2e-6)                                           # measured 4.8e-7
+    _close(got, want, 8e-6)                     # measured 4.8e-7 (Intel Xeon), 2.1e-6 (AMD EPYC)
     assert torch.equal(plan.around(in_place, x.clone(), prefix), got)
     begun, pending = plan.begin(x, prefix)
     assert torch.equal(begun, merged)
@@ -328,13 +328,13 @@ def test_around_is_the_residual_update_unmerged(h: int, w: int, mode: str, tile_
     assert torch.equal(plan.finish(block(begun), pending, prefix), got)
     # a block that leaves its input alone: the update is taken after it, the same sum
     kept = plan.around(block, x, prefix, block_keeps_input=True)
-    _close(kept, want, 2e-6)                                          # measured 4.8e-7
+    _close(kept, want, 8e-6)                    # measured 4.8e-7 (Intel Xeon), 1.7e-6 (AMD EPYC)
     begun, pending = plan.begin(x, prefix, block_keeps_input=True)
     assert torch.equal(pending.merged.view_as(begun[:, prefix:prefix + plan.merged_tokens]),
                        begun[:, prefix:prefix + plan.merged_tokens])
     # an identity block returns x itself up to rounding, text tokens exactly
     same = plan.around(lambda t: t, x, prefix)
-    _close(same, x, 1e-6)                                             # measured 2.4e-7
+    _close(same, x, 6e-6)                       # measured 2.4e-7 (Intel Xeon), 1.4e-6 (AMD EPYC)
     assert torch.equal(same[:, :prefix], x[:, :prefix])
     assert torch.equal(same[:, prefix + n:], x[:, prefix + n:])
 
