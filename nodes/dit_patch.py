@@ -291,7 +291,8 @@ class DiTToMA:
             return unmerged()
         frames = 1 if any(f.mode == "frame" for f in forms.values()) else (
             self.family.frames_per_region)
-        key = (kind.key, group, grid, lay.offset, stream.shape[0], frames)
+        key = (kind.key, group, grid, lay.offset, stream.shape[0], frames,
+               self.state.pass_of(call, layer))
         plan = self.state.plan(call, key, lambda: self.build(call, stream, lay.offset, grid,
                                                              frames))
         self.state.record(call, layer, level, tokens_n, plan)

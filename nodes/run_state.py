@@ -161,7 +161,9 @@ class ModelCall:
     plans: key -> plan (or None: nothing to merge) for this identity; empty when the plans are
     due, so the first block of each level or group builds one;
     data: what the family's patches share within the call (e.g. text length, merged positions);
-    records / notes: appended by blocks, added to the run after the call.
+    records / notes: appended by blocks, added to the run after the call;
+    pass_index / pass_layers: the pass over the model's blocks the call is in, and the layers
+    that pass has run (see ToMAState.pass_of).
     """
 
     run: RunState
@@ -178,6 +180,8 @@ class ModelCall:
     timed: bool = False          # plan builds are timed (eager CPU: free and accurate there)
     plan_seconds: float = 0.0
     plans_before: int = 0        # plans kept from earlier calls (the rest are built in this one)
+    pass_index: int = 0
+    pass_layers: set = field(default_factory=set)
 
     @property
     def active(self) -> bool:
@@ -347,6 +351,21 @@ class ToMAState:
             else:
                 call.plans[key] = build()
         return call.plans[key]
+
+    @staticmethod
+    def pass_of(call: ModelCall | None, layer: Hashable) -> int:
+        """The pass over the model's blocks that this call of `layer` belongs to: 0, and one more
+        each time a layer runs again within the same model call. A wrapper that runs the model
+        more than once inside one call (HiDream-O1's seam smoothing, on pixels rolled by part of
+        a patch) so gets plans of its own for each pass (plan keys carry the pass), built from
+        that pass's tokens rather than the first pass's."""
+        if call is None:
+            return 0
+        if layer in call.pass_layers:
+            call.pass_index += 1
+            call.pass_layers.clear()
+        call.pass_layers.add(layer)
+        return call.pass_index
 
     @staticmethod
     def tables(call: ModelCall | None, regions: Regions,

@@ -118,7 +118,8 @@ class UNetToMA:
                               unmerge=o.unmerge, batch=o.batch_policy,
                               tables=self.state.tables(call, regions, x.device))
 
-        plan = self.state.plan(call, ("unet", h, w, x.shape[0]), build)
+        plan = self.state.plan(call, ("unet", h, w, x.shape[0], self.state.pass_of(call, layer)),
+                               build)
         self.state.record(call, layer, level, h * w, plan)
         return plan
 

@@ -28,9 +28,9 @@ ORDERS = ["neighbour_first", "toma_first"]
 TEXT_TOKENS = 8   # context length of the test conds: attention with this many keys is cross
 
 
-def toma(model, scope="auto", levels="all", ratio=0.5):
+def toma(model, scope="auto", levels="all", ratio=0.5, skip="d0-4, s0-4"):
     patched = patch_model(
-        model, ratio, 0, "d0-4, s0-4", 5, start_percent=0.0, end_percent=1.0,
+        model, ratio, 0, skip, 5, start_percent=0.0, end_percent=1.0,
         unet_levels=levels, merge_scope=scope, region="tile", tau=1000.0, unmerge="transpose",
         batch_policy="per_item", verbose=False, unique_id="5")
     return patched
@@ -209,6 +209,49 @@ def test_step_caches_skip_steps_and_toma_merges_the_rest(sdxl, node, stats, capl
         assert stats[-1]["levels"] == [{"name": "32x32", "tokens": 1024, "merged_tokens": 512}]
     assert torch.equal(outs["neighbour_first"], outs["toma_first"])
     assert torch.isfinite(outs["toma_first"]).all()
+
+
+# A wrapper that runs the model more than once in one call -------------------------------------
+def run_twice(model):
+    """A clone of `model` whose diffusion model runs first on its input rolled by a quarter of
+    the latent's width and then on the input itself, inside one model call, returning the
+    second output (the shape of ComfyUI's HiDream-O1 seam smoothing, which runs the model
+    again on rolled pixels)."""
+    from comfy.patcher_extension import WrappersMP
+
+    def wrapper(executor, x, *args, **kwargs):
+        executor(torch.roll(x, x.shape[-1] // 4, dims=-1), *args, **kwargs)
+        return executor(x, *args, **kwargs)
+
+    out = model.clone()
+    out.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "run_twice", wrapper)
+    return out
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("family", ["sdxl", "flux"])
+def test_each_pass_of_a_model_run_twice_in_one_call_gets_its_own_plans(sdxl, family, order,
+                                                                      stats):
+    """Each pass over the blocks within one model call gets plans built from its own tokens:
+    the second pass here sees the unrolled input, so the samples are ToMA's alone, bit for
+    bit, and twice as many plans are built. Reusing the first pass's plans (built from rolled
+    tokens) would change them."""
+    if family == "sdxl":
+        model, run = sdxl, run_sdxl
+    else:
+        model = ch.tiny_flux_patcher()
+        positive, negative = ch.flux_conds(1, TEXT_TOKENS)
+
+        def run(m):
+            return ch.sample(m, ch.empty_latent(m, 1, 32, 32), positive, negative, steps=2,
+                             cfg=2.0)
+
+    alone = run(toma(model, skip="none"))
+    built = stats[-1]["plans_built"]
+    assert built > 0
+    out = run(compose(model, order, run_twice, skip="none"))
+    assert torch.equal(out, alone)
+    assert stats[-1]["plans_built"] == 2 * built
 
 
 # Other packs' patches inside the transformer blocks (merge_scope auto vs block) -----------------

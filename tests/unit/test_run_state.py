@@ -189,6 +189,18 @@ def test_a_model_call_made_by_hand_keeps_its_plans() -> None:
     assert not ModelCall(state.new_run(), mergeable=False, merging=True).active
 
 
+def test_a_layer_that_runs_again_in_one_call_starts_the_next_pass() -> None:
+    """pass_of numbers the passes over a model's blocks within one call: a layer seen again
+    starts the next pass, and every layer of that pass belongs to it; a fresh call starts at 0,
+    and outside a call (None) everything is pass 0."""
+    state = ToMAState(make_options(0.5), "flux")
+    call = ModelCall(state.new_run(), merging=True)
+    passes = [state.pass_of(call, layer) for layer in ("d0", "d1", "s0", "d0", "d1", "s0", "d0")]
+    assert passes == [0, 0, 0, 1, 1, 1, 2]
+    assert state.pass_of(ModelCall(state.new_run()), "d0") == 0
+    assert state.pass_of(None, "d0") == state.pass_of(None, "d0") == 0
+
+
 def test_index_tables_are_kept_for_the_run_per_partition_and_device() -> None:
     state = ToMAState(make_options(0.5), "flux")
     call = ModelCall(state.new_run(), merging=True)
