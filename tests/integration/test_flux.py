@@ -333,8 +333,10 @@ def test_batch_two_with_cfg_keeps_items_apart(flux):
     assert rel_err(swapped[1], both[1]) > 0.6            # measured 1.205
     # other batch sizes round the model's own matmuls differently (1e-6 in the block outputs),
     # and that is enough to swap a destination between two near-identical tokens, which moves
-    # its RoPE row: measured 4.4e-3 on v0.3.64, 5.7e-3 on v0.8.0, 5.6e-3 on v0.33.0, bound x2
-    assert rel_err(both[:1], alone) < 1.2e-2
+    # its RoPE row: measured 4.4e-3 on v0.3.64, 5.7e-3 on v0.8.0, 5.6e-3 on v0.33.0 (Intel Xeon),
+    # 1.8e-2 on v0.33.0 (AMD EPYC, another BLAS kernel); bound x2 of the largest, still far below
+    # the 1.2 that mixing the items would give
+    assert rel_err(both[:1], alone) < 4e-2
 
 
 @pytest.mark.parametrize("latent", [(13, 17), (9, 4)])
