@@ -35,6 +35,9 @@ MIN_COMFYUI: dict[str, tuple[int, int, int]] = {
     # LTXAVTextEncoderLoader, LTXVAudioVAELoader, LTXVEmptyLatentAudio, LTXVConcatAVLatent,
     # LTXVSeparateAVLatent, LTXVAudioVAEDecode (comfy_extras/nodes_lt_audio.py, nodes_lt.py)
     "LTX-2 text to video": (0, 8, 0),
+    # HiDream-O1's model and its nodes EmptyHiDreamO1LatentImage, HiDreamO1PatchSeamSmoothing
+    # (comfy_extras/nodes_hidream_o1.py)
+    "HiDream-O1 text to image": (0, 33, 0),
 }
 # Node types the frontend draws without a backend node (they need none in /object_info).
 FRONTEND_ONLY_NODES = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})

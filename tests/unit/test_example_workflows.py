@@ -31,6 +31,7 @@ EXPECTED_EXAMPLES = {
     "Wan 2.2 text to video.json",
     "Qwen-Image text to image.json",
     "LTX-2 text to video.json",
+    "HiDream-O1 text to image.json",
 }
 # The template browser shows the file name as the title: words, not an identifier.
 TITLE = re.compile(r"^[A-Z0-9][\w.()+,-]*( [\w.()+,-]+)+$")
@@ -274,6 +275,7 @@ def test_txt2img_examples_sample_through_toma_at_1024(name, latent_type):
     ("Wan 2.2 text to video.json", "KSamplerAdvanced", 2),   # high- and low-noise model
     ("Qwen-Image text to image.json", "KSampler", 1),
     ("LTX-2 text to video.json", "CFGGuider", 1),  # SamplerCustomAdvanced takes the guider
+    ("HiDream-O1 text to image.json", "KSampler", 1),
 ])
 def test_dit_examples_sample_every_model_through_toma(name, sampler_type, count):
     workflow = load(EXAMPLES_DIR / name)
@@ -311,3 +313,20 @@ def test_ltx2_example_size_and_frame_rates():
     audio_frames, audio_rate, _ = by_type["LTXVEmptyLatentAudio"]
     assert audio_frames == frames
     assert by_type["LTXVConditioning"][0] == audio_rate == by_type["CreateVideo"][0]
+
+
+def test_hidream_o1_example_size_and_model_chain():
+    # The size the README's HiDream-O1 benchmark measures, and the model path of ComfyUI's own
+    # HiDream-O1 template (noise scale, seam smoothing) with ToMA in front of the sampler.
+    workflow = load(EXAMPLES_DIR / "HiDream-O1 text to image.json")
+    nodes = nodes_by_id(workflow)
+    links = {link[0]: link for link in workflow["links"]}
+    by_type = {n["type"]: n for n in workflow["nodes"]}
+    width, height, batch = by_type["EmptyHiDreamO1LatentImage"]["widgets_values"]
+    assert (width, height, batch) == (2048, 2048, 1)
+    chain, node = [], by_type["KSampler"]
+    while any(i["name"] == "model" for i in node.get("inputs", [])):
+        node = _model_source(nodes, links, node)
+        chain.append(node["type"])
+    assert chain == ["ToMA", "HiDreamO1PatchSeamSmoothing", "ModelNoiseScale",
+                     "CheckpointLoaderSimple"]
