@@ -21,17 +21,23 @@ from toma_pack.nodes.apply import apply_toma
 from toma_pack.nodes.options import make_options
 
 NAME = "hidream_o1"
-PASSES = 2          # the node's default: the natural grid and one pass rolled by (16, 16)
 RUN = {"steps": 2}
+# (pattern, passes, blend): the node's defaults (the natural grid and one pass rolled by
+# (16, 16)); the example workflow's (2 passes, then 4 in the last steps); and every pass off the
+# natural grid (the model call's own pass unused), 2, 4 then 8 passes
+SMOOTHING = {"default": ("single_shift", "2", "average"),
+             "example": ("single_shift", "ramp_2_4", "median"),
+             "symmetric": ("symmetric", "ramp_2_4_8", "window")}
 
 
-def seam_smoothing(model):
+def seam_smoothing(model, setting: str = "default"):
     """The model through HiDreamO1PatchSeamSmoothing, on at every step of the run."""
     from comfy_extras.nodes_hidream_o1 import HiDreamO1PatchSeamSmoothing
 
+    pattern, passes, blend = SMOOTHING[setting]
     out = HiDreamO1PatchSeamSmoothing.execute(
-        model=model, start_percent=0.0, end_percent=1.0, pattern="single_shift",
-        passes=str(PASSES), blend="average", strength=1.0)
+        model=model, start_percent=0.0, end_percent=1.0, pattern=pattern, passes=passes,
+        blend=blend, strength=1.0)
     return out.args[0]
 
 
@@ -49,17 +55,17 @@ def length_patches(model, seen: list[int]) -> None:
         model.set_model_patch_replace(patch, "dit", "double_block", i)
 
 
-def setup():
+def setup(steps: int = RUN["steps"]):
     model = tiny_patcher(NAME)
     (batch, height, width, frames), cfg = sample_args(NAME)
     x = inputs(NAME, model, batch, height, width, frames)
-    return model, x, {**RUN, "cfg": cfg}
+    return model, x, {"steps": steps, "cfg": cfg}
 
 
-def both_orders(model, options):
+def both_orders(model, options, setting: str = "default"):
     """(ToMA then seam smoothing, seam smoothing then ToMA) on `model`."""
-    return (seam_smoothing(apply_toma(model, options)),
-            apply_toma(seam_smoothing(model), options))
+    return (seam_smoothing(apply_toma(model, options), setting),
+            apply_toma(seam_smoothing(model, setting), options))
 
 
 @pytest.mark.parametrize("order", (0, 1), ids=("toma_first", "smoothing_first"))
@@ -78,21 +84,27 @@ def test_inactive_toma_beside_seam_smoothing_is_bit_identical(order, monkeypatch
     assert sent[-1]["layers_total"] > 0 and sent[-1]["layers_merged"] == 0
 
 
-def test_every_pass_merges_on_plans_of_its_own(monkeypatch):
+# setting: (steps, passes over the model's layers in the run as ComfyUI's node runs them, the
+# least change of the samples against seam smoothing alone: measured 0.565, 0.546, 0.634, /2)
+RUNS = {"default": (2, 4, 0.28), "example": (4, 10, 0.27), "symmetric": (6, 26, 0.32)}
+
+
+@pytest.mark.parametrize("setting", list(SMOOTHING))
+def test_every_pass_merges_on_plans_of_its_own(setting, monkeypatch):
     """Merging beside seam smoothing: each model call's rolled pass runs through merged layers
     too, on plans built for it (as many plans as ToMA alone builds, once per pass), the samples
     stay finite and move away from seam smoothing's alone, and the two node orders give the
     same samples."""
     if not available(NAME):
         return assert_absent(NAME)
-    model, x, run = setup()
+    steps, passes, least_change = RUNS[setting]
+    model, x, run = setup(steps)
     plain_seen: list[int] = []
     recorded = model.clone()
     length_patches(recorded, plain_seen)
-    base = ch.sample(seam_smoothing(recorded), x.latent, x.positive, x.negative, **run)
+    base = ch.sample(seam_smoothing(recorded, setting), x.latent, x.positive, x.negative, **run)
     layers = len(model.model.diffusion_model.language_model.layers)
-    calls = len(plain_seen) // (PASSES * layers)
-    assert calls == RUN["steps"]                      # one batched cond/uncond call a step
+    assert len(plain_seen) == passes * layers        # one batched cond/uncond call a step
     full = plain_seen[0]
 
     sent: list[dict] = []
@@ -106,12 +118,12 @@ def test_every_pass_merges_on_plans_of_its_own(monkeypatch):
         seen: list[int] = []
         again = model.clone()
         length_patches(again, seen)
-        patched = both_orders(again, make_options(0.5, skip_blocks="none"))[order]
+        patched = both_orders(again, make_options(0.5, skip_blocks="none"), setting)[order]
         samples.append(ch.sample(patched, x.latent, x.positive, x.negative, **run))
         assert len(seen) == len(plain_seen)
         assert all(n < full for n in seen)            # every pass, every layer merged
-        assert sent[-1]["plans_built"] == PASSES * alone
+        assert sent[-1]["plans_built"] * steps == passes * alone
     assert torch.equal(samples[0], samples[1])
     assert bool(torch.isfinite(samples[0]).all())
     change = float((samples[0] - base).norm() / base.norm())
-    assert change > 0.28                              # measured 0.565
+    assert change > least_change
