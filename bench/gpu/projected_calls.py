@@ -1,5 +1,6 @@
-"""Section gpu-model (ComfyUI only): one model call of SDXL, Flux.1 dev and Wan 2.1 14B projected
-on the project's GPU, an NVIDIA H200, unmerged and through the ToMA node, computing nothing.
+"""Section gpu-model (ComfyUI only): one model call of SDXL, Flux.1 dev, Wan 2.1 14B and (ComfyUI
+0.33 and later) HiDream-O1 projected on the project's GPU, an NVIDIA H200, unmerged and through
+the ToMA node, computing nothing.
 
     COMFYUI_PATH=/path/to/ComfyUI python -m bench --sections gpu-model [--out ...]
 
@@ -12,8 +13,9 @@ for (`as_on_gpu`): ComfyUI's loader only applies the object patches
 (`patch_model(load_weights=False)`), since meta weights cannot move and recent ComfyUI replaces
 meta weights by zeros when it loads them; and the free memory and attention kind that decide
 whether cond and uncond run as one batch are the H200's, not this CPU's. An APPLY_MODEL wrapper
-of our own, the outermost, records the first model call under bench/gpu/projection.py's
-CallRecorder and then stops sampling; it puts the call's inputs and the model's own tensors (the
+of our own, the outermost, records the first model call (HiDream-O1: the third, the first on
+its prompt cache; ModelSpec.call) under bench/gpu/projection.py's CallRecorder and then stops
+sampling; it puts the call's inputs and the model's own tensors (the
 noise schedule) on the meta device first, as a GPU run has them on the GPU, so tensors the call
 creates on the CPU are the host's (and moving them to the device is a blocking copy).
 
@@ -25,7 +27,7 @@ never reach the loader here. Both kinds need the recorder to answer the host's r
 values (see projection.py).
 
 Per model and setting (the paper's: SDXL at ratio 0.5 and Flux at 0.75 with merge_scope
-"attention", the paper's variant; the node's defaults at ratio 0.5 for all three): the call
+"attention", the paper's variant; the node's defaults at ratio 0.5 for all four): the call
 unmerged and with the pack's node applied through its public path (nodes/apply.py apply_toma
 with nodes/options.py make_options), projected by projection.project on H200 below: ms (serial:
 roofline plus launch cost per kernel) and the queued timeline, the speedup, kernel launches and
@@ -105,7 +107,10 @@ class ModelSpec:
     config: class in comfy.supported_models; unet_config: what its detection reads from the
     real checkpoint (comfy/model_detection.py); latent: one item's latent [1, C, (T,) H, W];
     cfg: > 1 batches cond and uncond into one call; text: one cond's text context [1, L, D];
-    extra: seed -> the cond's other entries (pooled vectors, size, guidance).
+    extra: (seed, text shape) -> the cond's other entries (pooled vectors, size, guidance,
+    token ids); negative: the uncond's text shape where it is not the cond's (ComfyUI then runs
+    cond and uncond as separate calls of one item); call: which model call of the run is
+    recorded (0: the first; later where the model keeps something from its first calls).
     """
 
     name: str
@@ -115,16 +120,31 @@ class ModelSpec:
     latent: tuple[int, ...]
     cfg: float
     text: tuple[int, ...]
-    extra: Callable[[int], dict[str, Any]] = field(default=lambda seed: {})
+    extra: Callable[[int, tuple[int, ...]], dict[str, Any]] = field(
+        default=lambda seed, text: {})
+    negative: tuple[int, ...] | None = None
+    call: int = 0
 
     @property
     def batch(self) -> int:
-        """Items in one model call: cond and uncond together when cfg > 1."""
-        return 2 if self.cfg > 1 else 1
+        """Items in one model call: cond and uncond together when cfg > 1 and their shapes
+        agree."""
+        return 2 if self.cfg > 1 and self.negative is None else 1
 
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+HIDREAM_O1_TMS = 151673    # comfy.text_encoders.hidream_o1.TMS_TOKEN_ID: the prompt's last id
+
+
+def _prompt_ids(length: int) -> torch.Tensor:
+    """HiDream-O1 prompt token ids [1, length], ending in the tms token as its chat template
+    does (the values of the others do not change the call's ops)."""
+    ids = torch.arange(1000, 1000 + length).unsqueeze(0)
+    ids[0, -1] = HIDREAM_O1_TMS
+    return ids
 
 
 # SDXL base and Flux.1 dev: bench/shared/model_configs.py; Wan 2.1 14B t2v: model_detection's
@@ -140,16 +160,26 @@ WAN21_14B: dict[str, Any] = {
 MODELS: dict[str, ModelSpec] = {
     # 1024x1024: latent 128x128; CLIP-L + bigG context 77 x 2048, pooled bigG 1280
     "sdxl": ModelSpec("sdxl", "SDXL base 1024x1024", "SDXL", SDXL_UNET, (1, 4, 128, 128), 7.0,
-                      (1, 77, 2048), lambda seed: {"pooled_output": _randn(1, 1280, seed=seed),
-                                                   "width": 1024, "height": 1024}),
+                      (1, 77, 2048), lambda seed, text: {
+                          "pooled_output": _randn(1, 1280, seed=seed), "width": 1024,
+                          "height": 1024}),
     # 1024x1024: latent 128x128 -> 64x64 = 4096 image tokens; 512 T5 tokens; distilled guidance,
     # cfg 1 (one cond per call)
     "flux": ModelSpec("flux", "Flux.1 dev 1024x1024", "Flux", FLUX_DEV, (1, 16, 128, 128), 1.0,
-                      (1, 512, 4096), lambda seed: {"pooled_output": _randn(1, 768, seed=seed),
-                                                    "guidance": 3.5}),
+                      (1, 512, 4096), lambda seed, text: {
+                          "pooled_output": _randn(1, 768, seed=seed), "guidance": 3.5}),
     # 832x480, 81 frames: latent 21 x 60 x 104 -> 21 x 30 x 52 = 32760 tokens; 512 umT5 tokens
     "wan": ModelSpec("wan", "Wan 2.1 14B t2v 832x480x81", "WAN21_T2V", WAN21_14B,
                      (1, 16, 21, 60, 104), 5.0, (1, 512, 4096)),
+    # 2048x2048 pixels in 32-pixel patches: 4096 image tokens; the prompt and negative prompt
+    # of ComfyUI's HiDream-O1 template tokenized by its HiDreamO1Tokenizer (chat template
+    # included): 32 and 10 token ids, so cond and uncond run as two calls of one item. The
+    # third call is recorded: the first step's two calls fill the unmerged model's prompt K/V
+    # cache, which it uses from the second step on (ToMA's patches turn it off).
+    "hidream_o1": ModelSpec("hidream_o1", "HiDream-O1 2048x2048", "HiDreamO1",
+                            {"image_model": "hidream_o1"}, (1, 3, 2048, 2048), 5.0, (1, 32, 1),
+                            lambda seed, text: {"text_input_ids": _prompt_ids(text[1])},
+                            negative=(1, 10, 1), call=2),
 }
 
 
@@ -179,7 +209,15 @@ SETTINGS: tuple[tuple[str, Setting], ...] = (
     ("flux", Setting("paper", {"ratio": 0.75, "merge_scope": "attention"})),
     ("flux", Setting("default", {"ratio": 0.5})),
     ("wan", Setting("default", {"ratio": 0.5})),
+    ("hidream_o1", Setting("default", {"ratio": 0.5})),
 )
+
+
+def present(spec: ModelSpec) -> bool:
+    """Whether this ComfyUI has spec's model (HiDream-O1 came with 0.33)."""
+    import comfy.supported_models
+
+    return hasattr(comfy.supported_models, spec.config)
 
 
 def comfy_config(spec: ModelSpec, unet_config: dict[str, Any] | None = None):
@@ -213,27 +251,31 @@ def build_patcher(spec: ModelSpec, unet_config: dict[str, Any] | None = None, re
     return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
 
 
-def conditioning(spec: ModelSpec, seed: int = 0, text: tuple[int, ...] | None = None):
-    """(positive, negative) in ComfyUI's [[context, {extras}]] form, seeded."""
-    def cond(offset: int):
-        context = _randn(*(text or spec.text), seed=seed + offset)
-        return [[context, spec.extra(seed + offset + 1)]]
+def conditioning(spec: ModelSpec, seed: int = 0, text: tuple[int, ...] | None = None,
+                 negative: tuple[int, ...] | None = None):
+    """(positive, negative) in ComfyUI's [[context, {extras}]] form, seeded; text / negative
+    override spec's text shapes."""
+    def cond(offset: int, shape: tuple[int, ...]):
+        context = _randn(*shape, seed=seed + offset)
+        return [[context, spec.extra(seed + offset + 1, shape)]]
 
-    return cond(0), cond(100)
+    text = text or spec.text
+    return cond(0, text), cond(100, negative or spec.negative or text)
 
 
 # One model call ----------------------------------------------------------------------------------
 class _OneCall(Exception):  # noqa: N818 (control flow, not an error)
-    """Raised by the recording wrapper after the first model call: stops the sampler."""
+    """Raised by the recording wrapper after the recorded model call: stops the sampler."""
 
 
 @dataclass
 class _Window:
-    """The recording wrapper's state: the recorder of the next call and what it saw."""
+    """The recording wrapper's state: the recorder of the recorded call and what it saw."""
 
     recorder: CallRecorder | None = None
     batch: int = 0
     extra: Any = None       # a mode stacked above the recorder for the call (FlopCounterMode)
+    skip: int = 0           # model calls still to run before the recorded one
 
 
 WRAPPER_KEY = "bench_gpu_model"
@@ -250,17 +292,28 @@ def install_window(patcher) -> _Window:
         recorder = window.recorder
         if recorder is None:
             return executor(*args, **kwargs)
-        window.batch = int(args[0].shape[0])
+        earlier = window.skip > 0
+        if earlier:
+            # a call before the recorded one runs as it does, under a recorder of its own
+            # (its inputs on the device too) whose record is dropped
+            window.skip -= 1
+            recorder = CallRecorder(owner_dirs(), simulate=recorder.simulate)
+        else:
+            window.batch = int(args[0].shape[0])
         if recorder.simulate:
             args, kwargs = recorder.to_device((args, kwargs))
         with contextlib.ExitStack() as stack:
             if recorder.simulate:
                 stack.enter_context(on_device(executor.class_obj, recorder))
             stack.enter_context(recorder)
-            if window.extra is not None:
+            if window.extra is not None and not earlier:
                 stack.enter_context(window.extra)
             out = executor(*args, **kwargs)
         recorder.close(out)
+        if earlier:
+            # back on the host for the sampler; values nobody computed are zeros, which only
+            # the following calls' noisy input sees (their ops do not depend on it)
+            return out.new_zeros(out.shape, device="cpu") if out.is_meta else out
         raise _OneCall
 
     patcher.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, wrapper)
@@ -324,15 +377,17 @@ def as_on_gpu(patcher) -> Iterator[None]:
 
 def record_call(patcher, window: _Window, spec: ModelSpec, recorder: CallRecorder,
                 latent: tuple[int, ...] | None = None, text: tuple[int, ...] | None = None,
-                extra: Any = None, seed: int = 0) -> CallRecorder:
-    """Sample with `patcher` (Euler, STEPS-step schedule) until its first model call, which
-    `recorder` records; latent / text override spec's sizes (validation runs). Returns the
-    recorder. Raises when the call's batch is not spec.batch (ComfyUI split cond and uncond)."""
+                extra: Any = None, seed: int = 0,
+                negative_text: tuple[int, ...] | None = None) -> CallRecorder:
+    """Sample with `patcher` (Euler, STEPS-step schedule) until its model call spec.call, which
+    `recorder` records; latent / text / negative_text override spec's sizes (validation runs).
+    Returns the recorder. Raises when the call's batch is not spec.batch (ComfyUI split cond
+    and uncond)."""
     import comfy.sample
 
     noise = _randn(*(latent or spec.latent), seed=seed)
-    positive, negative = conditioning(spec, seed, text)
-    window.recorder, window.extra, window.batch = recorder, extra, 0
+    positive, negative = conditioning(spec, seed, text, negative_text)
+    window.recorder, window.extra, window.batch, window.skip = recorder, extra, 0, spec.call
     try:
         with as_on_gpu(patcher), torch.inference_mode():
             comfy.sample.sample(patcher, noise, STEPS, spec.cfg, "euler", "normal", positive,
@@ -340,7 +395,7 @@ def record_call(patcher, window: _Window, spec: ModelSpec, recorder: CallRecorde
     except _OneCall:
         pass
     finally:
-        window.recorder, window.extra = None, None
+        window.recorder, window.extra, window.skip = None, None, 0
     if window.batch != spec.batch:
         raise RuntimeError(f"{spec.label}: the model call had batch {window.batch}, expected "
                            f"{spec.batch} (ComfyUI did not batch cond and uncond)")
@@ -438,7 +493,9 @@ def _plain(value: Any) -> Any:
 # The same classes at toy widths, small enough to run for real on a CPU in a few seconds: every
 # block kind, both UNet levels with attention merging (unet_levels "all": 16x16 and 8x8 tokens),
 # every Flux and Wan block merging (skip_blocks "none"), a video grid of 5 x 8 x 10 tokens whose
-# regions are ragged (slabs of 3 and 2 frames), as the real Wan 14B grid's are.
+# regions are ragged (slabs of 3 and 2 frames), as the real Wan 14B grid's are; HiDream-O1's
+# Qwen3-VL at width 64 (2 layers, 4 query and 2 key/value heads of 16) on 4 x 5 patches, prompts
+# of 8 and 5 ids (SMALL_NEGATIVE: two calls a step, as at real size).
 SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
     "sdxl": ({**SDXL_UNET, "model_channels": 32, "transformer_depth": [0, 0, 1, 1, 2, 2],
               "transformer_depth_middle": 2,
@@ -449,7 +506,18 @@ SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[st
              (1, 16, 32, 32), (1, 8, 4096), {"skip_blocks": "none"}),
     "wan": ({**WAN21_14B, "dim": 64, "ffn_dim": 128, "num_heads": 4, "num_layers": 2},
             (1, 16, 5, 16, 20), (1, 8, 4096), {"skip_blocks": "none"}),
+    "hidream_o1": ({"image_model": "hidream_o1",
+                    "text_config_overrides": {"hidden_size": 64, "intermediate_size": 128,
+                                              "num_hidden_layers": 2, "num_attention_heads": 4,
+                                              "num_key_value_heads": 2, "head_dim": 16,
+                                              "rope_dims": [4, 2, 2]},
+                    "vision_config_overrides": {"hidden_size": 32, "num_heads": 2,
+                                                "intermediate_size": 64, "depth": 1,
+                                                "num_position_embeddings": 16,
+                                                "deepstack_visual_indexes": ()}},
+                   (1, 3, 128, 160), (1, 8, 1), {"skip_blocks": "none"}),
 }
+SMALL_NEGATIVE: dict[str, tuple[int, ...]] = {"hidream_o1": (1, 5, 1)}
 
 
 COPIES = ("aten::_to_copy", "aten::copy_")
@@ -478,7 +546,7 @@ def validate_small(name: str, setting: Setting) -> dict[str, Any]:
             patcher = toma(base, setting) if variant == "toma" else base
             recorded[real] = record_call(patcher, window, spec,
                                          CallRecorder(owner_dirs(), simulate=not real),
-                                         latent, text)
+                                         latent, text, negative_text=SMALL_NEGATIVE.get(name))
         same = _signature(recorded[True].ops) == _signature(recorded[False].ops)
         result[variant] = {
             "same_ops": same, "ops": len(recorded[False].ops),
@@ -523,12 +591,14 @@ def record(patcher, window: _Window, spec: ModelSpec) -> Recorded:
 
 
 def attention_length(ops: list[Op]) -> int:
-    """The most frequent query length of the recorded attention kernels ([B, H, L, D])."""
-    counts: dict[int, int] = {}
+    """The query length L of the recorded attention kernels ([B, H, L, D]) that most query
+    rows run at (kernels x L): the merged length of the blocks, not a short kernel's beside it
+    (HiDream-O1's layers attend over the prompt's 31 tokens in a kernel of their own)."""
+    rows: dict[int, int] = {}
     for op in ops:
         if op.kind == "attention" and len(op.shape) == 4:
-            counts[op.shape[2]] = counts.get(op.shape[2], 0) + 1
-    return max(counts, key=lambda n: (counts[n], -n)) if counts else 0
+            rows[op.shape[2]] = rows.get(op.shape[2], 0) + op.shape[2]
+    return max(rows, key=lambda n: (rows[n], n)) if rows else 0
 
 
 def row(spec: ModelSpec, setting: Setting, plain: Recorded, merged: Recorded) -> dict[str, Any]:
@@ -633,8 +703,12 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
     timing: list[str] = []
+    absent: list[str] = []
     for name in dict.fromkeys(n for n, _ in SETTINGS):
         spec = MODELS[name]
+        if not present(spec):
+            absent.append(spec.label)
+            continue
         log.warning("gpu-model: %s", spec.label)
         start = time.perf_counter()
         base = build_patcher(spec)
@@ -679,11 +753,11 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "ms: serial projection, per kernel max(FLOPs / peak, bytes / bandwidth) + launch cost "
         "(every kernel at the measured peaks: optimistic absolute times, quote the ratios); "
         "ms_queued: the same kernels on an asynchronous queue, the host waiting at syncs; "
-        "attn_len: most frequent attention query length, unmerged -> ToMA; toma_share: share of "
-        "ms_toma in ops the pack's code issued; peak_gib: most live device memory during the "
-        "unmerged call (weights and inputs not included); extra_mib: ToMA's peak minus that; "
-        "kept_mib: device memory the ToMA call leaves alive (plans kept for the next layers and "
-        "steps; the unmerged call keeps "
+        "attn_len: the attention query length most query rows run at, unmerged -> ToMA; "
+        "toma_share: share of ms_toma in ops the pack's code issued; peak_gib: most live "
+        "device memory during the unmerged call (weights and inputs not included); extra_mib: "
+        "ToMA's peak minus that; kept_mib: device memory the ToMA call leaves alive (plans kept "
+        "for the next layers and steps; the unmerged call keeps "
         f"{max(r['kept_mib_plain'] for r in rows):.1f} MiB); assumed_toma: host reads of values "
         "no projection can know, answered as in bench/gpu/projection.py",
         "speedup with one assumption changed: " + "; ".join(
@@ -696,5 +770,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             for r in rows),
         "wall time of the recording: " + "; ".join(timing),
     ]
+    if absent:
+        notes.append(f"not in ComfyUI {comfy_version()} (left out): " + ", ".join(absent))
     return {"rows": rows, "columns": list(COLUMNS), "notes": notes,
             "targets": speed_targets(rows) + checks}

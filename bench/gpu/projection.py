@@ -45,8 +45,9 @@ so a host read of them gets the true value. A read of a value that depends on th
 the noise cannot be known: `equal` is answered True and a boolean read False (the checks a
 correct plan passes: a sanity check that raises on a flag, a structure test that holds by
 construction); the Op says so (`assumed`) and where it came from, and any other unknown read
-raises UnknownValueError. bench/gpu/projected_calls.py validates these answers by running small
-models
+raises UnknownValueError. An op whose output size depends on data runs on shadows; a tensor of
+unknown values indexed by a boolean mask of known ones (a model picking its image rows) needs
+only the mask's. bench/gpu/projected_calls.py validates these answers by running small models
 for real under the same recorder and comparing the op lists.
 
 `project(ops, gpu)` turns an op list into time: each launching op takes its roofline time
@@ -398,7 +399,11 @@ class CallRecorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         except (NotImplementedError, RuntimeError):
             # a meta kernel that cannot run: the output's size depends on data (nonzero)
-            if not self.simulate or any(self.shadow(t) is None for t in _tensors((args, kwargs))):
+            if not self.simulate:
+                raise
+            if func is aten.index.Tensor and self.shadow(args[0]) is None:
+                return self._masked(args[0], args[1])
+            if any(self.shadow(t) is None for t in _tensors((args, kwargs))):
                 raise
             return self._data_dependent(func, args, kwargs)
         self._record(func, args, kwargs, out)
@@ -532,6 +537,23 @@ class CallRecorder(TorchDispatchMode):
                                                       else {})})
         out = tree_map(lambda x: self._twin(x) if isinstance(x, torch.Tensor) else x, real_out)
         self._record(func, args, kwargs, out, sync=True)
+        return out
+
+    def _masked(self, data: torch.Tensor, indices: list) -> torch.Tensor:
+        """data[indices] where some index is a boolean mask and data's values are unknown (e.g.
+        the image rows of a hidden state): the output's size needs only the masks' values, so
+        the masks become the integer indices they stand for (their nonzero(), from shadows) and
+        the meta kernel runs on those; recorded as the one indexing op it is, a sync."""
+        func = aten.index.Tensor
+        longs: list = []
+        for index in indices:
+            if index is not None and index.dtype == torch.bool:
+                real = self._known(index, func)
+                longs.extend(self._twin(i.contiguous()) for i in real.nonzero().unbind(1))
+            else:
+                longs.append(index)
+        out = func(data, longs)
+        self._record(func, (data, indices), {}, out, sync=True)
         return out
 
     def _propagate(self, func, args: tuple, kwargs: dict, out: Any) -> None:

@@ -5,6 +5,8 @@ meta tensors has the FLOPs of the hand count and merges the tokens the ratio ask
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -27,6 +29,9 @@ def test_small_model_on_meta_runs_the_ops_it_runs_for_real(name: str,
     """Same op list (names, shapes, dtypes, who issued them), FLOPs and peak device bytes on
     meta tensors as for real, unmerged and with ToMA: the shadows and the assumed answers send
     the code down the path real values do, and the attribution does not depend on values."""
+    if not gpu_model.present(gpu_model.MODELS[name]):
+        assert ch.comfy_version() < (0, 33) and name == "hidream_o1"
+        return
     result = gpu_model.validate_small(name, setting)
     for variant in ("plain", "toma"):
         part = result[variant]
@@ -67,3 +72,30 @@ def test_recording_needs_the_batch_the_gpu_would_run() -> None:
     assert window.batch == 2 and rec.ops
     assert torch.is_tensor(base.model.model_sampling.sigmas)
     assert not base.model.model_sampling.sigmas.is_meta   # put back after the call
+
+
+def test_full_size_hidream_o1_records_a_call_on_the_prompt_cache() -> None:
+    """HiDream-O1 (ComfyUI 0.33 and later): the recorded call is the third, where the unmerged
+    model runs on the prompt K/V cache its first two calls (cond and uncond, of one item each:
+    their prompts differ in length) left: only the tms token and the image get queries there,
+    and it is cheaper than the first call. ToMA's patches turn the cache off: its call runs the
+    whole prompt and half of the image."""
+    spec = gpu_model.MODELS["hidream_o1"]
+    if not gpu_model.present(spec):
+        assert ch.comfy_version() < (0, 33)
+        return
+    base = gpu_model.build_patcher(spec)
+    window = gpu_model.install_window(base)
+    plain = gpu_model.record(base, window, spec)
+    assert window.batch == 1
+    fresh = gpu_model.build_patcher(spec)                # no cache left by the calls above
+    first = gpu_model.record(fresh, gpu_model.install_window(fresh),
+                             dataclasses.replace(spec, call=0))
+    image = (spec.latent[-2] // 32) * (spec.latent[-1] // 32)
+    assert gpu_model.attention_length(plain.ops) == image + 1
+    assert gpu_model.compute_flops(plain.ops) < gpu_model.compute_flops(first.ops)
+    assert sum(op.assumed == "equal -> True" for op in plain.ops) == 2   # the cache lookups
+    merged = gpu_model.record(gpu_model.toma(base, gpu_model.Setting("test", {"ratio": 0.5})),
+                              window, spec)
+    assert gpu_model.attention_length(merged.ops) == image // 2 + 1
+    assert project(merged.ops, gpu_model.H200).serial < project(plain.ops, gpu_model.H200).serial

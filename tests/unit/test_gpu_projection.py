@@ -191,6 +191,21 @@ def test_uploads_are_blocking_copies_and_host_tensors_stay_on_the_host() -> None
     assert project(rec.ops, TOY).syncs == 1
 
 
+def test_a_boolean_mask_of_known_values_selects_rows_of_unknown_ones() -> None:
+    """hidden[mask] where only the mask's values are known (HiDream-O1 picks its image rows so):
+    the output has as many rows as the mask has True, recorded as one indexing op and a sync."""
+    rec = CallRecorder(())
+    mask = rec.to_device(torch.tensor([[False, True, True, False, True]]))
+    hidden = _meta(1, 5, 8)                               # no values: like a hidden state
+    with torch.inference_mode(), rec:
+        rows = hidden[mask]
+    assert rows.shape == (3, 8) and rows.is_meta
+    index = [op for op in rec.ops if op.name == "aten::index.Tensor"]
+    assert len(index) == 1 and index[0].sync
+    with torch.inference_mode(), rec, pytest.raises(UnknownValueError):
+        hidden[hidden[..., 0] > 0]                        # a mask of unknown values: refused
+
+
 def test_host_tensors_joining_device_ops_must_be_scalars() -> None:
     rec = CallRecorder(())
     with torch.inference_mode(), rec:
@@ -337,7 +352,10 @@ def test_speed_targets_judge_the_papers_ratios_and_skip_flagged_rows() -> None:
                      (f"{flux}, paper (ratio 0.75, scope attention) >= 1.3", False)]
 
 
-def test_attention_length_is_the_most_frequent_query_length() -> None:
+def test_attention_length_is_the_one_most_query_rows_run_at() -> None:
     ops = [Op("fused_attention", "attention", launches=1, shape=(1, 24, n, 128))
-           for n in (4608, 4608, 2560, 2560, 2560)] + [Op("mm", "matmul", shape=(9, 9))]
-    assert gpu_model.attention_length(ops) == 2560
+           for n in (4608, 4608, 2560, 2560, 2560, 2560)] + [Op("mm", "matmul", shape=(9, 9))]
+    assert gpu_model.attention_length(ops) == 2560        # 4 x 2560 rows against 2 x 4608
+    short = [Op("fused_attention", "attention", launches=1, shape=(1, 32, n, 128))
+             for n in (31, 2049, 31, 2049, 31)]
+    assert gpu_model.attention_length(short) == 2049      # more kernels, fewer rows: 31
