@@ -591,14 +591,15 @@ def record(patcher, window: _Window, spec: ModelSpec) -> Recorded:
 
 
 def attention_length(ops: list[Op]) -> int:
-    """The query length L of the recorded attention kernels ([B, H, L, D]) that most query
-    rows run at (kernels x L): the merged length of the blocks, not a short kernel's beside it
-    (HiDream-O1's layers attend over the prompt's 31 tokens in a kernel of their own)."""
-    rows: dict[int, int] = {}
-    for op in ops:
-        if op.kind == "attention" and len(op.shape) == 4:
-            rows[op.shape[2]] = rows.get(op.shape[2], 0) + op.shape[2]
-    return max(rows, key=lambda n: (rows[n], n)) if rows else 0
+    """The most frequent query length L of the recorded attention kernels ([B, H, L, D]), the
+    shorter of two as frequent; kernels over a short prefix (L under 1/16 of the longest:
+    HiDream-O1's layers attend over its prompt in a kernel of their own) left out."""
+    lengths = [op.shape[2] for op in ops if op.kind == "attention" and len(op.shape) == 4]
+    counts: dict[int, int] = {}
+    for n in lengths:
+        if 16 * n >= max(lengths):
+            counts[n] = counts.get(n, 0) + 1
+    return max(counts, key=lambda n: (counts[n], -n)) if counts else 0
 
 
 def row(spec: ModelSpec, setting: Setting, plain: Recorded, merged: Recorded) -> dict[str, Any]:
@@ -753,7 +754,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "ms: serial projection, per kernel max(FLOPs / peak, bytes / bandwidth) + launch cost "
         "(every kernel at the measured peaks: optimistic absolute times, quote the ratios); "
         "ms_queued: the same kernels on an asynchronous queue, the host waiting at syncs; "
-        "attn_len: the attention query length most query rows run at, unmerged -> ToMA; "
+        "attn_len: the most frequent attention query length, unmerged -> ToMA; "
         "toma_share: share of ms_toma in ops the pack's code issued; peak_gib: most live "
         "device memory during the unmerged call (weights and inputs not included); extra_mib: "
         "ToMA's peak minus that; kept_mib: device memory the ToMA call leaves alive (plans kept "

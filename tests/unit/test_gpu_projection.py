@@ -352,10 +352,10 @@ def test_speed_targets_judge_the_papers_ratios_and_skip_flagged_rows() -> None:
                      (f"{flux}, paper (ratio 0.75, scope attention) >= 1.3", False)]
 
 
-def test_attention_length_is_the_one_most_query_rows_run_at() -> None:
+def test_attention_length_is_the_most_frequent_query_length() -> None:
     ops = [Op("fused_attention", "attention", launches=1, shape=(1, 24, n, 128))
-           for n in (4608, 4608, 2560, 2560, 2560, 2560)] + [Op("mm", "matmul", shape=(9, 9))]
-    assert gpu_model.attention_length(ops) == 2560        # 4 x 2560 rows against 2 x 4608
-    short = [Op("fused_attention", "attention", launches=1, shape=(1, 32, n, 128))
-             for n in (31, 2049, 31, 2049, 31)]
-    assert gpu_model.attention_length(short) == 2049      # more kernels, fewer rows: 31
+           for n in (4608, 4608, 2560, 2560, 2560)] + [Op("mm", "matmul", shape=(9, 9))]
+    assert gpu_model.attention_length(ops) == 2560
+    prefix = [Op("fused_attention", "attention", launches=1, shape=(1, 32, n, 128))
+              for n in (31, 2049, 31, 2049, 31, 4097)]
+    assert gpu_model.attention_length(prefix) == 2049     # 31 < 4097 / 16: a prompt's kernel
