@@ -23,7 +23,7 @@ from ..shared.config import ROOT
 
 log = logging.getLogger(__name__)
 
-PROJECTION = ROOT / "bench" / "results" / "2026-12-01-projection-h200.json"
+PROJECTION = ROOT / "bench" / "results" / "2026-12-02-projection-h200.json"
 CALL_COLUMNS = ("model", "setting", "batch", "tokens", "ms", "ms_toma", "speedup", "range",
                 "spread", "plan_share", "peak_gib", "peak_gib_toma", "proj_ms", "proj_ms_toma",
                 "proj_speedup", "status")
