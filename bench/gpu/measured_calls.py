@@ -1,14 +1,15 @@
-"""Section gpu-call (ComfyUI only): one model call of SDXL, Flux.1 dev and Wan 2.1 14B at real
-size, measured on the GPU, unmerged and through the ToMA node: the measurement beside the
-gpu-model section's projection of the same calls.
+"""Section gpu-call (ComfyUI only): one model call of SDXL, Flux.1 dev, Wan 2.1 14B and (ComfyUI
+0.33 and later) HiDream-O1 at real size, measured on the GPU, unmerged and through the ToMA node:
+the measurement beside the gpu-model section's projection of the same calls.
 
     COMFYUI_PATH=/path/to/ComfyUI python -m bench --sections gpu-call --device cuda [--out ...]
 
 The models and sizes are gpu-model's (bench/gpu_model.MODELS, ComfyUI's own classes at their
 real configuration): SDXL base 1024x1024 (batch 2, cond and uncond in one call), Flux.1 dev
-1024x1024 (batch 1, 512 text tokens), Wan 2.1 14B t2v 832x480x81 (batch 2), bf16, random
+1024x1024 (batch 1, 512 text tokens), Wan 2.1 14B t2v 832x480x81 (batch 2), HiDream-O1
+2048x2048 (batch 1: its third call, the first on the unmerged model's prompt cache), bf16, random
 weights (`fill_on_device`: bench/shared/weights.py's distribution, drawn on the device). Settings:
-gpu-model's SETTINGS, the node's defaults (ratio 0.5) for all three and the paper's (SDXL ratio
+gpu-model's SETTINGS, the node's defaults (ratio 0.5) for all four and the paper's (SDXL ratio
 0.5, Flux 0.75, attention scope), applied through the pack's public path (nodes/apply.py
 apply_toma with nodes/options.py make_options).
 
@@ -95,13 +96,15 @@ class Case:
 
 
 # Limits: assumptions sized from the gpu-model projection of one call (SDXL 31 ms, Flux 116 ms,
-# Wan 4.5 s unmerged, at the H200's measured peaks: real calls are slower) with room for the
+# Wan 4.5 s, HiDream-O1 99 ms (three calls a repetition) unmerged, at the H200's measured peaks:
+# real calls are slower) with room for the
 # sampler's setup around each call and the model build; inductor's compile time is not known
 # for these models on that machine: what is left of the budget goes to it, SDXL first.
 CASES: tuple[Case, ...] = (
     Case("sdxl", False, warmup=2, reps=10, limit_s=40, min_s=15),
     Case("flux", False, warmup=2, reps=10, limit_s=50, min_s=20),
     Case("wan", False, warmup=1, reps=3, limit_s=100, min_s=60),
+    Case("hidream_o1", False, warmup=2, reps=10, limit_s=40, min_s=15),
     Case("sdxl", True, warmup=2, reps=5, limit_s=120, min_s=30),
     Case("flux", True, warmup=2, reps=5, limit_s=120, min_s=30),
 )
@@ -160,10 +163,11 @@ class CallTime:
 
 @dataclass
 class Timer:
-    """The timing wrapper's state: whether to time the next call, what it saw."""
+    """The timing wrapper's state: whether to time a call (after `skip` more), what it saw."""
 
     watch: Stopwatch
     armed: bool = False
+    skip: int = 0
     peak: bool = False
     result: CallTime | None = None
     run_type: Any = None          # the pack's RunState class, to find a ToMA run
@@ -182,6 +186,9 @@ def install_timer(patcher, device: torch.device, timer: Timer | None = None) -> 
 
     def wrapper(executor: Callable, *args, **kwargs):
         if not timer.armed:
+            return executor(*args, **kwargs)
+        if timer.skip > 0:              # a call before the timed one (spec.call) runs as it is
+            timer.skip -= 1
             return executor(*args, **kwargs)
         timer.armed = False
         arguments = call_arguments(executor, args, kwargs)
@@ -367,12 +374,12 @@ def sizes_for(name: str, device: torch.device) -> Sizes:
 
 def one_call(patcher, timer: Timer, spec: gpu_model.ModelSpec, sizes: Sizes,
              peak: bool = False) -> CallTime:
-    """Sample with `patcher` until its first model call, which the timer times."""
+    """Sample with `patcher` until its model call spec.call, which the timer times."""
     import comfy.sample
 
     noise = gpu_model._randn(*(sizes.latent or spec.latent), seed=0)
     positive, negative = gpu_model.conditioning(spec, 0, sizes.text)
-    timer.armed, timer.peak, timer.result = True, peak, None
+    timer.armed, timer.peak, timer.result, timer.skip = True, peak, None, spec.call
     try:
         with torch.inference_mode():
             comfy.sample.sample(patcher, noise, STEPS, spec.cfg, "euler", "normal", positive,
@@ -460,6 +467,9 @@ def measure(case: Case, device: torch.device, limit_s: float,
     a row per ToMA setting with the unmerged call's figures on each (a compiled case: the
     default setting only)."""
     spec = gpu_model.MODELS[case.model]
+    if not gpu_model.present(spec):
+        return {"rows": [], "notes": [f"{spec.label}: not in ComfyUI "
+                                      f"{gpu_model.comfy_version()} (not run)"]}
     sizes = sizes_for(case.model, device)
     cuda = device.type == "cuda"
     warmup = case.warmup if cuda else CPU_WARMUP
@@ -589,8 +599,8 @@ def run(cfg: BenchConfig, cases: tuple[Case, ...] = CASES,
     if cfg.device.type != "cuda":
         notes.append("reduced sizes (not a GPU measurement): gpu-model's SMALL configurations "
                      "(SDXL model_channels 32 at a 32x32 latent, unet_levels all; Flux hidden 64,"
-                     " 2+2 blocks, 32x32 latent; Wan dim 64, 2 blocks, 5x16x20 latent; skip_blocks "
-                     "none), 8 text tokens")
+                     " 2+2 blocks, 32x32 latent; Wan dim 64, 2 blocks, 5x16x20 latent; HiDream-O1 "
+                     "width 64, 2 layers, 128x160 pixels; skip_blocks none), 8 text tokens")
     timings = []
     for case in cases:
         left = budget - (time.perf_counter() - started) - MARGIN_S

@@ -251,16 +251,15 @@ def build_patcher(spec: ModelSpec, unet_config: dict[str, Any] | None = None, re
     return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
 
 
-def conditioning(spec: ModelSpec, seed: int = 0, text: tuple[int, ...] | None = None,
-                 negative: tuple[int, ...] | None = None):
-    """(positive, negative) in ComfyUI's [[context, {extras}]] form, seeded; text / negative
-    override spec's text shapes."""
+def conditioning(spec: ModelSpec, seed: int = 0, text: tuple[int, ...] | None = None):
+    """(positive, negative) in ComfyUI's [[context, {extras}]] form, seeded; text overrides
+    the cond's text shape (the uncond keeps spec.negative where it has one)."""
     def cond(offset: int, shape: tuple[int, ...]):
         context = _randn(*shape, seed=seed + offset)
         return [[context, spec.extra(seed + offset + 1, shape)]]
 
     text = text or spec.text
-    return cond(0, text), cond(100, negative or spec.negative or text)
+    return cond(0, text), cond(100, spec.negative or text)
 
 
 # One model call ----------------------------------------------------------------------------------
@@ -377,16 +376,15 @@ def as_on_gpu(patcher) -> Iterator[None]:
 
 def record_call(patcher, window: _Window, spec: ModelSpec, recorder: CallRecorder,
                 latent: tuple[int, ...] | None = None, text: tuple[int, ...] | None = None,
-                extra: Any = None, seed: int = 0,
-                negative_text: tuple[int, ...] | None = None) -> CallRecorder:
+                extra: Any = None, seed: int = 0) -> CallRecorder:
     """Sample with `patcher` (Euler, STEPS-step schedule) until its model call spec.call, which
-    `recorder` records; latent / text / negative_text override spec's sizes (validation runs).
+    `recorder` records; latent / text override spec's sizes (validation runs).
     Returns the recorder. Raises when the call's batch is not spec.batch (ComfyUI split cond
     and uncond)."""
     import comfy.sample
 
     noise = _randn(*(latent or spec.latent), seed=seed)
-    positive, negative = conditioning(spec, seed, text, negative_text)
+    positive, negative = conditioning(spec, seed, text)
     window.recorder, window.extra, window.batch, window.skip = recorder, extra, 0, spec.call
     try:
         with as_on_gpu(patcher), torch.inference_mode():
@@ -494,8 +492,8 @@ def _plain(value: Any) -> Any:
 # block kind, both UNet levels with attention merging (unet_levels "all": 16x16 and 8x8 tokens),
 # every Flux and Wan block merging (skip_blocks "none"), a video grid of 5 x 8 x 10 tokens whose
 # regions are ragged (slabs of 3 and 2 frames), as the real Wan 14B grid's are; HiDream-O1's
-# Qwen3-VL at width 64 (2 layers, 4 query and 2 key/value heads of 16) on 4 x 5 patches, prompts
-# of 8 and 5 ids (SMALL_NEGATIVE: two calls a step, as at real size).
+# Qwen3-VL at width 64 (2 layers, 4 query and 2 key/value heads of 16) on 4 x 5 patches, a
+# prompt of 8 ids (the negative keeps its 10: two calls a step, as at real size).
 SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
     "sdxl": ({**SDXL_UNET, "model_channels": 32, "transformer_depth": [0, 0, 1, 1, 2, 2],
               "transformer_depth_middle": 2,
@@ -517,7 +515,6 @@ SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[st
                                                 "deepstack_visual_indexes": ()}},
                    (1, 3, 128, 160), (1, 8, 1), {"skip_blocks": "none"}),
 }
-SMALL_NEGATIVE: dict[str, tuple[int, ...]] = {"hidream_o1": (1, 5, 1)}
 
 
 COPIES = ("aten::_to_copy", "aten::copy_")
@@ -546,7 +543,7 @@ def validate_small(name: str, setting: Setting) -> dict[str, Any]:
             patcher = toma(base, setting) if variant == "toma" else base
             recorded[real] = record_call(patcher, window, spec,
                                          CallRecorder(owner_dirs(), simulate=not real),
-                                         latent, text, negative_text=SMALL_NEGATIVE.get(name))
+                                         latent, text)
         same = _signature(recorded[True].ops) == _signature(recorded[False].ops)
         result[variant] = {
             "same_ops": same, "ops": len(recorded[False].ops),
