@@ -11,7 +11,7 @@
 #                     what it has); each wheel's own requirements are checked against that list
 #
 # Then it measures what a `run` call would send (tracked and untracked-not-ignored files plus
-# the carried folders) against the 64 MiB limit, and fails above it.
+# the carried folders: bench/gpu/travel.sh size) against the 64 MiB limit, and fails above it.
 #
 #   bash bench/gpu/prepare.sh                   # tree from ../shared/comfyui/v0.33.0
 #   COMFY_TREE=/path/to/ComfyUI bash bench/gpu/prepare.sh
@@ -20,7 +20,6 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 COMFY_TREE=${COMFY_TREE:-$ROOT/../shared/comfyui/v0.33.0}
-LIMIT_MIB=64
 # name==version: ComfyUI v0.33.0's requirements.txt pins (comfy-kitchen, comfy-aimdo) or, where
 # it pins nothing, the newest release at the time this was written; what each is for:
 WHEELS=(
@@ -110,14 +109,8 @@ print("  every requirement is on the device or carried")
 EOF
 
 echo "== what a run call sends"
-tracked=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null |
-          tail -1 | cut -f1)
-carried=$(du -cb .device .whl | tail -1 | cut -f1)
-total=$((tracked + carried))
-awk -v t="$tracked" -v c="$carried" -v s="$total" -v l="$LIMIT_MIB" 'BEGIN {
-  printf "  working tree %.1f MiB + carried (.device, .whl) %.1f MiB = %.1f MiB of %d MiB\n",
-         t / 2^20, c / 2^20, s / 2^20, l }'
-if [ "$total" -gt $((LIMIT_MIB * 1024 * 1024)) ]; then
-  echo "over the limit: ignore or carry less" >&2
+if ! bash bench/gpu/travel.sh size; then
+  echo "over the limit: 'bash bench/gpu/travel.sh slim' leaves the large quality fixtures" \
+       "behind (and 'restore' after the run call)" >&2
   exit 1
 fi

@@ -7,8 +7,9 @@
 #
 # Before it, in the checkout the calling session was started in (the one a call sends, also
 # when a helper calls from another worktree): `bash bench/gpu/prepare.sh` (ComfyUI
-# v0.33.0's code in .device/comfyui, the missing wheels in .whl; it checks the 64 MiB the call
-# may send). A rehearsal on a CPU, in a
+# v0.33.0's code in .device/comfyui, the missing wheels in .whl) and `bash bench/gpu/travel.sh
+# slim` (the large quality fixtures out of what the call sends; it checks the 64 MiB the call
+# may send); after it, `bash bench/gpu/travel.sh restore`. A rehearsal on a CPU, in a
 # venv holding only the device's packages: `bash bench/gpu/rehearsal.sh`, which runs this
 # script with `--device cpu` (gpu-call at reduced sizes, the other sections as they run on a
 # CPU). The device's python3 (Python 3.12, torch 2.11 + CUDA 13) is used unless $PYTHON says
@@ -53,7 +54,8 @@ command_for() {  # the `python -m` arguments of section $1 on $DEVICE (then --de
     # quality: python -m bench.quality (the section alone, same rows); on a CPU one fixture at
     # a small latent, to show it runs within the budget (at full size it takes ~8 min there)
     quality:cpu) echo "bench.quality --quick --layouts flux --side 8 --threads 2" ;;
-    quality:*) echo "bench.quality --quick" ;;
+    # (the fixtures in models/: bench/gpu/travel.sh slim leaves the two large ones behind)
+    quality:*) echo "bench.quality --quick --layouts present" ;;
     kernels*) echo "bench --quick --sections $1" ;;
     *) echo "bench --sections $1" ;;
   esac

@@ -429,6 +429,15 @@ def targets(rows: list[dict], layout: str) -> list[dict[str, Any]]:
     return out
 
 
+def chosen_layouts(spec: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(--layouts' fixtures, those left out): "present" is every fixture whose weights file is
+    in models/, any other value a comma-separated list."""
+    if spec != "present":
+        return tuple(spec.split(",")), ()
+    here = tuple(layout for layout in qm.LAYOUTS if qm.weights_path(layout).exists())
+    return here, tuple(layout for layout in qm.LAYOUTS if layout not in here)
+
+
 def run(cfg: BenchConfig, layouts: tuple[str, ...] = qm.LAYOUTS, reps: int | None = None,
         write_pictures: bool = True, side: int | None = None) -> dict[str, Any]:
     """The section: rows of every fixture, targets, and the pictures in docs/."""
@@ -506,7 +515,10 @@ def main(argv: list[str] | None = None) -> None:
     from ..shared.config import default_config, setup_comfy
 
     parser = argparse.ArgumentParser(prog="python -m bench.quality")
-    parser.add_argument("--layouts", default=",".join(qm.LAYOUTS))
+    parser.add_argument("--layouts", default=",".join(qm.LAYOUTS),
+                        help="comma-separated fixtures, or 'present': those whose weights are "
+                             "in models/ (a device run, where bench/gpu/travel.sh left the "
+                             "large ones behind)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     parser.add_argument("--threads", type=int, default=1)
@@ -546,8 +558,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")
     clock = "wall" if device.type == "cuda" else args.clock
     cfg = default_config(args.quick, True, str(device), clock)
-    layouts = tuple(args.layouts.split(","))
+    layouts, absent = chosen_layouts(args.layouts)
     section = {**run(cfg, layouts, args.reps, side=args.side), "columns": list(COLUMNS)}
+    if absent:
+        section["notes"].append("not run, their weights not in models/: " + ", ".join(absent))
     result = {"machine": machine_info(device),
               "config": {"device": device.type, "dtype": str(cfg.dtype).replace("torch.", ""),
                          "quick": cfg.quick, "clock": clock, "threads": torch.get_num_threads(),

@@ -207,3 +207,50 @@ def test_summary_puts_the_projection_beside_the_measurement(tmp_path) -> None:
     assert "this run's gpu-model section" in text
     assert row.split(" | ")[-4:-1] == ["30.9", "24.9", "1.24"]
     assert "1.20-1.40" in row and "| 0.1 |" in row
+
+
+TRAVEL = ROOT / "bench" / "gpu" / "travel.sh"
+
+
+def _git(repo, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def test_travel_slim_leaves_the_large_fixtures_behind_and_restore_puts_them_back(
+        tmp_path) -> None:
+    """In a scratch repository laid out as this one: `slim` takes TRAVEL_LEFT_OUT out of the
+    index and ignores them, so what a call sends shrinks by their size and they stay on disk;
+    `restore` leaves the index and .git/info/exclude as they were."""
+    text = TRAVEL.read_text()
+    left_out = re.search(r"^TRAVEL_LEFT_OUT=\((.*?)\)", text, re.S | re.M).group(1).split()
+    assert left_out and all((ROOT / p).is_file() for p in left_out)   # the real files
+    repo = tmp_path / "repo"
+    (repo / "bench" / "gpu").mkdir(parents=True)
+    shutil.copy(TRAVEL, repo / "bench" / "gpu" / "travel.sh")
+    (repo / "models").mkdir()
+    for path in left_out:
+        (repo / path).write_bytes(b"\0" * 40 * 2**20)                  # 80 MiB together
+    (repo / "models" / "small.safetensors").write_bytes(b"\0" * 1024)
+    _git(tmp_path, "init", "-q", str(repo))
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "fixtures")
+    exclude = repo / ".git" / "info" / "exclude"
+    before = exclude.read_text() if exclude.exists() else ""
+
+    def travel(verb: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(repo / "bench" / "gpu" / "travel.sh"), verb],
+                              capture_output=True, text=True)
+
+    assert travel("size").returncode == 1                              # over 64 MiB
+    slim = travel("slim")
+    assert slim.returncode == 0, slim.stderr
+    assert "of 64 MiB" in slim.stdout
+    sent = _git(repo, "ls-files", "--cached", "--others", "--exclude-standard").split()
+    assert "models/small.safetensors" in sent and not set(left_out) & set(sent)
+    assert all((repo / p).stat().st_size == 40 * 2**20 for p in left_out)
+    assert travel("slim").returncode == 0                              # twice: no harm
+    assert exclude.read_text().count(left_out[0]) == 1
+    assert travel("restore").returncode == 0
+    assert _git(repo, "status", "--porcelain") == ""
+    assert exclude.read_text() == before

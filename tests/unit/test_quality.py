@@ -247,3 +247,16 @@ def test_sampler_sweep_refuses_unknown_variants_and_counts():
         samplers.measure("sdxl", denoise=0.5)
     with pytest.raises(ValueError, match=r"--denoise must be in \(0, 1\]"):
         samplers.measure("sdxl-matched", denoise=0.0)
+
+
+def test_present_layouts_are_the_fixtures_whose_weights_are_in_models(monkeypatch,
+                                                                       tmp_path) -> None:
+    """--layouts present (the device run, after bench/gpu/travel.sh slim): every fixture whose
+    weights file exists, in LAYOUTS' order, and the others named as left out."""
+    here = quality.qm.LAYOUTS[::2]
+    for layout in here:
+        (tmp_path / f"toma-{layout}-fixture.safetensors").write_bytes(b"")
+    monkeypatch.setattr(quality.qm, "MODELS_DIR", tmp_path)
+    layouts, absent = quality.chosen_layouts("present")
+    assert layouts == here and set(absent) == set(quality.qm.LAYOUTS) - set(here) != set()
+    assert quality.chosen_layouts("flux,sdxl") == (("flux", "sdxl"), ())
