@@ -322,6 +322,17 @@ def _frames(owner_dirs: Sequence[str | Path]) -> _Frames:
                    tuple(skip))
 
 
+def attention_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int]) -> int:
+    """FLOPs of attention over q [B, H, L, D], k [B, Hk, S, D], v [B, Hk, S, Dv]: torch's
+    sdpa_flop_count with the key/value heads broadcast to the query's (grouped-query attention,
+    Hk dividing H: HiDream-O1's 32 query and 8 key/value heads), which torch 2.11's formula,
+    the device's, refuses."""
+    b, h, _, _ = q
+    if k[1] != v[1] or h % k[1]:
+        raise ValueError(f"attention heads: q {tuple(q)}, k {tuple(k)}, v {tuple(v)}")
+    return int(flop_counter.sdpa_flop_count(q, (b, h, *k[2:]), (b, h, *v[2:])))
+
+
 class CallRecorder(TorchDispatchMode):
     """Record the aten ops of one model call (see the module docstring).
 
@@ -514,7 +525,7 @@ class CallRecorder(TorchDispatchMode):
             k, v = args[1], args[2]
             mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
             inputs = [q, k, v] + ([mask] if isinstance(mask, torch.Tensor) else [])
-            flops = flop_counter.sdpa_flop_count(q.shape, k.shape, v.shape)
+            flops = attention_flops(q.shape, k.shape, v.shape)
             name, kind = "fused_attention", "attention"
         else:
             weight = args[2] if len(args) > 2 else kwargs.get("weight")

@@ -99,3 +99,24 @@ def test_full_size_hidream_o1_records_a_call_on_the_prompt_cache() -> None:
                               window, spec)
     assert gpu_model.attention_length(merged.ops) == image // 2 + 1
     assert project(merged.ops, gpu_model.H200).serial < project(plain.ops, gpu_model.H200).serial
+
+
+def test_a_failing_model_costs_only_its_own_rows(monkeypatch) -> None:
+    """The section goes on past a model whose recording fails (the device's torch once refused
+    HiDream-O1's attention shapes), and says which failed and why."""
+    def project_model(name, rows, checks):
+        if name == "flux":
+            raise AssertionError("refused")
+        rows.append({"model": gpu_model.MODELS[name].label, "setting": "default",
+                     "ratio": 0.5, "scope": "auto", "speedup": 1.5, "kept_mib_plain": 0.0,
+                     "sensitivity": {}, "toma_sites": [], "sync_sites": []})
+        return f"{name} recorded"
+
+    monkeypatch.setattr(gpu_model, "project_model", project_model)
+    cfg = type("Cfg", (), {"apply_threads": lambda self: None})()
+    out = gpu_model.run(cfg)
+    models = {r["model"] for r in out["rows"]}
+    assert gpu_model.MODELS["sdxl"].label in models and gpu_model.MODELS["wan"].label in models
+    assert gpu_model.MODELS["flux"].label not in models
+    assert any(n == f"failed: {gpu_model.MODELS['flux'].label}: AssertionError: refused"
+               for n in out["notes"])

@@ -20,6 +20,7 @@ from bench.gpu.projection import (
     DeviceMismatchError,
     Op,
     UnknownValueError,
+    attention_flops,
     op_seconds,
     project,
 )
@@ -129,6 +130,19 @@ def test_attention_is_one_fused_kernel_with_the_querys_layout() -> None:
     rec = CallRecorder(())
     with torch.inference_mode(), rec:
         assert layout(q, k, v) == q.stride()
+
+
+def test_grouped_query_attention_counts_every_query_head() -> None:
+    """8 query heads over 2 key/value heads (enable_gqa, as HiDream-O1's attention runs): the
+    FLOPs of 8 heads each over all 7 keys, 2 * 2 * B * H * L * S * D by hand (torch 2.11's own
+    formula refuses these shapes)."""
+    q, k, v = _meta(1, 8, 5, 16), _meta(1, 2, 7, 16), _meta(1, 2, 7, 16)
+    rec = _record(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, enable_gqa=True),
+                  q, k, v)
+    (attention,) = [op for op in rec.ops if op.launches]
+    assert attention.flops == 2 * 2 * 1 * 8 * 5 * 7 * 16
+    with pytest.raises(ValueError):
+        attention_flops((1, 8, 5, 16), (1, 3, 7, 16), (1, 3, 7, 16))   # 3 does not divide 8
 
 
 def test_peak_and_kept_memory_follow_tensor_lifetimes() -> None:
