@@ -20,8 +20,8 @@
 #  2. runs the sections in order, each with `timeout` at the smaller of its cap (SECTIONS) and
 #     what is left of TOTAL_S: gpu-call first (the measurement that matters; it stops its own
 #     cases inside its budget and keeps the finished ones if it is killed), then quality (on the
-#     trained fixtures, --quick), the gpu-model projection, then kernels, unet and flux
-#     (--quick) if time remains;
+#     trained fixtures that travelled, --quick), the gpu-model projection, then kernels, unet
+#     and flux (--quick) if time remains;
 #  3. prints a summary table (bench/gpu/summary.py: the measured calls beside the projection)
 #     and leaves in $OUT, flat: gpu.log (all output), summary.md, one JSON per section, and
 #     extras.tar.gz (the Markdown reports, the quality pictures, partial results).
