@@ -110,7 +110,7 @@ EOF
 
 echo "== what a run call sends"
 if ! bash bench/gpu/travel.sh size; then
-  echo "over the limit: 'bash bench/gpu/travel.sh slim' leaves the large quality fixtures" \
-       "behind (and 'restore' after the run call)" >&2
+  echo "over the limit: 'bash bench/gpu/travel.sh slim' first leaves the large quality" \
+       "fixtures behind (and 'restore' after the run call)" >&2
   exit 1
 fi

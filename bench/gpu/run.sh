@@ -6,9 +6,9 @@
 # run: {"command": "bash bench/gpu/run.sh", "carry": [".device", ".whl"], "timeout_s": 540}
 #
 # Before it, in the checkout the calling session was started in (the one a call sends, also
-# when a helper calls from another worktree): `bash bench/gpu/prepare.sh` (ComfyUI
-# v0.33.0's code in .device/comfyui, the missing wheels in .whl) and `bash bench/gpu/travel.sh
-# slim` (the large quality fixtures out of what the call sends; it checks the 64 MiB the call
+# when a helper calls from another worktree): `bash bench/gpu/travel.sh slim` (the large
+# quality fixtures out of what the call sends), then `bash bench/gpu/prepare.sh` (ComfyUI
+# v0.33.0's code in .device/comfyui, the missing wheels in .whl; it checks the 64 MiB the call
 # may send); after it, `bash bench/gpu/travel.sh restore`. A rehearsal on a CPU, in a
 # venv holding only the device's packages: `bash bench/gpu/rehearsal.sh`, which runs this
 # script with `--device cpu` (gpu-call at reduced sizes, the other sections as they run on a

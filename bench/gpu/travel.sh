@@ -7,7 +7,7 @@
 # (.git/info/exclude), `restore` undoes both. bench/gpu/run.sh runs the quality section on the
 # fixtures that are there.
 #
-#   bash bench/gpu/travel.sh slim       # before the run call
+#   bash bench/gpu/travel.sh slim       # before prepare.sh and the run call
 #   bash bench/gpu/travel.sh restore    # right after it: the index as it was, nothing to commit
 #   bash bench/gpu/travel.sh size       # what a call would send now, against the limit
 #
