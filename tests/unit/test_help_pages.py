@@ -115,3 +115,23 @@ def test_every_language_names_the_template_category(language: str) -> None:
     category = main["templateWorkflows"]["category"]
     assert list(category) == list(english["templateWorkflows"]["category"])
     assert all(category.values())
+
+
+# where a page lists the models the node refuses: "Anything else (...)", "其他模型（...）"
+REFUSED = {"en": re.compile(r"Anything else \(([^)]*(?:\([^)]*\)[^)]*)*)\)"),
+           "zh": re.compile(r"其他模型（([^）]*)）")}
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+@pytest.mark.parametrize("node_id", [n for n in NODE_IDS if "Preview" not in n])
+def test_no_page_lists_a_supported_model_among_the_refused(node_id: str, language: str) -> None:
+    """The models a page says get an error are none of those the node supports (its SUPPORTED
+    list, which the node's own error message quotes): a family built after a page was written
+    must leave that list."""
+    from toma_pack.nodes.apply import SUPPORTED
+
+    found = REFUSED[language].search(page(node_id, language))
+    assert found, "the page no longer lists the refused models where this test looks"
+    pieces = [p.strip() for p in re.split(r",|、|\bor\b|或", found.group(1)) if p.strip()]
+    assert len(pieces) >= 5, pieces
+    assert [p for p in pieces if p in SUPPORTED] == []
