@@ -97,9 +97,9 @@ class Case:
 
 # Limits: assumptions sized from the gpu-model projection of one call (SDXL 31 ms, Flux 116 ms,
 # Wan 4.5 s, HiDream-O1 99 ms (three calls a repetition) unmerged, at the H200's measured peaks:
-# real calls are slower) with room for the
-# sampler's setup around each call and the model build; inductor's compile time is not known
-# for these models on that machine: what is left of the budget goes to it, SDXL first.
+# real calls are slower) with room for the sampler's setup around each call and the model
+# build; inductor's compile time is not known for these models on that machine: what is left of
+# the budget goes to it, SDXL first.
 CASES: tuple[Case, ...] = (
     Case("sdxl", False, warmup=2, reps=10, limit_s=40, min_s=15),
     Case("flux", False, warmup=2, reps=10, limit_s=50, min_s=20),

@@ -435,6 +435,8 @@ def chosen_layouts(spec: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if spec != "present":
         return tuple(spec.split(",")), ()
     here = tuple(layout for layout in qm.LAYOUTS if qm.weights_path(layout).exists())
+    if not here:
+        raise SystemExit(f"--layouts present: no fixture weights in {qm.MODELS_DIR}")
     return here, tuple(layout for layout in qm.LAYOUTS if layout not in here)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 # SDXL base: comfy/supported_models.py SDXL plus what model_detection reads from the checkpoint
 # (320 channels, transformer depths 2 and 10, 64-channel heads, context 2048, adm 2816).
 SDXL_UNET: dict[str, Any] = {
@@ -24,3 +26,16 @@ FLUX_DEV: dict[str, Any] = {
     "depth_single_blocks": 38, "axes_dim": [16, 56, 56], "theta": 10000, "patch_size": 2,
     "qkv_bias": True, "guidance_embed": True, "txt_ids_dims": [],
 }
+
+
+# HiDream-O1's prompt: token ids ending in the tms token (comfy.text_encoders.hidream_o1's
+# TMS_TOKEN_ID), the slot its timestep goes to, as its chat template ends.
+HIDREAM_O1_TMS = 151673
+
+
+def hidream_o1_prompt_ids(length: int) -> torch.Tensor:
+    """HiDream-O1 prompt ids [1, length] ending in the tms token (the others' values change
+    neither the ops of a call nor its cost)."""
+    ids = torch.arange(1000, 1000 + length).unsqueeze(0)
+    ids[0, -1] = HIDREAM_O1_TMS
+    return ids

@@ -61,6 +61,7 @@ from ..shared.common import (
     speedup,
     write_result,
 )
+from ..shared.model_configs import hidream_o1_prompt_ids
 from .dit_families import (
     _setup,
     capture_forwards,
@@ -74,7 +75,6 @@ log = logging.getLogger(__name__)
 
 DEPTH = 36                  # Qwen3-VL-8B decoder layers
 PATCH = 32                  # HiDream-O1's pixel patch
-TMS_TOKEN_ID = 151673       # the prompt's last token, the timestep's slot
 VARIANTS = ("cached", "patched", "merged, patched", "merged, cached")
 COLUMNS = ("case", "variant", "prompt_tokens", "gen_tokens", "image_tokens", "ms", "spread",
            "reps", "speedup", "speedup_lo", "speedup_hi", "note")
@@ -114,8 +114,7 @@ def conditioning(case: Case, x: torch.Tensor) -> dict[str, Any]:
     build_model)."""
     from comfy.ldm.hidream_o1.conditioning import build_extra_conds
 
-    ids = torch.arange(1000, 1000 + case.prompt).unsqueeze(0)
-    ids[0, -1] = TMS_TOKEN_ID
+    ids = hidream_o1_prompt_ids(case.prompt)
     refs = [torch.ones(1, x.shape[-2], x.shape[-1], 3)] * case.references or None
     conds = build_extra_conds(ids, x, ref_images=refs, target_patch_size=PATCH)
     conds.pop("ref_pixel_values", None)

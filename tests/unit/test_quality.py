@@ -260,3 +260,6 @@ def test_present_layouts_are_the_fixtures_whose_weights_are_in_models(monkeypatc
     layouts, absent = quality.chosen_layouts("present")
     assert layouts == here and set(absent) == set(quality.qm.LAYOUTS) - set(here) != set()
     assert quality.chosen_layouts("flux,sdxl") == (("flux", "sdxl"), ())
+    monkeypatch.setattr(quality.qm, "MODELS_DIR", tmp_path / "empty")
+    with pytest.raises(SystemExit, match="--layouts present"):
+        quality.chosen_layouts("present")                 # nothing to run: said, not skipped
