@@ -110,7 +110,10 @@ class Family:
     `tokens_per_region` tokens, `frames_per_region` frames deep;
     describe(call, base_model, arguments): reads one model call (apply_model's arguments by
     name) into `call`; returns why the call cannot merge when the user should know, else None;
-    held_rows: how its blocks hold modulation rows that are not plain tensors, if they do.
+    held_rows: how its blocks hold modulation rows that are not plain tensors, if they do;
+    prefix_cache: its one kind of block attends over a causal prompt first in the sequence,
+    whose keys and values ToMA keeps across steps (prefix_cache.py; describe puts the prompt's
+    length in call.data[prefix_cache.LENGTH]).
     """
 
     name: str
@@ -122,6 +125,7 @@ class Family:
     frames_per_region: int = 1
     attention_scope: bool = False     # Flux's double blocks have ToMA's attention-only variant
     held_rows: HeldRows | None = None
+    prefix_cache: bool = False
 
 
 # Reading a model call -------------------------------------------------------------------------

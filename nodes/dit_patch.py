@@ -50,6 +50,7 @@ import torch
 from ..toma_core import MergePlan, build_plan, make_regions
 from ..toma_core.merge_plan import Pending
 from .dit_families import BlockKind, Family
+from .prefix_cache import open_prefix, prefix_run
 from .run_state import ModelCall, ToMAState, patch_forward
 from .unet_neighbours import in_block_patches
 
@@ -237,6 +238,31 @@ class DiTToMA:
         self.family = family
         self.groups = groups
         self.attention = attention
+        # the layers whose prompt keys and values this patch keeps (family.prefix_cache), and
+        # its own patch of each: None where another pack's patch is in the way
+        self.prefix_layers: list[torch.nn.Module] | None = None
+        self.prefix_patches: dict[tuple[str, int], Callable] = {}
+
+    def describe(self, call: ModelCall, base_model, arguments: dict) -> str | None:
+        """The family's describe, then (families with a prompt cache) whether this call keeps
+        the prompt's keys and values: only while this patch is still in every layer."""
+        why = self.family.describe(call, base_model, arguments) if self.family.describe else None
+        if not self.family.prefix_cache:
+            return why
+        label = self.family.label
+        replaced = ((arguments.get("transformer_options") or {}).get("patches_replace") or {}
+                    ).get("dit") or {}
+        if self.prefix_layers is None or any(replaced.get(key) is not patch for key, patch
+                                             in self.prefix_patches.items()):
+            return why or (f"another node patches {label}'s blocks too, so ToMA cannot keep the "
+                           f"prompt's keys and values across steps: {label} recomputes them "
+                           f"at every step")
+        if call.run.unguarded:
+            return why or (f"under TorchCompileModel ToMA cannot keep {label}'s prompt keys and "
+                           f"values across steps (the compiled model would replay the first "
+                           f"step's way): {label} recomputes them at every step")
+        open_prefix(call, len(self.prefix_layers))
+        return why
 
     # One block call ------------------------------------------------------------------------------
     def block_call(self, kind: BlockKind, index: int, args: dict,
@@ -459,6 +485,9 @@ class DiTToMA:
             def run(a: dict) -> dict:
                 return previous(a, extra) if previous is not None else extra["original_block"](a)
 
+            if self.prefix_layers is not None:
+                call = self.state.call_of(args.get("transformer_options") or {})
+                run = prefix_run(call, self.prefix_layers[index], index, run)
             return self.block_call(kind, index, args, run, layer)
 
         return patch
@@ -598,14 +627,19 @@ def patch_dit(model, state: ToMAState, family: Family) -> DiTToMA:
             state.notice(f"merge_scope attention: {family.label} has no attention-only "
                          f"variant; whole blocks merge")
     toma = DiTToMA(state, family, groups, attention)
-    state.describe = family.describe
+    state.describe = toma.describe
+    if family.prefix_cache:
+        kind = family.kinds[0]
+        if all(existing_replace(model, kind.key, i) is None for i in range(depths[kind.key])):
+            toma.prefix_layers = list(blocks_of(diffusion_model, kind))
     # Skipped blocks get a patch too: it records text lengths and counts them in the stats.
     for kind in family.kinds:
         for i in range(depths[kind.key]):
             if kind.hook == "dit":
-                previous = existing_replace(model, kind.key, i)
-                model.set_model_patch_replace(toma.replace_patch(kind, i, previous), "dit",
-                                              kind.key, i)
+                patch = toma.replace_patch(kind, i, existing_replace(model, kind.key, i))
+                model.set_model_patch_replace(patch, "dit", kind.key, i)
+                if toma.prefix_layers is not None:
+                    toma.prefix_patches[(kind.key, i)] = patch
             else:
                 module = blocks_of(diffusion_model, kind)[i]
                 patch_forward(model, f"{kind.modules}.{i}", module,

@@ -21,11 +21,17 @@ call on the cache it left), timed in interleaved rounds:
   and their RoPE rows (the prompt, tms and reference patches unchanged): the best a merging
   "dit" patch could give;
 - merged, cached (lower bound): the hot path with the same image tokens: what merging would
-  give if it kept the cache.
+  give if it kept the cache;
+- ToMA, cached: the pack's own block patch on the whole sequence as ComfyUI's loop hands it to
+  the patch, keeping the prompt (nodes/prefix_cache.py, on the hot call's kept keys and values):
+  merge, the layer on the tokens after the prompt, unmerge; its plan kept, as a group's blocks
+  reuse their group's plan;
+- ToMA plan build: one plan for the layer's image tokens.
 
 Projection (layers only; the node's default skip_blocks, blocks 0-4, unmerged; no merging
-cost, so every merged figure is a lower bound on the time): any patch makes every layer lose
-the cache, so the patched model is 5 x patched + 31 x merged, patched, against 36 x cached;
+cost, so every merged figure is a lower bound on the time): a patch that does not keep the
+cache makes every layer lose it, so that model is 5 x patched + 31 x merged, patched, against
+36 x cached; ToMA's is 5 x cached + 31 x ToMA, cached + one plan build (measured, not a bound);
 per repetition. Cases: t2i-P: text to image with a prompt of P tokens (chat template included);
 edit-P: instruction edit with one reference image (HiDream-O1 Reference Images): its 12 x 12 ViT
 tokens join the cached prompt, its 32-pixel patches (as many as the target's) the gen tokens.
@@ -75,7 +81,8 @@ log = logging.getLogger(__name__)
 
 DEPTH = 36                  # Qwen3-VL-8B decoder layers
 PATCH = 32                  # HiDream-O1's pixel patch
-VARIANTS = ("cached", "patched", "merged, patched", "merged, cached")
+VARIANTS = ("cached", "patched", "merged, patched", "merged, cached", "ToMA, cached",
+            "ToMA plan build")
 COLUMNS = ("case", "variant", "prompt_tokens", "gen_tokens", "image_tokens", "ms", "spread",
            "reps", "speedup", "speedup_lo", "speedup_hi", "note")
 
@@ -135,6 +142,7 @@ class Layer:
     image_start: int
     image_tokens: int
     cache_len: int
+    grid: tuple[int, int, int]
 
     def call(self, hot: bool, keep: int | None = None) -> Callable[[], Any]:
         """One layer call on fresh arguments (the layer adds into its input in place), with
@@ -170,7 +178,46 @@ def capture_layer(model: torch.nn.Module, case: Case, size: tuple[int, int]) -> 
         cold = capture_forwards(lambda: model(x, t, **conds), [layer])[0]
     cache_len = hot["past_key_value"][2]
     cold["past_key_value"] = None
-    return Layer(layer, cold, hot, conds["input_ids"].shape[1], math.prod(grid), cache_len)
+    return Layer(layer, cold, hot, conds["input_ids"].shape[1], math.prod(grid), cache_len, grid)
+
+
+def toma_calls(lay: Layer, ratio: float) -> tuple[Callable[[], Any], Callable[[], Any], int]:
+    """(ToMA's patch of the layer on a hot call, one plan build, the merged image tokens): the
+    pack's DiTToMA with HiDream-O1's description, keeping the prompt on the hot call's kept keys
+    and values, handed the whole sequence as ComfyUI's loop hands it to a "dit" patch."""
+    from toma_pack.nodes.dit_patch import DiTToMA
+    from toma_pack.nodes.families.hidream_o1 import description
+    from toma_pack.nodes.options import make_options
+    from toma_pack.nodes.prefix_cache import OPEN, PrefixEntry
+    from toma_pack.nodes.run_state import ModelCall, ToMAState
+
+    spec = description()
+    kind = spec.kinds[0]
+    state = ToMAState(make_options(ratio, skip_blocks="none", recompute_every=1000), spec.name)
+    k, v, n = lay.hot["past_key_value"]
+    call = ModelCall(state.new_run(), grid=lay.grid, merging=True,
+                     data={"txt_len": lay.image_start, OPEN: (PrefixEntry(n, {0: (k, v)}), True)})
+    toma = DiTToMA(state, spec, {(kind.key, 0): 0})
+    toma.prefix_layers = [lay.layer]
+    patch = toma.replace_patch(kind, 0, None)
+    names = ("x", "attention_mask", "freqs_cis", "optimized_attention")
+    base = {**{name: lay.cold[name] for name in names},
+            "transformer_options": {state.call_key: call}}
+
+    def args() -> dict:
+        return {**base, "x": base["x"].clone()}      # the layer adds into its input in place
+
+    def run() -> Any:
+        return patch(args(), {"original_block": None})
+
+    def build() -> Any:
+        call.plans.clear()
+        a = args()
+        return toma.plan_for(kind, 0, a, a["transformer_options"], call, "0")
+
+    with torch.inference_mode():
+        plan = build()[0]
+    return run, build, plan.merged_tokens
 
 
 def bench_case(model: torch.nn.Module, case: Case, size: tuple[int, int], ratio: float,
@@ -178,12 +225,16 @@ def bench_case(model: torch.nn.Module, case: Case, size: tuple[int, int], ratio:
     """The four variants' rows and the projected models' for one case."""
     lay = capture_layer(model, case, size)
     keep = round(lay.image_tokens * (1 - ratio))
+    toma, build, merged = toma_calls(lay, ratio)
     calls = {"cached": lay.call(True), "patched": lay.call(False),
-             "merged, patched": lay.call(False, keep), "merged, cached": lay.call(True, keep)}
+             "merged, patched": lay.call(False, keep), "merged, cached": lay.call(True, keep),
+             "ToMA, cached": toma, "ToMA plan build": build}
     cold_len, hot_len = lay.cold["x"].shape[1], lay.hot["x"].shape[1]
     tokens = {"cached": (hot_len, lay.image_tokens), "patched": (cold_len, lay.image_tokens),
               "merged, patched": (cold_len - lay.image_tokens + keep, keep),
-              "merged, cached": (hot_len - lay.image_tokens + keep, keep)}
+              "merged, cached": (hot_len - lay.image_tokens + keep, keep),
+              "ToMA, cached": (hot_len - lay.image_tokens + merged, merged),
+              "ToMA plan build": (None, lay.image_tokens)}
     with torch.inference_mode():
         for fn in calls.values():     # warm-up
             fn()
@@ -192,8 +243,10 @@ def bench_case(model: torch.nn.Module, case: Case, size: tuple[int, int], ratio:
     rows = []
     for name in VARIANTS:
         gen, image = tokens[name]
+        ratios = (speedup(found["cached"], found[name]) if name != "ToMA plan build" else
+                  dict.fromkeys(("speedup", "speedup_lo", "speedup_hi")))   # not a layer
         rows.append({**base, "variant": name, "gen_tokens": gen, "image_tokens": image,
-                     **found[name].fields(), **speedup(found["cached"], found[name]),
+                     **found[name].fields(), **ratios,
                      "note": "lower bound" if name.startswith("merged") else None})
     rows += projections(case, found, ratio)
     return rows
@@ -203,9 +256,10 @@ def projections(case: Case, found: dict[str, Timing], ratio: float) -> list[dict
     """The 36-layer models against the unpatched model (36 x cached), per repetition."""
     skip = default_skipped(DEPTH)
 
-    def model(unmerged: str, merged: str, skipped: int) -> Timing:
-        return Timing(tuple(skipped * u + (DEPTH - skipped) * m for u, m in
-                            zip(found[unmerged].times, found[merged].times, strict=True)))
+    def model(unmerged: str, merged: str, skipped: int, plan: bool = False) -> Timing:
+        builds = found["ToMA plan build"].times if plan else (0.0,) * len(found[merged].times)
+        return Timing(tuple(skipped * u + (DEPTH - skipped) * m + b for u, m, b in
+                            zip(found[unmerged].times, found[merged].times, builds, strict=True)))
 
     today = model("cached", "cached", DEPTH)
     models = [(f"model, any block patch, nothing merged ({DEPTH} x patched)",
@@ -213,7 +267,9 @@ def projections(case: Case, found: dict[str, Timing], ratio: float) -> list[dict
               (f"model, merging patch at ratio {ratio:g} ({skip} x patched + {DEPTH - skip} x "
                f"merged, patched)", model("patched", "merged, patched", skip), "lower bound"),
               (f"model, merging that kept the cache ({skip} x cached + {DEPTH - skip} x "
-               f"merged, cached)", model("cached", "merged, cached", skip), "lower bound")]
+               f"merged, cached)", model("cached", "merged, cached", skip), "lower bound"),
+              (f"model, ToMA keeping the cache ({skip} x cached + {DEPTH - skip} x ToMA, cached "
+               f"+ 1 plan build)", model("cached", "ToMA, cached", skip, plan=True), None)]
     return [{"case": case.name, "variant": name, **timing.fields(), **speedup(today, timing),
              "note": note} for name, timing, note in models]
 
@@ -232,7 +288,8 @@ def notes(clock: str, reps: int) -> list[str]:
 
 def report(result: dict[str, Any]) -> str:
     """The Markdown report of a result dict."""
-    lines = report_head("HiDream-O1: its prompt K/V cache against a merging block patch", result)
+    lines = report_head("HiDream-O1: its prompt K/V cache against merging block patches",
+                        result)
     lines += ["", markdown_table(result["rows"], COLUMNS)]
     return "\n".join(lines) + "\n"
 
@@ -269,8 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     for case in a.cases:
         case_rows = bench_case(model, case, a.size, a.ratio, a.reps, a.clock)
         for row in case_rows:
-            log.warning("%s %s: %.0f ms, speedup %.3g", row["case"], row["variant"], row["ms"],
-                        row["speedup"])
+            log.warning("%s %s: %.0f ms, speedup %s", row["case"], row["variant"], row["ms"],
+                        "-" if row["speedup"] is None else f"{row['speedup']:.3g}")
         rows += case_rows
     result = {"machine": machine_info(),
               "config": {"commit": commit(), "comfyui": os.environ.get("COMFYUI_PATH"),

@@ -3,10 +3,9 @@
 ComfyUI's forward hands to "dit" replace patches ("double_block"). Only the image merges: the
 prompt (with an edit's ViT tokens spliced in) stays in front, the reference patches behind.
 
-ComfyUI keeps the prompt's keys and values across steps only while no block is replaced; with
-ToMA's patches in place the model recomputes the prompt at every step, and the stats line says
-so (measured in bench/speed/hidream_o1_cache.py: 9-10% a step at 2048x2048 with 128- and
-512-token prompts, which merging more than pays back).
+Unpatched, ComfyUI keeps the prompt's keys and values across steps only while no block is
+replaced; ToMA keeps them itself while its patches are in place (prefix_cache.py), so from a
+prompt's second call the layers run on the tokens after the prompt, merged or not.
 """
 
 from __future__ import annotations
@@ -14,12 +13,11 @@ from __future__ import annotations
 import torch
 
 from ..dit_families import BlockKind, Family, set_grid
+from ..prefix_cache import LENGTH
 
 KINDS = (BlockKind("double_block", "language_model.layers", "", "stream_before", stream="x",
                    txt=None, pe="freqs_cis", mask="attention_mask", pe_heads=True),)
 PATCH = (1, 32, 32)
-CACHE_NOTE = ("HiDream-O1 recomputes its prompt's keys and values at every step while its "
-              "blocks are patched (ComfyUI reuses them only in an unpatched model)")
 
 
 def family(diffusion_model) -> Family | None:
@@ -30,20 +28,21 @@ def family(diffusion_model) -> Family | None:
     if type(diffusion_model) is not HiDreamO1Transformer:
         return None
 
-    def describe(call, base_model, arguments: dict) -> str | None:
+    def describe(call, base_model, arguments: dict) -> None:
         """The (1, h, w) grid of pixels x [B, 3, H, W] in 32-pixel patches (the model cuts
-        H // 32 x W // 32) and the prompt's length in front of it: input_ids [B, L]."""
+        H // 32 x W // 32), the prompt's length in front of it (input_ids [B, L]) and the causal
+        part of that whose keys and values can be kept (ar_len, a host int)."""
         x, ids = arguments.get("x"), arguments.get("input_ids")
         if not torch.is_tensor(ids) or not torch.is_tensor(x) or x.dim() != 4:
             call.mergeable = False
-            return None
+            return
         set_grid(call, (1, x.shape[-2] // PATCH[1], x.shape[-1] // PATCH[2]))
         call.data["txt_len"] = ids.shape[1]
-        return CACHE_NOTE
+        call.data[LENGTH] = arguments.get("ar_len")
 
     return description(describe)
 
 
 def description(describe=None) -> Family:
     """HiDream-O1's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("hidream_o1", "HiDream-O1", KINDS, PATCH, describe)
+    return Family("hidream_o1", "HiDream-O1", KINDS, PATCH, describe, prefix_cache=True)

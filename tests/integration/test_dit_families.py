@@ -732,29 +732,6 @@ def test_hidream_e1_edit_image_runs_unmerged(caplog):
                          "HiDream-E1", caplog)
 
 
-def test_hidream_o1_says_its_prompt_cache_is_off(caplog):
-    """Unpatched, HiDream-O1 keeps its prompt's keys and values from the first step for the
-    next ones; with ToMA's block patches ComfyUI keeps none (it recomputes the prompt at every
-    step) and the user is told once."""
-    import logging
-
-    name = "hidream_o1"
-    if not available(name):
-        return assert_absent(name)
-    (batch, height, width, frames), cfg = sample_args(name)
-    plain = tiny_patcher(name)
-    x = inputs(name, plain, batch, height, width, frames)
-    ch.sample(plain, x.latent, x.positive, x.negative, steps=2, cfg=cfg)
-    assert len(plain.model.diffusion_model._kv_cache_entries) > 0
-    model = tiny_patcher(name)
-    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
-    with caplog.at_level(logging.WARNING, logger="ToMA"):
-        ch.sample(toma, x.latent, x.positive, x.negative, steps=2, cfg=cfg)
-    assert model.model.diffusion_model._kv_cache_entries == []
-    told = [r for r in caplog.records if "recomputes its prompt's keys" in r.getMessage()]
-    assert len(told) == 1
-
-
 def test_default_widgets_on_hunyuan_video15_as_comfyui_builds_it():
     """HunyuanVideo 1.5 comes with double blocks only (54, and 0 single blocks): the ToMA
     node's default skip_blocks ("d0-4, s0-4") is valid there, leaves blocks 0-4 alone and merges

@@ -57,3 +57,48 @@ def test_hot_path_is_the_cold_path_after_the_cached_prompt(model, name):
     assert merged[True].shape[1] == hot - image + 5
     assert merged[False].shape[1] == cold - image + 5
 
+
+
+@pytest.mark.parametrize("name", [f"t2i-{PROMPT}", f"edit-{PROMPT}"])
+def test_toma_variant_is_the_pack_patch_after_the_kept_prompt(model, name):
+    """The "ToMA, cached" variant is ToMA's block patch keeping the prompt: from the whole
+    sequence it hands back a sequence as long, whose rows after the prompt are those of the
+    same patch running the whole sequence (no prompt kept, the prompt recomputed), on the same
+    plan; its plan build builds a plan of the merged size."""
+    if model is None:
+        return
+    layer = bench.capture_layer(model, bench.parse_case(name), SIZE)
+    run, build, merged = bench.toma_calls(layer, 0.5)
+    assert merged == 6                                      # half of the 12 image tokens
+    with torch.inference_mode():
+        kept = run()["x"]
+        plan = build()[0]
+    assert plan.merged_tokens == merged
+    assert kept.shape == layer.cold["x"].shape
+
+    from toma_pack.nodes.dit_patch import DiTToMA
+    from toma_pack.nodes.families.hidream_o1 import description
+    from toma_pack.nodes.options import make_options
+    from toma_pack.nodes.run_state import ModelCall, ToMAState
+
+    spec = description()
+    state = ToMAState(make_options(0.5, skip_blocks="none"), spec.name)
+    call = ModelCall(state.new_run(), grid=layer.grid, merging=True,
+                     data={"txt_len": layer.image_start})
+    toma = DiTToMA(state, spec, {("double_block", 0): 0})      # keeps no prompt
+    args = {name: layer.cold[name] for name in ("attention_mask", "freqs_cis",
+                                                "optimized_attention")}
+    args["transformer_options"] = {state.call_key: call}
+
+    def whole(a: dict) -> dict:
+        return {"x": layer.layer(x=a["x"], attention_mask=a["attention_mask"],
+                                 freqs_cis=a["freqs_cis"],
+                                 optimized_attention=a["optimized_attention"])[0]}
+
+    with torch.inference_mode():
+        recomputed = toma.replace_patch(spec.kinds[0], 0, None)(
+            {**args, "x": layer.cold["x"].clone()}, {"original_block": whole})["x"]
+    n = layer.cache_len
+    # measured: identical (largest difference 0.0); 1e-6 as in the test above
+    torch.testing.assert_close(kept[:, n:], recomputed[:, n:], rtol=0, atol=1e-6)
+    assert not torch.equal(kept[:, n:], layer.cold["x"][:, n:])    # the layer ran

@@ -13,7 +13,8 @@ from bench.speed import hidream_o1_cache as bench
 
 def test_projection_adds_the_default_skips_per_repetition():
     found = {"cached": (10.0, 12.0, 11.0), "patched": (12.0, 13.0, 12.5),
-             "merged, patched": (6.0, 7.0, 6.5), "merged, cached": (5.0, 6.0, 5.5)}
+             "merged, patched": (6.0, 7.0, 6.5), "merged, cached": (5.0, 6.0, 5.5),
+             "ToMA, cached": (5.5, 6.5, 6.0), "ToMA plan build": (0.2, 0.3, 0.1)}
     rows = bench.projections(bench.parse_case("t2i-128"),
                              {k: bench.Timing(v) for k, v in found.items()}, 0.5)
     by = {row["variant"].split(" (")[0]: row for row in rows}
@@ -24,6 +25,10 @@ def test_projection_adds_the_default_skips_per_repetition():
     assert by["model, any block patch, nothing merged"]["speedup"] == pytest.approx(11 / 12.5)
     assert by["model, merging that kept the cache"]["note"] == "lower bound"
     assert by["model, any block patch, nothing merged"]["note"] is None
+    # ToMA's own: 5 x cached + 31 x ToMA, cached + the plan build of the same round
+    toma = by["model, ToMA keeping the cache"]
+    assert toma["ms"] == pytest.approx(1e3 * (5 * 11.0 + 31 * 6.0 + 0.2))
+    assert toma["note"] is None
 
 
 @pytest.mark.parametrize("text", ["t2i", "img-12", "edit-1", "t2i-x"])

@@ -1,0 +1,99 @@
+"""The keys and values of a causal prompt kept across a run's steps (HiDream-O1's prefix cache,
+kept while ToMA's patches are in place).
+
+HiDream-O1's decoder runs one sequence [prompt; tms; image; references] whose first `length`
+tokens (ComfyUI's `ar_len`) attend causally among themselves only, so their keys and values
+in every layer depend on the prompt alone, never on the step or the image. Unpatched, ComfyUI
+keeps them from a prompt's first call and afterwards runs its layers on the tokens after the
+prompt only; it does that only while no block is replaced, so with ToMA's block patches it
+would recompute the prompt at every step (9-10% of a step at 2048x2048 with 128- and 512-token
+prompts: bench/speed/hidream_o1_cache.py). ToMA keeps them instead, per run and cond batch:
+
+- The host decides per model call (`open_prefix`, from the APPLY_MODEL wrapper): "cold" when
+  this cond batch (the call's identity: cond uuids, cond/uncond order, context window,
+  device) has no complete entry yet in the run, else "hot". No device value is read.
+- Cold: each layer runs on the whole sequence, as ComfyUI's cold path runs it, and leaves its
+  prompt keys and values (K, V [B, H_kv, length, D], after RoPE) in the entry.
+- Hot: each layer runs on the tokens after the prompt (merged or not), attending over the kept
+  keys and values, as ComfyUI's hot path runs it. The block still hands back a sequence of the
+  length it got, the prompt's rows as they came in: ComfyUI's loop (on its cold path while
+  blocks are replaced) picks the image rows by their place in the whole sequence, and no
+  layer reads the prompt's rows but to make the keys and values kept here.
+
+It is all or nothing over the model's layers (the prompt rows a hot layer hands on are stale,
+so every layer must take them from the cache): patch_dit keeps the cache only when no other
+pack's replace patch sits in any layer, and not under a compile without guards on
+transformer_options, which would replay the first call's way (cold) on every call anyway.
+Entries live in the run and go with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .run_state import ModelCall
+
+# call.data keys: the prompt length a family's describe read, and the call's (entry, hot)
+LENGTH = "prefix_length"
+OPEN = "prefix_cache"
+
+
+@dataclass
+class PrefixEntry:
+    """One cond batch's kept prompt: layer index -> (K, V) [B, H_kv, length, D]."""
+
+    length: int
+    kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+def open_prefix(call: ModelCall, depth: int) -> None:
+    """Host side, before the model call: hand its blocks this cond batch's entry and whether it
+    is complete (all `depth` layers kept: "hot"). A call without cond uuids (not from
+    ComfyUI's sampler) or without a causal prompt keeps nothing."""
+    length = call.data.get(LENGTH)
+    if not isinstance(length, int) or length <= 0 or not call.identity or not call.identity[0]:
+        return
+    key = ("prefix_cache", call.identity, length)
+    with call.run.lock:
+        entry = call.run.memo.get(key)
+        hot = entry is not None and len(entry.kv) == depth
+        if not hot:
+            entry = call.run.memo[key] = PrefixEntry(length)
+    call.data[OPEN] = (entry, hot)
+
+
+def prefix_run(call: ModelCall | None, layer: torch.nn.Module, index: int,
+               run: Callable[[dict], dict]) -> Callable[[dict], dict]:
+    """What runs decoder layer `index` (`layer`) on a block's arguments in this call: the
+    arguments of ComfyUI's HiDream-O1 block patch (x [B, L, C], freqs_cis rows [.., L, D],
+    attention_mask, optimized_attention) -> {"x": [B, L, C]}. `run` (ComfyUI's own block) where
+    the call keeps no prompt."""
+    opened = call.data.get(OPEN) if call is not None else None
+    if opened is None:
+        return run
+    entry, hot = opened
+    n = entry.length
+
+    def cold(a: dict) -> dict:
+        out, present = layer(x=a["x"], attention_mask=a.get("attention_mask"),
+                             freqs_cis=a["freqs_cis"],
+                             optimized_attention=a["optimized_attention"], past_key_value=())
+        k, v, _ = present
+        entry.kv[index] = (k[:, :, :n].contiguous(), v[:, :, :n].contiguous())
+        return {"x": out}
+
+    def warm(a: dict) -> dict:
+        x = a["x"]
+        after = x[:, n:]
+        k, v = entry.kv[index]
+        out, _ = layer(x=after, attention_mask=None,
+                       freqs_cis=tuple(f[..., n:, :] for f in a["freqs_cis"]),
+                       optimized_attention=a["optimized_attention"], past_key_value=(k, v, n))
+        # ComfyUI's layer writes its output into its input (torch.add(..., out=x)): x then
+        # already holds it after the prompt, and no copy is needed
+        return {"x": x if out is after else torch.cat((x[:, :n], out), dim=1)}
+
+    return warm if hot else cold
