@@ -21,10 +21,11 @@ prompts: bench/speed/hidream_o1_cache.py). ToMA keeps them instead, per run and 
   layer reads the prompt's rows but to make the keys and values kept here.
 
 It is all or nothing over the model's layers (the prompt rows a hot layer hands on are stale,
-so every layer must take them from the cache): patch_dit keeps the cache only when no other
-pack's replace patch sits in any layer, and not under a compile without guards on
-transformer_options, which would replay the first call's way (cold) on every call anyway.
-Entries live in the run and go with it.
+so every layer must take them from the cache): DiTToMA.describe keeps the cache only while
+ToMA's own patch is in every layer with no other pack's replace patch inside it, and not under
+ComfyUI's TorchCompileModel, which compiles without guards on transformer_options: the
+compiled model would replay one call's way, cold or hot, on every call. Entries live in the
+run and go with it.
 """
 
 from __future__ import annotations
