@@ -3,7 +3,14 @@
 # (scripts/setup.sh: venvs rebuilt only when their inputs change), then runs
 #   ruff, actionlint (.github/workflows), the unit tests, the integration/server/frontend tests
 #   once per ComfyUI source tree in ../shared/comfyui (each in its own venv).
-# Output stays quiet unless something fails; skipped tests are listed with their reasons.
+# On the older trees the tests marked newest_tree (tests/pytest.ini: the lab's code, inductor
+# compilation) are deselected; the newest tree runs them all.
+#
+# The suites run side by side, TOMA_TEST_JOBS at a time (default: one per core). Every
+# integration test runs torch on one thread (tests/integration/conftest.py), so a single suite
+# leaves the second core of a 2-core machine idle. Each suite's output is printed whole when it
+# ends, after a line saying it started; output stays quiet unless something fails; skipped
+# tests are listed with their reasons.
 #
 # Where ../shared/comfyui exists, nothing may skip for want of ComfyUI: TOMA_REQUIRE_COMFYUI=1
 # turns such a skip into a failure (tests/integration/conftest.py). Likewise the unit tests may
@@ -17,6 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 TREES=${TOMA_COMFY_TREES:-$ROOT/../shared/comfyui}
+JOBS=${TOMA_TEST_JOBS:-$(nproc)}
 bash scripts/setup.sh >/dev/null
 
 only=""
@@ -26,34 +34,64 @@ if [ $# -gt 0 ] && [ -d "$TREES/$1" ]; then
 fi
 PYTEST=(-q -rs -p no:cacheprovider)
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(tests/integration)
+deselect=()
+if [ ${#targets[@]} -eq 0 ]; then
+  targets=(tests/integration)
+  deselect=(-m "not newest_tree")  # asked for by name, a newest_tree test runs on any tree
+fi
 started=$SECONDS
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 
-failed=()
-run() {  # run LABEL COMMAND...: keep going after a failure, report every failure at the end
-  local label=$1
+labels=()
+commands=()
+job() {  # job LABEL COMMAND...: queue a suite; the longest go first
+  labels+=("$1")
   shift
-  echo "== $label"
-  "$@" || failed+=("$label")
+  commands+=("$(printf '%q ' "$@")")
 }
 
-if [ -z "$only" ]; then
-  run "ruff" .venv/bin/ruff check --quiet .
-  run "actionlint" .cache/tools/bin/actionlint -no-color .github/workflows/*.yml
-  run "unit tests" env TOMA_REQUIRE_TRITON=1 .venv/bin/python -m pytest "${PYTEST[@]}" tests/unit
-fi
-
 if [ -d "$TREES" ]; then
-  for version in $(find "$TREES" -mindepth 1 -maxdepth 1 -name 'v*' -printf '%f\n' | sort -V); do
+  mapfile -t versions < <(find "$TREES" -mindepth 1 -maxdepth 1 -name 'v*' -printf '%f\n' \
+    | sort -rV)
+  for version in "${versions[@]}"; do  # newest first: it runs every test
     [ -z "$only" ] || [ "$only" = "$version" ] || continue
-    run "integration tests on ComfyUI $version" \
+    extra=()
+    [ "$version" = "${versions[0]}" ] || extra=("${deselect[@]}")
+    job "integration tests on ComfyUI $version" \
       env TOMA_REQUIRE_COMFYUI=1 COMFYUI_PATH="$TREES/$version" \
-      "$(bash scripts/venv-for.sh "$version")/bin/python" -m pytest "${PYTEST[@]}" "${targets[@]}"
+      "$(bash scripts/venv-for.sh "$version")/bin/python" -m pytest "${PYTEST[@]}" \
+      "${extra[@]}" "${targets[@]}"
   done
 else
-  run "integration tests (no ComfyUI source trees at $TREES)" \
+  job "integration tests (no ComfyUI source trees at $TREES)" \
     .venv/bin/python -m pytest "${PYTEST[@]}" tests/integration
 fi
+if [ -z "$only" ]; then
+  job "unit tests" env TOMA_REQUIRE_TRITON=1 .venv/bin/python -m pytest "${PYTEST[@]}" tests/unit
+  job "ruff" .venv/bin/ruff check --quiet .
+  job "actionlint" .cache/tools/bin/actionlint -no-color .github/workflows/*.yml
+fi
+
+failed=()
+declare -A running=()  # pid -> job index
+finish() {  # wait for one job; print its output whole
+  local pid status=0
+  wait -n -p pid || status=$?
+  local i=${running[$pid]}
+  unset "running[$pid]"
+  echo "== ${labels[$i]} ($((SECONDS - started)) s)"
+  cat "$logs/$i.log"
+  [ "$status" = 0 ] || failed+=("${labels[$i]}")
+}
+
+for i in "${!commands[@]}"; do
+  while [ ${#running[@]} -ge "$JOBS" ]; do finish; done
+  echo "== started: ${labels[$i]}"
+  bash -c "${commands[$i]}" >"$logs/$i.log" 2>&1 &
+  running[$!]=$i
+done
+while [ ${#running[@]} -gt 0 ]; do finish; done
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "== FAILED after $((SECONDS - started)) s: ${failed[*]}"

@@ -13,6 +13,9 @@ import comfy_harness as ch
 from bench.gpu import measured_calls as gpu_call
 from bench.gpu import projected_calls as gpu_model
 
+# Lab code: runs with the newest ComfyUI tree only (tests/pytest.ini).
+pytestmark = pytest.mark.newest_tree
+
 CPU = torch.device("cpu")
 
 

@@ -14,6 +14,9 @@ import comfy_harness as ch
 from bench.gpu import projected_calls as gpu_model
 from bench.gpu.projection import CallRecorder, project
 
+# Lab code: runs with the newest ComfyUI tree only (tests/pytest.ini).
+pytestmark = pytest.mark.newest_tree
+
 
 @pytest.fixture(autouse=True)
 def sdpa():

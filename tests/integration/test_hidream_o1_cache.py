@@ -14,6 +14,9 @@ import torch
 import comfy_harness as ch
 from bench.speed import hidream_o1_cache as bench
 
+# Lab code: runs with the newest ComfyUI tree only (tests/pytest.ini).
+pytestmark = pytest.mark.newest_tree
+
 # A tiny Qwen3-VL decoder; the vocabulary stays the real one (the prompt's image and tms ids).
 TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 16, "rope_dims": [4, 2, 2]}

@@ -15,6 +15,9 @@ from bench.quality import section as quality
 from bench.quality import train
 from bench.shared.config import BenchConfig
 
+# Lab code: runs with the newest ComfyUI tree only (tests/pytest.ini).
+pytestmark = pytest.mark.newest_tree
+
 # Small sizes keep this quick: SDXL 64x64 latent (one attention level of 1024 tokens, the
 # smallest that ToMA's auto levels and the peers merge), Flux 32x32 latent (256 image tokens);
 # the matched fixtures at 16x16 (SDXL levels of 64 and 16 tokens, which their section's

@@ -10,6 +10,9 @@ import comfy_harness as ch
 from bench.quality import models as quality_models
 from bench.quality import shares
 
+# Lab code: runs with the newest ComfyUI tree only (tests/pytest.ini).
+pytestmark = pytest.mark.newest_tree
+
 
 @pytest.fixture(scope="module", autouse=True)
 def comfy():
