@@ -11,6 +11,8 @@ DiT, noise levels drawn uniformly from the model's own sigma table, 10% of label
 null class (for CFG), AdamW, linear warm-up then cosine decay, gradient clipping at 1, EMA of
 the weights (what is saved). Phases go from small crops (cheap steps, many of them) to the
 evaluation size (so attention sees 4096 / 1024 tokens before it is measured there).
+It runs on ComfyUI v0.3.64 and v0.33.0; on v0.8.0 only the SDXL layouts train (its Flux RoPE
+is comfy-kitchen's op, which has no backward, with no training switch around it).
 
 Writes the EMA weights to models/toma-<layout>-fixture.safetensors (every --save-every steps
 and at the end) and the run's log (loss curve, held-out losses, timings) to
@@ -26,6 +28,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,6 +140,42 @@ def _saved_copies(layout: str):
     return torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t)
 
 
+@contextlib.contextmanager
+def _comfy_training() -> Iterator[None]:
+    """ComfyUI's training flag for a forward, as its own LoRA trainer sets it: ComfyUI 0.33's
+    Flux RoPE is comfy-kitchen's op, which has no backward, unless the flag is on. Older
+    versions have no such flag and need none."""
+    import comfy.model_management as mm
+
+    had = hasattr(mm, "in_training")
+    before = getattr(mm, "in_training", False)
+    mm.in_training = True
+    try:
+        yield
+    finally:
+        if had:
+            mm.in_training = before
+        else:
+            del mm.in_training
+
+
+def trainable(fixture: qm.Fixture) -> torch.nn.Module:
+    """The fixture's diffusion model, every parameter requiring grad: ComfyUI 0.33 makes its
+    layers' parameters without (it only infers), and training through them raised at the
+    first backward."""
+    net = fixture.model.diffusion_model
+    net.requires_grad_(True)
+    return net
+
+
+def batch_loss(fixture: qm.Fixture, x0: torch.Tensor, labels: torch.Tensor,
+               sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """One training batch's mean loss, ready for backward (x0, noise [B, C, H, W] in model
+    space; sigma [B])."""
+    with _saved_copies(fixture.layout), _comfy_training():
+        return qm.denoising_loss(fixture, x0, labels, sigma, noise).mean()
+
+
 class EMA:
     """Exponential moving average of a module's floating-point state."""
 
@@ -182,7 +221,7 @@ def train(layout: str, phases: list[Phase], seed: int, lr: float, ema_decay: flo
         start = qm.load(layout, init)
         fixture.model.diffusion_model.load_state_dict(start.model.diffusion_model.state_dict())
         fixture.tables = start.tables
-    net = fixture.model.diffusion_model
+    net = trainable(fixture)
     eval_latent = qm.EVAL_LATENT[layout]
     small_latent = phases[0].latent * 2 if phases[0].latent * 2 < eval_latent else eval_latent
     x_small, l_small = held_out_batch(layout, held, small_latent, seed)
@@ -221,8 +260,7 @@ def train(layout: str, phases: list[Phase], seed: int, lr: float, ema_decay: flo
             noise = torch.randn(x0.shape, generator=g)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, total, lr)
-            with _saved_copies(layout):
-                loss = qm.denoising_loss(fixture, x0, labels, sigma, noise).mean()
+            loss = batch_loss(fixture, x0, labels, sigma, noise)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)

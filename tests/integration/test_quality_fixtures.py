@@ -85,6 +85,19 @@ def test_trained_denoises_far_better_than_untrained(layout):
     assert good < 0.5 * bad, (good, bad)
 
 
+def test_a_training_step_reaches_every_weight(layout):
+    """bench.quality.train's batch loss through this ComfyUI's classes sends a gradient to every
+    weight of the model (ComfyUI 0.33 makes parameters without requires_grad: training from
+    the committed weights raised at its first backward there)."""
+    fixture = quality_models.load(layout)
+    net = train.trainable(fixture)
+    x0, labels = _held_out(layout)
+    x0, labels = x0[:2], labels[:2]
+    sigma = torch.full((2,), float(train.held_out_sigmas(fixture)[1]))
+    train.batch_loss(fixture, x0, labels, sigma, torch.randn_like(x0)).backward()
+    assert [n for n, p in net.named_parameters() if p.grad is None] == []
+
+
 def test_sampler_route_matches_training_objective(layout):
     """quality.denoising_losses (comfy.sample.sample_custom, one euler step) equals the
     training loss through BaseModel.apply_model on the unpatched model."""
