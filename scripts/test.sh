@@ -25,6 +25,10 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 TREES=${TOMA_COMFY_TREES:-$ROOT/../shared/comfyui}
 JOBS=${TOMA_TEST_JOBS:-$(nproc)}
+if ! [[ $JOBS =~ ^[1-9][0-9]*$ ]]; then
+  echo "TOMA_TEST_JOBS must be a whole number of suites at a time, 1 or more; got '$JOBS'" >&2
+  exit 2
+fi
 bash scripts/setup.sh >/dev/null
 
 only=""
