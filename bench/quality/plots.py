@@ -1,6 +1,6 @@
 """PNG figures of the quality section, drawn with Pillow (matplotlib is not a dependency):
-a speed-quality frontier (two panels: PSNR vs unmerged and KID, against speedup) and a
-side-by-side picture grid."""
+a speed-quality frontier (two panels: PSNR vs unmerged and KID, against speedup), the sampler
+sweep's frontiers (one panel per sampler and cfg) and a side-by-side picture grid."""
 
 from __future__ import annotations
 
@@ -18,19 +18,24 @@ MARGIN = 50
 
 
 def _panel(draw: ImageDraw.ImageDraw, origin: tuple[int, int], rows: list[dict], key: str,
-           label: str, higher_better: bool) -> None:
+           label: str, higher_better: bool) -> list[tuple[float, ...]]:
+    """One scatter panel of `key` against speedup; the label boxes it drew (left, top, right,
+    bottom). A variant whose samples equal the unmerged ones (PSNR infinite: EasyCache where it
+    skips no step) sits on the panel's top edge, labelled so."""
     x0, y0 = origin
     w, h = PANEL
     pts = [(r["speedup"], r[key], r) for r in rows if r.get(key) is not None
-           and math.isfinite(r[key])]
-    if not pts:
-        return
+           and not math.isnan(r[key])]
+    finite = [y for _, y, _ in pts if math.isfinite(y)]
+    if not finite:
+        return []
     xs = [p[0] for p in pts] + [1.0]
-    ys = [p[1] for p in pts]
     xlo, xhi = min(xs) * 0.95, max(xs) * 1.05
-    ylo, yhi = min(ys), max(ys)
+    ylo, yhi = min(finite), max(finite)
     pad = (yhi - ylo) * 0.08 or 1.0
     ylo, yhi = ylo - pad, yhi + pad
+    identical = {id(r) for _, y, r in pts if math.isinf(y)}
+    pts = [(x, yhi if math.isinf(y) else y, r) for x, y, r in pts]
 
     def at(x: float, y: float) -> tuple[float, float]:
         return (x0 + (x - xlo) / (xhi - xlo) * w, y0 + h - (y - ylo) / (yhi - ylo) * h)
@@ -47,7 +52,8 @@ def _panel(draw: ImageDraw.ImageDraw, origin: tuple[int, int], rows: list[dict],
     draw.text((x0, y0 - 16), label + (" (higher is better)" if higher_better
                                       else " (lower is better)"), fill=(0, 0, 0))
     anchors = [at(x, y) for x, y, _ in pts]
-    texts = [r["variant"].replace("ToMA ", "").replace("attention", "att") for *_, r in pts]
+    texts = [r["variant"].replace("ToMA ", "").replace("attention", "att")
+             + (" (= unmerged)" if id(r) in identical else "") for *_, r in pts]
     sizes = [_text_size(draw, t) for t in texts]
     boxes = place_labels(anchors, sizes, (x0, y0, x0 + w, y0 + h))
     for (px, py), (*_, r), text, box in zip(anchors, pts, texts, boxes, strict=True):
@@ -57,6 +63,7 @@ def _panel(draw: ImageDraw.ImageDraw, origin: tuple[int, int], rows: list[dict],
         if math.dist((px, py), _nearest(box, (px, py))) > LEADER:
             draw.line([(px, py), _nearest(box, (px, py))], fill=(170, 170, 170))
         draw.text((box[0], box[1]), text, fill=colour)
+    return boxes
 
 
 LEADER = 10          # a label farther than this from its point gets a line to it
@@ -124,6 +131,40 @@ def frontier(rows: list[dict], path: Path, title: str) -> None:
     img.save(path)
 
 
+def sampler_frontiers(rows: list[dict], path: Path, title: str,
+                      key: str = "psnr") -> list[list[tuple[float, ...]]]:
+    """A sampler sweep's rows (bench/quality/samplers.py, one fixture) as a grid of panels,
+    a row per sampler and a column per cfg: `key` (vs the unmerged samples of that sampler and
+    cfg) against speedup, one point per variant. The noise floor is named in each panel's title
+    rather than drawn (at a typical cfg it sits far below every method and would squash the
+    axis). Returns each panel's label boxes."""
+    samplers = list(dict.fromkeys(r["sampler"] for r in rows))
+    cfgs = list(dict.fromkeys(r["cfg"] for r in rows))
+    cell_w, cell_h = PANEL[0] + MARGIN + 60, PANEL[1] + MARGIN + 30
+    img = Image.new("RGB", (len(cfgs) * cell_w + MARGIN, len(samplers) * cell_h + 40), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((MARGIN, 8), f"Speed vs {METRIC_LABELS[key]}, {title} (ToMA red, ToMeSD blue, "
+                           "ToDo green, EasyCache orange)", fill=(0, 0, 0))
+    boxes = []
+    for i, sampler in enumerate(samplers):
+        for j, cfg in enumerate(cfgs):
+            own = [r for r in rows if r["sampler"] == sampler and r["cfg"] == cfg]
+            floor = [r[key] for r in own if r["method"] == "noise"]
+            shown = [r for r in own if r["method"] not in ("unmerged", "noise")]
+            label = f"{sampler}, cfg {cfg:g}" + (f", noise floor {floor[0]:.3g}" if floor
+                                                 else "")
+            boxes.append(_panel(draw, (MARGIN + 40 + j * cell_w, MARGIN + 10 + i * cell_h),
+                                shown, key, label, key in HIGHER_BETTER))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
+    return boxes
+
+
+METRIC_LABELS = {"psnr": "PSNR vs unmerged (dB)", "ssim": "SSIM vs unmerged",
+                 "mmd": "MMD^2 x1000 vs unmerged", "accuracy": "recognition accuracy"}
+HIGHER_BETTER = ("psnr", "ssim", "accuracy")
+
+
 def grid(pixels: dict[str, torch.Tensor], path: Path, columns: tuple[str, ...] = GRID_COLUMNS,
          scale: int = 2) -> None:
     """Images side by side: one column per variant (uint8 [B, H, W, 3] each), one row per
@@ -142,9 +183,21 @@ def grid(pixels: dict[str, torch.Tensor], path: Path, columns: tuple[str, ...] =
     img.save(path)
 
 
+def sweep_path(docs: Path, layout: str, denoise: float) -> Path:
+    """Where a sampler sweep's frontiers go: docs/quality-samplers-<layout>[-img2img].png."""
+    return docs / f"quality-samplers-{layout}{'-img2img' if denoise < 1 else ''}.png"
+
+
+def sweep_title(layout: str, denoise: float) -> str:
+    """A sampler sweep figure's title: the fixture and where sampling starts."""
+    start = f"image-to-image at denoise {denoise:g}" if denoise < 1 else "from an empty latent"
+    return f"{layout}-layout fixture, {start}"
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m bench.quality.plots RESULT.json`: redraw docs/quality-frontier-<layout>.png
-    from a quality section's result file (its rows, nothing re-measured)."""
+    from a quality section's result file, or docs/quality-samplers-<layout>[-img2img].png from
+    a sampler sweep's (its rows, nothing re-measured)."""
     import argparse
     import json
 
@@ -155,6 +208,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("result", type=Path)
     args = parser.parse_args(argv)
     result = json.loads(args.result.read_text())
+    if "sections" not in result:
+        denoise = result["config"].get("denoise", 1.0)
+        for layout in dict.fromkeys(r["model"] for r in result["rows"]):
+            own = [r for r in result["rows"] if r["model"] == layout]
+            path = sweep_path(ROOT / "docs", layout, denoise)
+            sampler_frontiers(own, path, sweep_title(layout, denoise))
+            print(f"wrote {path}")
+        return
     rows = result["sections"]["quality"]["rows"]
     runs = len(result.get("combined_from", [])) or 1
     for layout in dict.fromkeys(r["model"] for r in rows):

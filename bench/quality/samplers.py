@@ -21,7 +21,9 @@ On the matched fixtures (trained on rendered scenes too) the samples are of ever
 and `accuracy` is their recognition accuracy (bench/quality/recognise.py). speedup: process CPU
 time of each sampling call, unmerged's over it, one run each (the section times with more
 care). Writes nothing unless --out: then the JSON there and the same report as .md beside it
-(machine, commit, command, rows).
+(machine, commit, command, rows), and each fixture's frontiers, a panel per sampler and cfg, to
+docs/quality-samplers-<layout>[-img2img].png (bench/quality/plots.py; `python -m
+bench.quality.plots RESULT.json` redraws them from the rows).
 
 Image-to-image (--denoise D < 1, matched fixtures): every sample starts from a rendered scene of
 its own class (stream IMAGE_TO_IMAGE_STREAM, which neither the fixtures nor the recogniser were
@@ -47,7 +49,7 @@ from typing import Any
 import torch
 
 from ..shared.config import ROOT
-from . import data, section
+from . import data, plots, section
 from . import models as qm
 
 SAMPLERS = (("euler", "normal"), ("dpmpp_2m", "karras"), ("euler_ancestral", "normal"))
@@ -254,6 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.out:
         write_result(args.out, result, text)
+        for layout in layouts:
+            own = [r for r in rows if r["model"] == layout]
+            plots.sampler_frontiers(own, plots.sweep_path(ROOT / "docs", layout, args.denoise),
+                                    plots.sweep_title(layout, args.denoise))
 
 
 if __name__ == "__main__":

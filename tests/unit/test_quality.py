@@ -4,6 +4,7 @@ schedule, target checks."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -210,6 +211,33 @@ def test_frontier_labels_do_not_overlap():
         assert bounds[1] <= box[1] and box[3] <= bounds[3]
         assert not any(plots._overlap(box, other) for other in boxes[:i] + boxes[i + 1:])
         assert not any(plots._overlap(box, p) for p in points)
+
+
+def test_sampler_frontiers_label_every_variant_in_every_panel(tmp_path):
+    """The committed image-to-image sweep of the SDXL layout, drawn: one panel per sampler and
+    cfg, a label for every variant but unmerged and the noise floor (EasyCache's settings that
+    skip no step, PSNR infinite, included), no two labels of a panel overlapping."""
+    import json
+
+    from bench.quality import plots
+
+    root = Path(__file__).resolve().parents[2]
+    result = json.loads((root / "bench/results/2026-12-02-cpu-quality-img2img-sdxl-matched"
+                                ".json").read_text())
+    rows = result["rows"]
+    path = tmp_path / "sweep.png"
+    panels = plots.sampler_frontiers(rows, path, "test")
+    assert path.is_file()
+    keys = list(dict.fromkeys((r["sampler"], r["cfg"]) for r in rows))
+    assert len(panels) == len(keys) == 6
+    for key, boxes in zip(keys, panels, strict=True):
+        shown = [r for r in rows if (r["sampler"], r["cfg"]) == key
+                 and r["method"] not in ("unmerged", "noise")]
+        assert len(boxes) == len(shown) == 12
+        for i, box in enumerate(boxes):
+            assert not any(plots._overlap(box, other) for other in boxes[:i] + boxes[i + 1:])
+    # EasyCache 0.2 with euler_ancestral equals the unmerged samples there (measured: inf dB).
+    assert any(r["psnr"] == float("inf") and r["method"] == "easycache" for r in rows)
 
 
 def test_sampler_sweep_targets_are_judged_per_sampler_and_cfg():
