@@ -242,8 +242,11 @@ def card(records: dict[str, dict]) -> str:
              "(figures below). **Limit:** they denoise held-out photographs and scenes far "
              "better than untrained, but their samples do not draw the shapes or glyphs yet "
              "(blobs and strokes in a scene's colours, the sample grids below), so the "
-             "recogniser reads their unmerged samples at about chance and recognition "
-             "accuracy cannot yet tell merging methods apart.", "",
+             "recogniser reads their unmerged samples from an empty latent at about chance "
+             "and recognition accuracy there cannot tell merging methods apart. Started from "
+             "a rendered scene (image-to-image, denoise 0.7 on the SDXL layout and 0.5 on the "
+             "Flux layout) their unmerged samples stay readable (92-100%), and there it does "
+             "(the README's quality section).", "",
              "Reproduce: `python -m bench.quality.train --layout "
              "sdxl|flux|sdxl-matched|flux-matched` "
              "(bench/quality/train.py; "
