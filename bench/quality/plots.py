@@ -131,11 +131,11 @@ def frontier(rows: list[dict], path: Path, title: str) -> None:
     img.save(path)
 
 
-def sampler_frontiers(rows: list[dict], path: Path, title: str,
-                      key: str = "psnr") -> list[list[tuple[float, ...]]]:
+def sampler_frontiers(rows: list[dict], path: Path,
+                      title: str) -> list[list[tuple[float, ...]]]:
     """A sampler sweep's rows (bench/quality/samplers.py, one fixture) as a grid of panels,
-    a row per sampler and a column per cfg: `key` (vs the unmerged samples of that sampler and
-    cfg) against speedup, one point per variant. The noise floor is named in each panel's title
+    a row per sampler and a column per cfg: PSNR vs the unmerged samples of that sampler and
+    cfg against speedup, one point per variant. The noise floor is named in each panel's title
     rather than drawn (at a typical cfg it sits far below every method and would squash the
     axis). Returns each panel's label boxes."""
     samplers = list(dict.fromkeys(r["sampler"] for r in rows))
@@ -143,26 +143,34 @@ def sampler_frontiers(rows: list[dict], path: Path, title: str,
     cell_w, cell_h = PANEL[0] + MARGIN + 60, PANEL[1] + MARGIN + 30
     img = Image.new("RGB", (len(cfgs) * cell_w + MARGIN, len(samplers) * cell_h + 40), "white")
     draw = ImageDraw.Draw(img)
-    draw.text((MARGIN, 8), f"Speed vs {METRIC_LABELS[key]}, {title} (ToMA red, ToMeSD blue, "
+    draw.text((MARGIN, 8), f"Speed vs PSNR vs unmerged (dB), {title} (ToMA red, ToMeSD blue, "
                            "ToDo green, EasyCache orange)", fill=(0, 0, 0))
     boxes = []
     for i, sampler in enumerate(samplers):
         for j, cfg in enumerate(cfgs):
             own = [r for r in rows if r["sampler"] == sampler and r["cfg"] == cfg]
-            floor = [r[key] for r in own if r["method"] == "noise"]
+            floor = [r["psnr"] for r in own if r["method"] == "noise"]
             shown = [r for r in own if r["method"] not in ("unmerged", "noise")]
             label = f"{sampler}, cfg {cfg:g}" + (f", noise floor {floor[0]:.3g}" if floor
                                                  else "")
             boxes.append(_panel(draw, (MARGIN + 40 + j * cell_w, MARGIN + 10 + i * cell_h),
-                                shown, key, label, key in HIGHER_BETTER))
+                                shown, "psnr", label, True))
     path.parent.mkdir(parents=True, exist_ok=True)
     img.save(path)
     return boxes
 
 
-METRIC_LABELS = {"psnr": "PSNR vs unmerged (dB)", "ssim": "SSIM vs unmerged",
-                 "mmd": "MMD^2 x1000 vs unmerged", "accuracy": "recognition accuracy"}
-HIGHER_BETTER = ("psnr", "ssim", "accuracy")
+def sweep_figures(rows: list[dict], denoise: float, docs: Path) -> list[Path]:
+    """Each fixture's sampler_frontiers of a sweep's rows, written to
+    docs/quality-samplers-<layout>[-img2img].png; the paths written."""
+    start = f"image-to-image at denoise {denoise:g}" if denoise < 1 else "from an empty latent"
+    paths = []
+    for layout in dict.fromkeys(r["model"] for r in rows):
+        path = docs / f"quality-samplers-{layout}{'-img2img' if denoise < 1 else ''}.png"
+        sampler_frontiers([r for r in rows if r["model"] == layout], path,
+                          f"{layout}-layout fixture, {start}")
+        paths.append(path)
+    return paths
 
 
 def grid(pixels: dict[str, torch.Tensor], path: Path, columns: tuple[str, ...] = GRID_COLUMNS,
@@ -183,17 +191,6 @@ def grid(pixels: dict[str, torch.Tensor], path: Path, columns: tuple[str, ...] =
     img.save(path)
 
 
-def sweep_path(docs: Path, layout: str, denoise: float) -> Path:
-    """Where a sampler sweep's frontiers go: docs/quality-samplers-<layout>[-img2img].png."""
-    return docs / f"quality-samplers-{layout}{'-img2img' if denoise < 1 else ''}.png"
-
-
-def sweep_title(layout: str, denoise: float) -> str:
-    """A sampler sweep figure's title: the fixture and where sampling starts."""
-    start = f"image-to-image at denoise {denoise:g}" if denoise < 1 else "from an empty latent"
-    return f"{layout}-layout fixture, {start}"
-
-
 def main(argv: list[str] | None = None) -> None:
     """`python -m bench.quality.plots RESULT.json`: redraw docs/quality-frontier-<layout>.png
     from a quality section's result file, or docs/quality-samplers-<layout>[-img2img].png from
@@ -209,11 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     result = json.loads(args.result.read_text())
     if "sections" not in result:
-        denoise = result["config"].get("denoise", 1.0)
-        for layout in dict.fromkeys(r["model"] for r in result["rows"]):
-            own = [r for r in result["rows"] if r["model"] == layout]
-            path = sweep_path(ROOT / "docs", layout, denoise)
-            sampler_frontiers(own, path, sweep_title(layout, denoise))
+        for path in sweep_figures(result["rows"], result["config"].get("denoise", 1.0),
+                                  ROOT / "docs"):
             print(f"wrote {path}")
         return
     rows = result["sections"]["quality"]["rows"]

@@ -256,10 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.out:
         write_result(args.out, result, text)
-        for layout in layouts:
-            own = [r for r in rows if r["model"] == layout]
-            plots.sampler_frontiers(own, plots.sweep_path(ROOT / "docs", layout, args.denoise),
-                                    plots.sweep_title(layout, args.denoise))
+        plots.sweep_figures(rows, args.denoise, ROOT / "docs")
 
 
 if __name__ == "__main__":
