@@ -266,13 +266,14 @@ class DiTToMA:
 
     # One block call ------------------------------------------------------------------------------
     def block_call(self, kind: BlockKind, index: int, args: dict,
-                   run: Callable[[dict], dict], layer: str) -> dict:
+                   run: Callable[[dict], dict], layer: str, options: dict) -> dict:
         """Run one block call, merged when it should be; args / run's result are the block's
-        arguments / outputs by name (the "dit" patch form); `layer` names the block in the
-        stats (made when the patch is, not in the traced call: under torch.compile a block
-        index can turn symbolic, which no string can be formatted from)."""
-        options = args.get("transformer_options") or {}
-        call = self.state.call_of(options)
+        arguments / outputs by name (the "dit" patch form), `options` its transformer_options
+        (wherever the caller handed them over); `layer` names the block in the stats (made
+        when the patch is, not in the traced call: under torch.compile a block index can turn
+        symbolic, which no string can be formatted from)."""
+        stream = stream_of(kind, args.get(kind.stream))
+        call = self.state.block_call_of(options, None if stream is None else stream.device)
         txt = args.get(kind.txt) if kind.txt else None
         if call is not None and torch.is_tensor(txt):
             call.data["txt_len"] = txt.shape[1]     # for single-stream blocks after these
@@ -485,10 +486,13 @@ class DiTToMA:
             def run(a: dict) -> dict:
                 return previous(a, extra) if previous is not None else extra["original_block"](a)
 
+            # ComfyUI's forwards hand the options in args; copies of them in other packs (First
+            # Block Cache's) in extra, or nowhere (TeaCache's Flux): block_call_of finds the call
+            options = args.get("transformer_options") or extra.get("transformer_options") or {}
             if self.prefix_layers is not None:
-                call = self.state.call_of(args.get("transformer_options") or {})
+                call = self.state.call_of(options)
                 run = prefix_run(call, self.prefix_layers[index], index, run)
-            return self.block_call(kind, index, args, run, layer)
+            return self.block_call(kind, index, args, run, layer, options)
 
         return patch
 
@@ -513,7 +517,8 @@ class DiTToMA:
                     return {kind.stream: result}
                 return dict(zip(kind.returns, result, strict=True))
 
-            out = self.block_call(kind, index, named, run, layer)
+            out = self.block_call(kind, index, named, run, layer,
+                                  named.get("transformer_options") or {})
             if not kind.returns:
                 return out[kind.stream]
             # A list, not a generator: after a graph break inside the block (HiDream's expert
@@ -624,7 +629,7 @@ def patch_dit(model, state: ToMAState, family: Family) -> DiTToMA:
             attention.install(model, diffusion_model,
                               [i for (key, i) in groups if key == "double_block"])
         else:
-            state.notice(f"merge_scope attention: {family.label} has no attention-only "
+            state.setup_note(f"merge_scope attention: {family.label} has no attention-only "
                          f"variant; whole blocks merge")
     toma = DiTToMA(state, family, groups, attention)
     state.describe = toma.describe

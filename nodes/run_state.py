@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 import threading
 import time
 import types
@@ -94,15 +95,56 @@ def with_argument(executor, args: tuple, kwargs: dict, name: str,
 
 
 def unguarded_compile(model_options: dict) -> bool:
-    """Whether the model runs through ComfyUI's torch.compile wrapper (TorchCompileModel and
-    packs that use comfy_api.torch_helpers; it leaves "torch_compile_kwargs" in the options).
-    From ComfyUI 0.8 the node compiles with a guard filter that drops every guard on
-    transformer_options, so what ToMA decides per call and reads there (merging on or off,
-    plans to build or reuse) is fixed in the graph by the first call, and a later call that
-    should differ runs the first one's way (or fails inside dynamo's replay). Which filter was
-    used cannot be read back (torch.compile takes it out of the options), so every compiled run
-    keeps its calls the same: merging on every step, plans built every step."""
-    return "torch_compile_kwargs" in model_options
+    """Whether the model runs through a torch.compile wrapper that drops dynamo's guards on
+    transformer_options (ComfyUI's TorchCompileModel from 0.8, KJNodes' compile nodes): what
+    ToMA decides per call and hands the blocks there would then be fixed in the graph by its
+    first trace. Such wrappers (comfy_api.torch_helpers and the ones modelled on it) leave
+    "torch_compile_kwargs" in the options; torch.compile takes the guard filter out of those,
+    so it is read from the compiled modules the APPLY_MODEL wrappers hold. Where none can be
+    found, a compile with options is taken as unguarded (ComfyUI's node passes its filter
+    there; v0.3.64's passes none and keeps every guard)."""
+    kwargs = model_options.get("torch_compile_kwargs")
+    if not isinstance(kwargs, dict):
+        return False
+    found = compiled_modules(model_options)
+    if found:
+        return any(guard_filter_of(module) is not None for module in found)
+    return kwargs.get("options") is not None
+
+
+def compiled_modules(model_options: dict) -> list:
+    """The torch.compile'd modules (OptimizedModule) the APPLY_MODEL wrappers of these options
+    hold, in their closures or in dicts of their module's globals (one level of dicts deep)."""
+    import torch._dynamo.eval_frame as eval_frame
+
+    wrappers = (((model_options.get("transformer_options") or {}).get("wrappers") or {})
+                .get("apply_model") or {}).values()
+    found: list = []
+
+    def visit(value: object, depth: int = 0) -> None:
+        if isinstance(value, eval_frame.OptimizedModule):
+            found.append(value)
+        elif depth < 2 and hasattr(value, "values") and callable(value.values):
+            for item in list(value.values()):
+                visit(item, depth + 1)
+
+    for functions in wrappers:
+        for fn in functions:
+            for cell in getattr(fn, "__closure__", None) or ():
+                try:
+                    visit(cell.cell_contents)
+                except ValueError:   # an empty cell
+                    continue
+            code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+            for name in getattr(code, "co_names", ()):
+                visit(names.get(name))
+    return found
+
+
+def guard_filter_of(module: object) -> object:
+    """The guard filter a torch.compile'd module was compiled with (None: every guard kept)."""
+    hooks = getattr(getattr(module, "dynamo_ctx", None), "_hooks", None)
+    return getattr(hooks, "guard_filter_fn", None)
 
 
 def compiling() -> bool:
@@ -111,8 +153,21 @@ def compiling() -> bool:
     return bool(check()) if check is not None else False
 
 
+def foreign_caller() -> str:
+    """Who called into a block patch: the module and function of the first frame up the stack
+    outside this pack and torch (a node pack's copy of a model's forward names its folder)."""
+    pack = __name__.split(".")[0]
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.split(".")[0] not in (pack, "torch"):
+            return f"{module.removeprefix('custom_nodes.')}.{frame.f_code.co_name}"
+        frame = frame.f_back
+    return "another node"
+
+
 class RunState:
-    """One sampling run: its plans (per call identity), step, index tables and counters.
+    """One sampling run: its plans (per call identity), step, index tables, counters and notes.
 
     The sampler's thread and, on v0.33, one thread per GPU use it: the wrappers (host code)
     update it under `lock`; blocks never touch it but for the index tables, a dict whose
@@ -123,7 +178,13 @@ class RunState:
         self.step = 0                # steps the sampler has finished
         self.steps_total = 0         # the schedule's steps (0: unknown)
         self.steps_reported = 0      # sampler callbacks seen
+        # the schedule's sigmas as host floats (read once, when sampling starts) and the
+        # sigmas of start_percent and end_percent (model_sampling.percent_to_sigma); None
+        # outside ComfyUI's sampler
+        self.sigmas: list[float] | None = None
+        self.window: tuple[float, float] | None = None
         self.model_calls = 0
+        self.merging_calls = 0       # calls that merged (ratio, window, the family's reading)
         self.builds = 0
         self.build_seconds: float | None = None
         self.started = time.perf_counter()
@@ -132,8 +193,11 @@ class RunState:
         self.steps_merged: set = set()
         self.levels: dict = {}
         self.memo: dict = {}         # what a family reads once per run (see Family.describe)
-        # the model is compiled without guards on transformer_options (see unguarded_compile)
+        # compiled by torch.compile (see unguarded_compile: without guards on
+        # transformer_options)
+        self.compiled = False
         self.unguarded = False
+        self.notes: list[str] = []   # what this run did differently from what was asked
         self.tables: dict[tuple[Regions, torch.device | None], RegionTables] = {}
         self.lock = threading.Lock()
 
@@ -142,6 +206,27 @@ class RunState:
         with self.lock:
             self.step = max(self.step, step + 1)
             self.steps_reported += 1
+
+    def in_window(self, step: int, start_percent: float, end_percent: float) -> bool:
+        """Whether step `step` lies in start_percent..end_percent, read as ComfyUI's own nodes
+        read those widgets (EasyCache, ControlNet apply, hook keyframes): fractions of the
+        noise schedule, end_sigma < sigma <= start_sigma with the sigmas from
+        model_sampling.percent_to_sigma, so that a schedule split over two samplers merges
+        the same steps as one sampler. Without the run's sigmas (a model called outside
+        ComfyUI's sampler), fractions of the steps."""
+        if self.window is not None and self.sigmas and step < len(self.sigmas):
+            start_sigma, end_sigma = self.window
+            return end_sigma < self.sigmas[step] <= start_sigma
+        fraction = step / self.steps_total if self.steps_total else 0.0
+        return start_percent <= fraction < end_percent
+
+    def note(self, message: str) -> bool:
+        """Keep `message` among the run's notes; False when it was already there."""
+        with self.lock:
+            if message in self.notes:
+                return False
+            self.notes.append(message)
+            return True
 
     def clear_plans(self) -> None:
         """Forget every plan (benchmarks time a plan build this way)."""
@@ -188,14 +273,35 @@ class ModelCall:
         """Whether this call merges at all."""
         return self.merging and self.mergeable
 
+    def decisions(self) -> str:
+        """What the host decided for this call that its blocks read and that can change at
+        equal tensor shapes (merging on or off, the grid's mergeable part and the plain values
+        a family read into `data`: protected frames, prefix and text lengths), as one text."""
+        plain = sorted((str(k), v) for k, v in self.data.items()
+                       if isinstance(v, (int, float, str, bool, tuple, type(None))))
+        return repr((self.active, self.grid, plain))
+
 
 # family hook: fills call.grid / data / mergeable from apply_model's arguments; returns why the
 # call cannot merge when the user should know
 Describe = Callable[[ModelCall, object, dict], str | None]
 
 
+# While a model compiled by torch.compile runs: (node key, device) -> the decisions of the
+# model call in flight (ModelCall.decisions). Blocks read their entry while dynamo traces them;
+# unlike transformer_options (whose guards ComfyUI's compile drops) a global is guarded, so a
+# call whose decisions differ from a traced one's at equal shapes gets a trace of its own
+# instead of replaying another call's. Each entry lives for its call only.
+TRACED_DECISIONS: dict[tuple[str, str], str] = {}
+
+
+def traced_decisions(key: str, device: torch.device) -> str | None:
+    """The decisions of node `key`'s model call in flight on `device` (see TRACED_DECISIONS)."""
+    return TRACED_DECISIONS.get((key, str(device)))
+
+
 class ToMAState:
-    """Options and notices of one ToMA node; runs and calls live in transformer_options."""
+    """Options and setup notes of one ToMA node; runs and calls live in transformer_options."""
 
     def __init__(self, options: ToMAOptions, family: str, node_id: str | None = None) -> None:
         self.options = options
@@ -205,17 +311,29 @@ class ToMAState:
         self.key = f"toma_run_{uuid.uuid4().hex[:12]}"
         self.call_key = f"{self.key}_call"
         self.describe: Describe | None = None
-        self.notices: list[str] = []   # said once per node, shown in every run's stats
+        # said when the node patched the model: true of every run of the patched model
+        self.setup_notes: list[str] = []
+        # the model call in flight on each thread (for blocks another pack's forward calls
+        # without transformer_options), and the runs in progress
+        self.in_flight = threading.local()
+        self.runs: list[RunState] = []
         self._lock = threading.Lock()
 
-    def notice(self, message: str) -> None:
-        """Tell the user once (log warning, and a note in the stats line of every run) about
-        something ToMA did differently from what was asked, e.g. a scope fallback."""
+    def setup_note(self, message: str) -> None:
+        """Tell the user (log warning, and a note in the stats of every run of this patched
+        model) about something the node set up differently from what was asked, e.g. a scope
+        fallback."""
         with self._lock:
-            if message in self.notices:
+            if message in self.setup_notes:
                 return
-            self.notices.append(message)
+            self.setup_notes.append(message)
         log.warning("ToMA: %s", message)
+
+    def run_note(self, run: RunState, message: str) -> None:
+        """Tell the user once per run (log warning, and a note in that run's stats) about
+        something ToMA did differently from what was asked in that run."""
+        if run.note(message):
+            log.warning("ToMA: %s", message)
 
     # Runs ------------------------------------------------------------------------------------
     def new_run(self) -> RunState:
@@ -230,34 +348,51 @@ class ToMAState:
         original = guider.model_options
         guider.model_options = comfy.model_patcher.create_model_options_clone(original)
         run = self.new_run()
+        run.window = self.sigma_window(guider)
+        run.compiled = isinstance(original.get("torch_compile_kwargs"), dict)
         run.unguarded = unguarded_compile(original)
-        if run.unguarded and (self.options.start_percent > 0 or self.options.end_percent < 1
-                              or self.options.recompute_every > 1):
-            self.notice("under TorchCompileModel the compiled model cannot follow "
-                        "start_percent, end_percent or recompute_every from step to step (ComfyUI "
-                        "compiles without guards on transformer_options): ToMA merges every step "
-                        "and builds its plans every step there")
+        if run.unguarded and self.options.recompute_every > 1:
+            self.run_note(run, "under torch.compile without guards on transformer_options "
+                               "(TorchCompileModel) ToMA builds its plans every step: "
+                               "recompute_every has no effect there")
         guider.model_options.setdefault("transformer_options", {})[self.key] = run
+        with self._lock:
+            self.runs.append(run)
         try:
             out = executor(*args, **kwargs)
-            self.check_finite(out)
+            self.check_finite(run, out)
             return out
         finally:
             guider.model_options = original
+            with self._lock:
+                self.runs.remove(run)
             self._report(run)
 
-    def check_finite(self, samples: object) -> None:
+    def sigma_window(self, guider: object) -> tuple[float, float] | None:
+        """(start_sigma, end_sigma) of start_percent and end_percent on the guider's model's
+        noise schedule (None where the model has no model_sampling)."""
+        patcher = getattr(guider, "model_patcher", None)
+        try:
+            sampling = patcher.get_model_object("model_sampling")
+        except AttributeError:
+            return None
+        o = self.options
+        return (float(sampling.percent_to_sigma(o.start_percent)),
+                float(sampling.percent_to_sigma(o.end_percent)))
+
+    def check_finite(self, run: RunState, samples: object) -> None:
         """Say so when a run's samples hold NaN or inf (fp16 overflow, a broken LoRA): ToMA
         merged them as they came, as the unmerged model would have carried them. One read on
         the host per run, after sampling (never inside a model call)."""
         if torch.is_tensor(samples) and not bool(torch.isfinite(samples).all()):
-            self.notice("the model produced non-finite values (NaN or inf); ToMA passed them "
-                        "through as the unmerged model does")
+            self.run_note(run, "the model produced non-finite values (NaN or inf); ToMA passed "
+                               "them through as the unmerged model does")
 
     def sampler_sample_wrapper(self, executor: Callable, *args, **kwargs):
-        """WrappersMP.SAMPLER_SAMPLE: the run learns the schedule's length and, through the
-        sampler's step callback (ComfyUI's samplers call it once per finished step), each step
-        as a host int. A callback that was there keeps being called."""
+        """WrappersMP.SAMPLER_SAMPLE: the run learns the schedule (its sigmas, read to the host
+        once here, before the first model call) and, through the sampler's step callback
+        (ComfyUI's samplers call it once per finished step), each step as a host int. A
+        callback that was there keeps being called."""
         arguments = call_arguments(executor, args, kwargs)
         extra = arguments.get("extra_args") or {}
         run = ((extra.get("model_options") or {}).get("transformer_options") or {}).get(self.key)
@@ -266,6 +401,7 @@ class ToMAState:
             return executor(*args, **kwargs)
         if torch.is_tensor(sigmas):
             run.steps_total = max(int(sigmas.shape[-1]) - 1, 1)
+            run.sigmas = [float(v) for v in sigmas.detach().flatten().tolist()]
         previous = arguments.get("callback")
 
         def callback(step, *rest, **more):
@@ -279,7 +415,8 @@ class ToMAState:
 
     def apply_model_wrapper(self, executor: Callable, *args, **kwargs):
         """WrappersMP.APPLY_MODEL: decide this call on the host and hand its ModelCall to the
-        blocks in the call's transformer_options."""
+        blocks in the call's transformer_options (and, for blocks that another pack's forward
+        calls without them, as this thread's call in flight)."""
         arguments = call_arguments(executor, args, kwargs)
         options = arguments.get("transformer_options") or {}
         x = arguments.get("x", args[0] if args else None)
@@ -288,17 +425,26 @@ class ToMAState:
         if self.describe is not None:
             why = self.describe(call, executor.class_obj, arguments)
             if why:
-                self.notice(why)
+                self.run_note(call.run, why)
         args, kwargs = with_argument(executor, args, kwargs, "transformer_options",
                                      {**options, self.call_key: call})
+        traced = (self.key, str(call.device)) if call.run.compiled else None
+        if traced is not None:
+            TRACED_DECISIONS[traced] = call.decisions()
+        outer = getattr(self.in_flight, "call", None)
+        self.in_flight.call = call
         try:
             return executor(*args, **kwargs)
         finally:
+            self.in_flight.call = outer
+            if traced is not None:
+                TRACED_DECISIONS.pop(traced, None)
             self.close_call(call)
 
     def open_call(self, run: RunState, x: object, options: dict) -> ModelCall:
-        """A ModelCall for the run's current step: merging on or off (ratio, start/end_percent),
-        and the plans of its identity, fresh when due."""
+        """A ModelCall for the run's current step: merging on or off (ratio, start/end_percent
+        on the noise schedule), and the plans of its identity, fresh when due (every call
+        under an unguarded compile, where plans kept from another call would be replayed)."""
         device = x.device if torch.is_tensor(x) else None
         window = options.get("context_window")
         identity = (tuple(options.get("uuids") or ()), tuple(options.get("cond_or_uncond") or ()),
@@ -307,19 +453,19 @@ class ToMAState:
         with run.lock:
             run.model_calls += 1
             step = run.step
-            fraction = step / run.steps_total if run.steps_total else 0.0
             o = self.options
             call.step = step
-            if o.ratio > 0 and (run.unguarded or o.start_percent <= fraction < o.end_percent):
+            if o.ratio > 0 and run.in_window(step, o.start_percent, o.end_percent):
                 call.merging = True
                 call.plans = {} if run.unguarded else run.schedule.plans(identity, step)[0]
         call.plans_before = len(call.plans)
         return call
 
     def close_call(self, call: ModelCall) -> None:
-        """Add what the call's blocks recorded to its run; say their notes once."""
+        """Add what the call's blocks recorded to its run, with their notes."""
         run = call.run
         with run.lock:
+            run.merging_calls += call.active
             for layer, level, tokens, merged in call.records:
                 run.layers_seen.add(layer)
                 if merged is None:
@@ -331,13 +477,42 @@ class ToMAState:
             if call.timed:
                 run.build_seconds = (run.build_seconds or 0.0) + call.plan_seconds
         for note in dict.fromkeys(call.notes):
-            self.notice(note)
+            self.run_note(run, note)
 
     # Inside the model's blocks -----------------------------------------------------------------
     def call_of(self, options: dict) -> ModelCall | None:
         """The ModelCall of the model call these block options belong to (None outside one)."""
         call = options.get(self.call_key)
         return call if isinstance(call, ModelCall) else None
+
+    def block_call_of(self, options: dict, device: torch.device) -> ModelCall | None:
+        """The ModelCall a block call on `device` belongs to: the one in its options; where
+        another pack's copy of the model's forward hands the block none (TeaCache's), this
+        thread's model call in flight; None (and said, naming the caller) outside any.
+
+        Traced by torch.compile, the graph is also guarded on the call's decisions
+        (TRACED_DECISIONS), so a later call that decides otherwise at equal shapes is traced
+        anew rather than replaying this one's decisions."""
+        call = self.call_of(options)
+        if compiling():
+            if traced_decisions(self.key, device) is None and call is None:
+                return None
+            return call
+        if call is None:
+            call = getattr(self.in_flight, "call", None)
+            if call is None:
+                self.blind_block(foreign_caller())
+        return call
+
+    def blind_block(self, caller: str) -> None:
+        """A patched block ran outside every model call of this node (no options handed to it,
+        none in flight on its thread): tell the runs in progress who called it."""
+        with self._lock:
+            runs = list(self.runs)
+        for run in runs:
+            self.run_note(run, f"{caller} runs the model's blocks outside ComfyUI's model call, "
+                               f"where ToMA cannot tell which run and step they belong to: "
+                               f"those block calls ran unmerged")
 
     @staticmethod
     def plan(call: ModelCall, key: Hashable,
@@ -389,7 +564,7 @@ class ToMAState:
 
     @staticmethod
     def note(call: ModelCall | None, message: str) -> None:
-        """A notice from inside the model: said once after the call (see `notice`)."""
+        """A notice from inside the model: said once per run after the call (see `run_note`)."""
         if call is not None:
             call.notes.append(message)
 
@@ -410,14 +585,29 @@ class ToMAState:
         }
         if run.build_seconds is not None:
             stats["planning_s"] = run.build_seconds
-        notes = list(self.notices)
+        notes = [*self.setup_notes, *run.notes]
         if not run.layers_merged:
-            notes.append("nothing merged: no layer had enough tokens in the active steps")
+            notes.append(self.why_nothing_merged(run))
         if run.model_calls and run.steps_total > 1 and not run.steps_reported:
             notes.append("the sampler reported no steps, so plans were built once for the run")
         if notes:
             stats["note"] = "; ".join(notes)
         return stats
+
+    def why_nothing_merged(self, run: RunState) -> str:
+        """Why a run merged no layer, from what it counted (its notes say more)."""
+        if not run.merging_calls:
+            if run.model_calls and not any(run.in_window(step, self.options.start_percent,
+                                                         self.options.end_percent)
+                                           for step in range(max(run.steps_total, 1))):
+                return "nothing merged: no step lay inside start_percent..end_percent"
+            return "nothing merged: no model call could merge"
+        if not run.layers_seen:
+            return ("nothing merged: ToMA's block patches did not run in the merging steps "
+                    "(another node ran the model's blocks its own way)")
+        if run.notes:
+            return "nothing merged (see the notes before)"
+        return "nothing merged: no layer had enough tokens in the merging steps"
 
     def _report(self, run: RunState) -> None:
         stats = self.summary(run)

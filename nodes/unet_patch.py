@@ -90,17 +90,17 @@ class UNetToMA:
                    f"transformer blocks ({kinds}), so that they see every token")
         return "attention"
 
-    def plan_for(self, x: torch.Tensor, options: dict,
+    def plan_for(self, x: torch.Tensor, options: dict, call: ModelCall | None,
                  features: Callable[[], torch.Tensor]) -> MergePlan | None:
         """The plan for this block call, or None to run it unchanged.
 
-        x [B, N, C]: the block's tokens; options: its transformer/extra options;
-        features(): the normed tokens the plan is built from (called only when one is due).
+        x [B, N, C]: the block's tokens; options: its transformer/extra options; call: the
+        model call it belongs to; features(): the normed tokens the plan is built from (called
+        only when one is due).
         """
         shape = options.get("activations_shape")
         if shape is None or x.dim() != 3:
             return None
-        call = self.state.call_of(options)
         layer = (tuple(options.get("block") or ()), options.get("block_index", 0))
         h, w = int(shape[-2]), int(shape[-1])
         level = f"{h}x{w}"
@@ -123,24 +123,24 @@ class UNetToMA:
         self.state.record(call, layer, level, h * w, plan)
         return plan
 
-    def leave(self, options: dict) -> None:
+    def leave(self, options: dict, call: ModelCall | None) -> None:
         """Count a block call that runs unmerged because of a neighbour."""
         shape = options.get("activations_shape")
         if shape is not None:
             h, w = int(shape[-2]), int(shape[-1])
             layer = (tuple(options.get("block") or ()), options.get("block_index", 0))
-            self.state.record(self.state.call_of(options), layer, f"{h}x{w}", h * w, None)
+            self.state.record(call, layer, f"{h}x{w}", h * w, None)
 
     # Scope "attention": a fresh attn1 patch pair per block call ----------------------------------
-    def with_attention_pair(self, options: dict) -> dict:
+    def with_attention_pair(self, options: dict, call: ModelCall | None) -> dict:
         """A copy of the call's transformer_options whose attn1 patches end with ToMA's merge and
-        whose attn1 output patches start with its unmerge."""
+        whose attn1 output patches start with its unmerge (for model call `call`)."""
         held: list[MergePlan] = []   # the plan the merge used, for the unmerge of the same call
 
         def merge(n: torch.Tensor, context: torch.Tensor, value: torch.Tensor,
                   extra_options: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             """Merge self-attention's queries, keys and values: n [B, N, C] -> [B, N', C]."""
-            plan = self.plan_for(n, extra_options, lambda: n)
+            plan = self.plan_for(n, extra_options, call, lambda: n)
             if plan is None:
                 return n, context, value
             held.append(plan)
@@ -172,19 +172,20 @@ class UNetToMA:
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             options = _call_options(args, kwargs)
-            scope = self.scope_for(self.state.call_of(options), options,
-                                   neighbours(options, foreign_forward))
+            call = self.state.block_call_of(options, x.device)
+            scope = self.scope_for(call, options, neighbours(options, foreign_forward))
             if scope == "block":
-                plan = self.plan_for(x, options, lambda: block.norm1(x))
+                plan = self.plan_for(x, options, call, lambda: block.norm1(x))
                 if plan is not None:
                     # ComfyUI's block never updates its input in place (x = n + x); another
                     # pack's patch of the forward might
                     return plan.around(lambda t: original(t, *args, **kwargs), x,
                                        block_keeps_input=not foreign_forward)
             elif scope == "attention":
-                args, kwargs = _with_call_options(args, kwargs, self.with_attention_pair(options))
+                args, kwargs = _with_call_options(args, kwargs,
+                                                  self.with_attention_pair(options, call))
             else:
-                self.leave(options)
+                self.leave(options, call)
             return original(x, *args, **kwargs)
 
         return mark(forward)

@@ -112,7 +112,7 @@ class MergedBlock:
                                        self.call, f"{self.kind.letter}0")
         if found is None:
             raise RuntimeError(f"{self.case.family}: ToMA left the block unmerged "
-                               f"(see the run's notices: {self.state.notices})")
+                               f"(see its notes: {self.state.setup_notes + self.call.notes})")
         return found[0]
 
 

@@ -187,7 +187,7 @@ class LevelBench:
 
         def plan() -> Any:
             model_call.plans.clear()            # due: the level's first block builds it
-            return toma.plan_for(x, plain, features)
+            return toma.plan_for(x, plain, model_call, features)
 
         with torch.inference_mode():
             built = plan()

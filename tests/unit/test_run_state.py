@@ -224,7 +224,63 @@ def test_close_call_adds_the_blocks_records_and_says_notes_once() -> None:
     assert run.layers_seen == {"d0", "d1"} and run.layers_merged == {"d1"}
     assert run.levels == {"64x64": (4096, 32)} and run.builds == 1
     assert run.build_seconds is not None and run.build_seconds >= 0   # timed on the CPU
-    assert state.notices == ["something differs"]
+    assert run.notes == ["something differs"]
+
+
+def test_notes_belong_to_the_run_that_caused_them() -> None:
+    """ComfyUI caches the node's output, so one state serves many runs: a note a run's call
+    made is in that run's stats only; what the node set up is in every run's."""
+    state = ToMAState(make_options(0.5), "flux")
+    state.setup_note("set up differently")
+    first, second = state.new_run(), state.new_run()
+    call = state.open_call(first, torch.zeros(1), {})
+    state.note(call, "this call differs")
+    state.close_call(call)
+    assert "this call differs" in state.summary(first)["note"]
+    assert "this call differs" not in state.summary(second)["note"]
+    assert "set up differently" in state.summary(first)["note"]
+    assert "set up differently" in state.summary(second)["note"]
+
+
+def test_start_and_end_percent_are_fractions_of_the_noise_schedule() -> None:
+    """With the run's sigmas and the window's sigmas (percent_to_sigma), a step merges when
+    end_sigma < its sigma <= start_sigma, as ComfyUI's EasyCache reads the same widgets; the
+    same steps merge when the schedule is split over two samplers (the second run starts
+    from the split's sigma)."""
+    sigmas = [1.0, 0.9, 0.7, 0.45, 0.3, 0.2, 0.1, 0.05, 0.0]
+    full, head, tail = RunState(1), RunState(1), RunState(1)
+    for run, part in ((full, sigmas), (head, sigmas[:5]), (tail, sigmas[4:])):
+        run.sigmas, run.window = part, (0.7, 0.1)
+    merged = [s for s in range(8) if full.in_window(s, 0.3, 0.9)]
+    assert merged == [2, 3, 4, 5]
+    split = ([s for s in range(4) if head.in_window(s, 0.3, 0.9)]
+             + [4 + s for s in range(4) if tail.in_window(s, 0.3, 0.9)])
+    assert split == merged
+    # a model called outside ComfyUI's sampler: fractions of the steps
+    outside = RunState(1)
+    outside.steps_total = 4
+    assert [s for s in range(4) if outside.in_window(s, 0.25, 0.75)] == [1, 2]
+
+
+def test_a_block_finds_the_call_in_flight_when_its_caller_hands_no_options() -> None:
+    """Another pack's copy of a model's forward may call the blocks without transformer_options
+    (TeaCache's Flux): the block finds this thread's call in flight. Outside every call it
+    finds none, and the runs in progress say who called the block."""
+    state = ToMAState(make_options(0.5), "flux")
+    run = state.new_run()
+    state.runs.append(run)
+    found = []
+
+    def apply_model(x, t, transformer_options={}, **kwargs):  # noqa: B006
+        found.append(state.block_call_of({}, x.device))
+        return x
+
+    state.apply_model_wrapper(Executor(apply_model), torch.zeros(1), torch.zeros(1),
+                              transformer_options={state.key: run})
+    assert isinstance(found[0], ModelCall) and found[0].run is run
+    assert state.block_call_of({}, torch.device("cpu")) is None   # no call in flight
+    assert any("test_run_state.test_a_block_finds_the_call_in_flight" in n and
+               "outside ComfyUI's model call" in n for n in run.notes)
 
 
 def test_calls_on_threads_see_their_own_call() -> None:
