@@ -9,6 +9,7 @@ options       -- widget validation and the skip_blocks notation
 apply         -- model family detection and patch installation
 unet_patch    -- SDXL / SD1.5 / SD2 (ComfyUI's UNet)
 unet_neighbours -- other nodes' patches inside UNet blocks, and where ToMA stands aside for them
+dit_neighbours -- other nodes that replace a transformer's blocks or patch their self-attention
 dit_patch     -- the diffusion transformers (Flux, Wan, HunyuanVideo, Qwen-Image, SD3, ...): one
                  block patch reading the per-family descriptions in dit_families / families/
 flux_patch    -- Flux double blocks in merge scope "attention"

@@ -6,7 +6,7 @@ import logging
 
 from .dit_families import Family
 from .options import ToMAOptions
-from .run_state import ToMAState, plain_function
+from .run_state import ForwardPatches, ToMAState, plain_function
 
 log = logging.getLogger("ToMA")
 
@@ -57,12 +57,14 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
                                  plain_function(state.sampler_sample_wrapper))
     patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                  plain_function(state.apply_model_wrapper))
+    patches = ForwardPatches()
     if family == "unet":
         from .unet_patch import patch_unet
 
-        patch_unet(patched, state, options.merge_scope)
+        patch_unet(patched, state, options.merge_scope, patches)
     else:
         from .dit_patch import patch_dit
 
-        patch_dit(patched, state, family)
+        patch_dit(patched, state, family, patches)
+    patches.install_callbacks(patched)
     return patched

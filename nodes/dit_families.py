@@ -58,6 +58,9 @@ class BlockKind:
     attention mask (None: the block has none); mask_dims: the mask's token dims;
     rows: arguments holding modulation rows along dim 1 (Wan's per-frame e0, LTX's per-token
     timesteps), plain tensors or held in an object the family's `held_rows` reads;
+    rows_dims: how many dims a plain tensor of rows has (None: 3 or more); one of other dims
+    is one modulation for every token (Wan's e0 [B, 6, C], which other packs' copies of
+    Wan's forward pass instead of ComfyUI's [B, F, 6, C]);
     more_pe: other arguments holding positional rows over the same sequence (LTX-2's video
     side of its audio-video attention); a positional-rows argument is a tensor or a tuple whose
     tensors are rows (LTX's (rotation, split) pair);
@@ -83,6 +86,7 @@ class BlockKind:
     mask: str | None = None
     mask_dims: tuple[int, ...] = (-2, -1)
     rows: tuple[str, ...] = ()
+    rows_dims: int | None = None
     more_pe: tuple[str, ...] = ()
     pe_heads: bool = False
     stream_item: int | None = None

@@ -37,7 +37,6 @@ What other packs' code sees, decided on every block call from what ComfyUI hands
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import math
@@ -50,12 +49,16 @@ import torch
 from ..toma_core import MergePlan, build_plan, make_regions
 from ..toma_core.merge_plan import Pending
 from .dit_families import BlockKind, Family
+from .dit_neighbours import patched_self_attention, replaced_blocks, unwrapped
 from .prefix_cache import open_prefix, prefix_run
-from .run_state import ModelCall, ToMAState, patch_forward
+from .run_state import ForwardPatches, ModelCall, ToMAState, module_at
 from .unet_neighbours import in_block_patches
 
 log = logging.getLogger("ToMA")
 
+# call.data key: the (kind key, index) of merged blocks whose self-attention another pack
+# patched (dit_neighbours): they run unmerged.
+FOREIGN_ATTENTION = "foreign_attention"
 # Set in the transformer_options handed to a merged block: a ToMA patch further in (a second
 # ToMA node on the same model) sees it and leaves the already merged sequence alone.
 MERGED_FLAG = "toma_merged"
@@ -233,10 +236,11 @@ class DiTToMA:
     """
 
     def __init__(self, state: ToMAState, family: Family, groups: dict[tuple[str, int], int],
-                 attention=None) -> None:
+                 blocks: dict[str, tuple[int, type]], attention=None) -> None:
         self.state = state
         self.family = family
         self.groups = groups
+        self.blocks = blocks      # kind key -> (depth, block class) when the patch was made
         self.attention = attention
         # the layers whose prompt keys and values this patch keeps (family.prefix_cache), and
         # its own patch of each: None where another pack's patch is in the way
@@ -244,9 +248,22 @@ class DiTToMA:
         self.prefix_patches: dict[tuple[str, int], Callable] = {}
 
     def describe(self, call: ModelCall, base_model, arguments: dict) -> str | None:
-        """The family's describe, then (families with a prompt cache) whether this call keeps
-        the prompt's keys and values: only while this patch is still in every layer."""
+        """The family's describe, then what other nodes do to the blocks (dit_neighbours), then
+        (families with a prompt cache) whether this call keeps the prompt's keys and values:
+        only while this patch is still in every layer."""
         why = self.family.describe(call, base_model, arguments) if self.family.describe else None
+        replaced, patched = self.neighbours(call, getattr(base_model, "diffusion_model", None))
+        if replaced:
+            call.mergeable = False
+            return (f"{replaced} replaces {self.family.label}'s blocks with its own while it "
+                    f"runs, so ToMA's block patches cannot merge them: those model calls run "
+                    f"unmerged")
+        if patched:
+            call.data[FOREIGN_ATTENTION] = tuple(sorted(patched))
+            self.state.run_note(call.run, (
+                f"{', '.join(sorted(set(patched.values())))} patches the self-attention of "
+                f"{self.family.label} blocks, which may read their tokens as whole frames or by "
+                f"position: those {len(patched)} blocks run unmerged"))
         if not self.family.prefix_cache:
             return why
         label = self.family.label
@@ -263,6 +280,29 @@ class DiTToMA:
                            f"step's way): {label} recomputes them at every step")
         open_prefix(call, len(self.prefix_layers))
         return why
+
+    def neighbours(self, call: ModelCall, diffusion_model) -> tuple[str | None, dict]:
+        """(who replaced the model's blocks, or None; {(kind key, index): who patched that
+        merged block's self-attention}), read once per run and model object."""
+        key = ("dit_neighbours", id(diffusion_model))
+        found = call.run.memo.get(key)
+        if found is None:
+            found = (None, {})
+            if diffusion_model is not None:
+                for kind in self.family.kinds:
+                    depth, block_type = self.blocks[kind.key]
+                    blocks = blocks_of(diffusion_model, kind)
+                    replaced = replaced_blocks(blocks, depth, block_type)
+                    if replaced:
+                        found = (replaced, {})
+                        break
+                    for i, block in enumerate(blocks):
+                        who = patched_self_attention(block) if (kind.key, i) in self.groups \
+                            else None
+                        if who:
+                            found[1][(kind.key, i)] = who
+            call.run.memo[key] = found
+        return found
 
     # One block call ------------------------------------------------------------------------------
     def block_call(self, kind: BlockKind, index: int, args: dict,
@@ -307,7 +347,8 @@ class DiTToMA:
         stream = stream_of(kind, args.get(kind.stream))
         group = self.groups.get((kind.key, index))
         if (group is None or not tokens_n or not call.active or options.get(MERGED_FLAG)
-                or stream is None or stream.dim() != 3):
+                or stream is None or stream.dim() != 3
+                or (kind.key, index) in call.data.get(FOREIGN_ATTENTION, ())):
             return unmerged()
         lay = layout(kind, args, call, options)
         if (lay is None or stream.shape[1] < lay.offset + tokens_n
@@ -371,14 +412,17 @@ class DiTToMA:
             return False
         return True
 
-    def read_rows(self, value: object, length: int) -> tuple[torch.Tensor, int, bool] | None:
+    def read_rows(self, kind: BlockKind, value: object,
+                  length: int) -> tuple[torch.Tensor, int, bool] | None:
         """(rows [B, R, ...], tokens each row covers, held in an object) of a modulation-rows
-        argument over a stream of `length` tokens; None for no rows (absent, or one for all)."""
+        argument over a stream of `length` tokens; None for no rows (absent, or one for all:
+        a single row, or a tensor of other dims than kind.rows_dims)."""
         held = self.family.held_rows.read(value) if self.family.held_rows else None
         if held is not None:
             rows, per_row = held
             return None if rows.shape[1] == 1 else (rows, per_row, True)
-        if not torch.is_tensor(value) or value.dim() < 3 or value.shape[1] == 1:
+        if (not torch.is_tensor(value) or value.dim() < 3 or value.shape[1] == 1
+                or kind.rows_dims not in (None, value.dim())):
             return None
         per_row = length // value.shape[1] if length % value.shape[1] == 0 else 0
         return value, per_row, False
@@ -392,7 +436,7 @@ class DiTToMA:
         t, h, w = call.grid
         forms: dict[str, RowForm] = {}
         for name in kind.rows:
-            found = self.read_rows(args.get(name), stream.shape[1])
+            found = self.read_rows(kind, args.get(name), stream.shape[1])
             if found is None:
                 continue
             rows, per_row, held = found
@@ -605,10 +649,10 @@ def existing_replace(model, block_kind: str, index: int) -> Callable | None:
 def blocks_of(diffusion_model, kind: BlockKind) -> torch.nn.ModuleList:
     """The diffusion model's blocks of `kind` (its `modules` attribute path, dotted where the
     blocks sit in a submodule: HiDream-O1's language_model.layers)."""
-    return functools.reduce(getattr, kind.modules.split("."), diffusion_model)
+    return module_at(diffusion_model, kind.modules)
 
 
-def patch_dit(model, state: ToMAState, family: Family) -> DiTToMA:
+def patch_dit(model, state: ToMAState, family: Family, patches: ForwardPatches) -> DiTToMA:
     """Install ToMA on a cloned ModelPatcher `model` of `family` (changes only its options).
 
     Raises ValueError (shown by the node) for skip_blocks past the model's depth.
@@ -626,12 +670,13 @@ def patch_dit(model, state: ToMAState, family: Family) -> DiTToMA:
             from .flux_patch import AttentionScope
 
             attention = AttentionScope(state)
-            attention.install(model, diffusion_model,
-                              [i for (key, i) in groups if key == "double_block"])
+            attention.install(model, patches, [i for (key, i) in groups if key == "double_block"])
         else:
             state.setup_note(f"merge_scope attention: {family.label} has no attention-only "
                          f"variant; whole blocks merge")
-    toma = DiTToMA(state, family, groups, attention)
+    blocks = {kind.key: (depths[kind.key], type(unwrapped(blocks_of(diffusion_model, kind)[0]))
+                         if depths[kind.key] else type(None)) for kind in family.kinds}
+    toma = DiTToMA(state, family, groups, blocks, attention)
     state.describe = toma.describe
     if family.prefix_cache:
         kind = family.kinds[0]
@@ -646,10 +691,9 @@ def patch_dit(model, state: ToMAState, family: Family) -> DiTToMA:
                 if toma.prefix_layers is not None:
                     toma.prefix_patches[(kind.key, i)] = patch
             else:
-                module = blocks_of(diffusion_model, kind)[i]
-                patch_forward(model, f"{kind.modules}.{i}", module,
-                              lambda original, k=kind, j=i, m=module:
-                              toma.forward_patch(k, j, m, original))
+                patches.add(model, f"{kind.modules}.{i}",
+                            lambda module, original, k=kind, j=i:
+                            toma.forward_patch(k, j, module, original))
     log.debug("ToMA: %s patched, %d of %d blocks merged", family.label, len(groups),
               sum(depths.values()))
     return toma

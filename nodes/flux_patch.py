@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..toma_core import MergePlan
-from .run_state import ToMAState, patch_forward
+from .run_state import ForwardPatches, ToMAState
 
 
 @dataclass
@@ -45,14 +45,13 @@ class AttentionScope:
         self.state = state
         self.entries: dict[tuple[int, torch.device], AttentionCall] = {}
 
-    def install(self, model, diffusion_model: torch.nn.Module, indices: list[int]) -> None:
+    def install(self, model, patches: ForwardPatches, indices: list[int]) -> None:
         """Object patches on img_attn.qkv and img_attn.proj of the double blocks `indices`
         (chaining another pack's patch of the same forward)."""
         for index in indices:
-            attn = diffusion_model.double_blocks[index].img_attn
             for name, make in (("qkv", self.qkv_forward), ("proj", self.proj_forward)):
-                patch_forward(model, f"double_blocks.{index}.img_attn.{name}",
-                              getattr(attn, name), lambda original, m=make, i=index: m(i, original))
+                patches.add(model, f"double_blocks.{index}.img_attn.{name}",
+                            lambda module, original, m=make, i=index: m(i, original))
 
     def run(self, index: int, plan: MergePlan, merged_args: dict,
             run: Callable[[dict], dict]) -> dict:

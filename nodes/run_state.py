@@ -22,6 +22,7 @@ of one step in a thread pool (one thread per GPU), so nothing mutable lives on t
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import sys
@@ -55,15 +56,60 @@ def plain_function(method: Callable) -> Callable:
     return call
 
 
-def patch_forward(model, path: str, module: torch.nn.Module,
-                  make: Callable[[Callable], Callable]) -> None:
-    """Object-patch the forward of `module` (at diffusion_model.<path>) on ModelPatcher `model`
-    with make(original). `original` is another pack's object patch of that forward when there is
-    one (it keeps running, inside ours), else the module's own forward."""
-    key = f"diffusion_model.{path}.forward"
-    previous = model.object_patches.get(key)
-    original = previous if previous is not None else types.MethodType(type(module).forward, module)
-    model.add_object_patch(key, make(original))
+def own_forward(module: torch.nn.Module) -> Callable:
+    """The module's own forward, bound to it."""
+    return types.MethodType(type(module).forward, module)
+
+
+class ForwardPatches:
+    """ToMA's object patches of module forwards on one patched ModelPatcher, kept so that they
+    can be made again for another copy of the diffusion model: ComfyUI's multi-GPU clones
+    (v0.33: MultiGPU CFG Split, Select Model Device) each run a model object of their own with
+    the first one's object patches, and a patch bound to the first copy's modules would run
+    those modules (another device's weights) from every device's thread.
+
+    make(module, original) -> the patched forward of `module`; `original` is another pack's
+    object patch of that forward where there was one (it keeps running, inside ToMA's), else
+    the module's own forward."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, Callable | None, Callable]] = []
+
+    def add(self, model, path: str, make: Callable[[torch.nn.Module, Callable], Callable]) -> None:
+        """Patch the forward of diffusion_model.<path> on ModelPatcher `model`."""
+        key = f"diffusion_model.{path}.forward"
+        previous = model.object_patches.get(key)
+        self.entries.append((path, previous, make))
+        module = module_at(model.model.diffusion_model, path)
+        model.add_object_patch(key, make(module, previous or own_forward(module)))
+
+    def rebind(self, source, clone) -> None:
+        """ComfyUI's multi-GPU callback (ON_MATCH_MULTIGPU_CLONES, ON_DEEPCLONE_MULTIGPU):
+        `clone` runs its own model object; its patches are made again for that object's
+        modules."""
+        if clone.model is source.model:
+            return
+        for path, previous, make in self.entries:
+            module = module_at(clone.model.diffusion_model, path)
+            clone.add_object_patch(f"diffusion_model.{path}.forward",
+                                   make(module, previous or own_forward(module)))
+
+    def install_callbacks(self, model) -> None:
+        """Have ComfyUI rebind these patches on each multi-GPU copy of `model` (callback kinds
+        a ComfyUI version lacks are left out: it makes no such copies)."""
+        from comfy.patcher_extension import CallbacksMP
+
+        if not self.entries:
+            return
+        for name in ("ON_MATCH_MULTIGPU_CLONES", "ON_DEEPCLONE_MULTIGPU"):
+            kind = getattr(CallbacksMP, name, None)
+            if kind is not None:
+                model.add_callback_with_key(kind, "toma", plain_function(self.rebind))
+
+
+def module_at(root: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The submodule of `root` at a dotted path ("input_blocks.4.1.transformer_blocks.0")."""
+    return functools.reduce(getattr, path.split("."), root)
 
 
 def call_arguments(executor, args: tuple, kwargs: dict) -> dict:
@@ -154,14 +200,16 @@ def compiling() -> bool:
 
 
 def foreign_caller() -> str:
-    """Who called into a block patch: the module and function of the first frame up the stack
-    outside this pack and torch (a node pack's copy of a model's forward names its folder)."""
+    """Who called into a block patch: the node pack (or module) and function of the first frame
+    up the stack outside this pack and torch, e.g. "ComfyUI-TeaCache (teacache_flux_forward)"."""
+    from .dit_neighbours import pack_of
+
     pack = __name__.split(".")[0]
     frame = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if module.split(".")[0] not in (pack, "torch"):
-            return f"{module.removeprefix('custom_nodes.')}.{frame.f_code.co_name}"
+            return f"{pack_of(module)} ({frame.f_code.co_name})"
         frame = frame.f_back
     return "another node"
 

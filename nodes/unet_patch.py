@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from ..toma_core import MergePlan, build_plan, make_regions
-from .run_state import ModelCall, ToMAState, patch_forward
+from .run_state import ForwardPatches, ModelCall, ToMAState
 from .unet_neighbours import Neighbours, is_toma, mark, neighbours
 
 log = logging.getLogger("ToMA")
@@ -241,7 +241,7 @@ def largest_level_downsample(diffusion_model: torch.nn.Module) -> int:
     return ds
 
 
-def patch_unet(model, state: ToMAState, scope: str) -> None:
+def patch_unet(model, state: ToMAState, scope: str, patches: ForwardPatches) -> None:
     """Install ToMA on a cloned UNet ModelPatcher `model` (changes only that clone's options).
     scope: the merge_scope widget ("auto", "block" or "attention")."""
     diffusion_model = model.get_model_object("diffusion_model")
@@ -249,7 +249,7 @@ def patch_unet(model, state: ToMAState, scope: str) -> None:
     if not blocks:
         raise ValueError("ToMA: this UNet has no transformer blocks to merge")
     toma = UNetToMA(state, scope, largest_level_downsample(diffusion_model))
-    for name, block in blocks:
-        patch_forward(model, name, block, lambda original, b=block: toma.block_forward(
-            b, original, foreign_forward=not _own_forward(original, b)))
+    for name, _ in blocks:
+        patches.add(model, name, lambda block, original: toma.block_forward(
+            block, original, foreign_forward=not _own_forward(original, block)))
     log.debug("ToMA: patched %d UNet transformer blocks", len(blocks))

@@ -21,6 +21,10 @@ concatenated latent is not all 0 (the node's empty frames are process_out(0), wh
 process_latent_in turns back into exact zeros). A Camera 2.1 call whose every frame carries an
 image runs unmerged and says so.
 
+Wan 2.1 Fun control (48 input channels, WanFunControlToVideo): the control video's latent, then
+the start image's, concatenated without a mask as Camera 2.1's: its start image frames are the
+leading ones whose image half is not all 0, and never merge either.
+
 Wan 2.2 Animate (AnimateWanModel, WanAnimateToVideo): Wan 2.1 image-to-video's blocks and
 rows. The reference image is the latent's first frame, given by the concatenated mask as a
 start image is (and so are the frames a continued chunk's motion fills after it); the pose
@@ -52,7 +56,7 @@ from ..dit_families import (
     zero_timestep_frames,
 )
 
-KINDS = (BlockKind("double_block", "blocks", "", "none", rows=("vec",)),)
+KINDS = (BlockKind("double_block", "blocks", "", "none", rows=("vec",), rows_dims=4),)
 # VACE's and the camera model's blocks get one modulation for every token: e0 [B, 6, C] (the
 # block chunks it along dim 1; both embed t [B], not per-frame timesteps), not WanModel's
 # [B, frames, 6, C] rows.
@@ -68,16 +72,15 @@ def family(diffusion_model) -> Family | None:
 
     if type(diffusion_model) not in (WanModel, VaceWanModel, CameraWanModel, AnimateWanModel):
         return None
-    camera = type(diffusion_model) is CameraWanModel
     patch = tuple(int(p) for p in diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> str | None:
         """The (t, h, w) grid of latent x (plus frames appended by time_dim_concat); a Wan Fun
         reference frame in front (ref_conv) and the leading frames a Wan 2.2 denoise mask keeps
         (the image-to-video start frame, timestep 0), the leading frames the concatenated
-        mask gives, VACE's reference frames (vace_kept_frames) and the leading frames Wan
-        Camera 2.1's concatenated image fills (image_frames) never merge. Returns why a camera
-        call whose every frame is given runs unmerged."""
+        mask gives, VACE's reference frames (vace_kept_frames) and the leading frames a
+        mask-less concatenated image fills (image_frames: Camera 2.1, Fun control 2.1) never
+        merge. Returns why a call whose every frame is given runs unmerged."""
         grid = latent_grid(arguments.get("x"), patch)
         extra = latent_grid(arguments.get("time_dim_concat"), patch)
         if grid is not None and extra is not None:
@@ -86,17 +89,15 @@ def family(diffusion_model) -> Family | None:
                and arguments.get("reference_latent") is not None and grid is not None)
         kept = 0
         if grid is not None:
+            c_concat, x = arguments.get("c_concat"), arguments.get("x")
             kept = max(zero_timestep_frames(call, arguments.get("denoise_mask"), grid[0]),
-                       given_frames(call, concat_mask(arguments.get("c_concat"),
-                                                      arguments.get("x"))),
-                       vace_kept_frames(call, arguments.get("vace_context"), grid[0]))
-            if camera:
-                kept = max(kept, image_frames(call, arguments.get("c_concat"),
-                                              arguments.get("x")))
+                       given_frames(call, concat_mask(c_concat, x)),
+                       vace_kept_frames(call, arguments.get("vace_context"), grid[0]),
+                       image_frames(call, c_concat, x))
         set_grid(call, grid, prefix=grid[1] * grid[2] if ref else 0, protect_frames=kept)
-        if camera and grid is not None and kept >= grid[0]:
-            return ("the Wan camera model's concatenated image fills every frame, so no frame "
-                    "can merge; those model calls run unmerged")
+        if grid is not None and kept >= grid[0]:
+            return ("every frame of the video is given (a start image or reference fills it), so "
+                    "no frame can merge; those model calls run unmerged")
         return None
 
     kinds = KINDS if type(diffusion_model) in (WanModel, AnimateWanModel) else UNIFORM_KINDS
@@ -116,17 +117,21 @@ def concat_mask(c_concat: object, x: object) -> object:
 
 
 def image_frames(call, c_concat: object, x: object) -> int:
-    """Leading latent frames of a mask-less concatenated image latent c_concat [B, C, T, H, W]
-    (as many channels as the latent x: Wan Camera 2.1's start image) that are not all 0 in
-    some batch item: the frames the model is given an image for. 0 for other layouts. Read on
-    the host once per run and batch identity (the conditioning does not change within a
-    run)."""
-    if (not torch.is_tensor(c_concat) or not torch.is_tensor(x) or c_concat.dim() != 5
-            or c_concat.shape[1] != x.shape[1]):
+    """Leading latent frames of a mask-less concatenated image latent that are not all 0 in
+    some batch item: the frames the model is given an image for. The image is c_concat
+    [B, C, T, H, W] itself when it has the latent x's C channels (Wan Camera 2.1), its last C
+    channels when it has 2C (Wan 2.1 Fun control: the control latent first). 0 for other
+    layouts. Read on the host once per run and batch identity (the conditioning does not
+    change within a run)."""
+    if not torch.is_tensor(c_concat) or not torch.is_tensor(x) or c_concat.dim() != 5:
+        return 0
+    latent = int(x.shape[1])
+    if int(c_concat.shape[1]) not in (latent, 2 * latent):
         return 0
     key = ("image_frames", call.identity, tuple(c_concat.shape))
     if key not in call.run.memo:
-        given = (c_concat.float().abs().amax(dim=(0, 1, 3, 4)) > 0).tolist()   # one host read
+        image = c_concat[:, -latent:]
+        given = (image.float().abs().amax(dim=(0, 1, 3, 4)) > 0).tolist()   # one host read
         call.run.memo[key] = leading_true(given)
     return call.run.memo[key]
 

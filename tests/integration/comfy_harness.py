@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED_TREES = REPO_ROOT.parent / "shared" / "comfyui"
 # Stand-ins for torchvision/torchaudio, whose PyPI wheels need CUDA beside the CPU torch here;
-# used only with the shared trees and only when the real packages are missing.
-SHARED_STUBS = REPO_ROOT.parent / "shared" / "stubs"
+# used only with the shared trees and only when the real packages are missing (tests/stubs: the
+# names ComfyUI imports, and those the other node packs of the composition tests import).
+STUBS = REPO_ROOT / "tests" / "stubs"
 CPU = torch.device("cpu")
 HOW_TO = (
     "set COMFYUI_PATH=/path/to/ComfyUI (a checkout whose requirements.txt is installed in this "
@@ -198,13 +199,13 @@ def _import_comfy(path: Path) -> None:
 
 
 def _use_stubs_if_needed(path: Path) -> None:
-    """Put ../shared/stubs on sys.path (and PYTHONPATH, for ComfyUI servers started by tests)
+    """Put tests/stubs on sys.path (and PYTHONPATH, for ComfyUI servers started by tests)
     when testing a shared tree in a Python without torchvision/torchaudio."""
-    if not path.is_relative_to(SHARED_TREES.resolve()) or not SHARED_STUBS.is_dir():
+    if not path.is_relative_to(SHARED_TREES.resolve()) or not STUBS.is_dir():
         return
     if all(importlib.util.find_spec(name) for name in ("torchvision", "torchaudio")):
         return
-    stubs = str(SHARED_STUBS)
+    stubs = str(STUBS)
     if stubs not in sys.path:
         sys.path.insert(0, stubs)
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -182,16 +182,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("scope", ["block", "attention"])
 def test_installed_but_inactive_is_bit_identical(flux, scope, monkeypatch):
     """Every patch installed and running (wrappers, both block kinds, the attention scope's
-    hooks) with merging outside the active steps (start_percent 0.99): bit-identical to the
-    unmerged model, and every block was counted (ratio 0 runs no ToMA code at all)."""
+    hooks) with merging outside the active steps (start_percent 0.4 to end_percent 0.5 of the
+    noise schedule, between the 2 steps' sigmas): bit-identical to the unmerged model, and
+    every block was counted (ratio 0 runs no ToMA code at all)."""
     from toma_pack.nodes import run_state
 
     sent: list[dict] = []
     monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
     positive, negative = flux_conds()
     base = sample(flux, LATENT, positive, negative)
-    off = sample(apply_toma(flux, make_options(RATIO, skip_blocks="none", merge_scope=scope,
-                                               start_percent=0.99)), LATENT, positive, negative)
+    window = make_options(RATIO, skip_blocks="none", merge_scope=scope, start_percent=0.4,
+                          end_percent=0.5)
+    off = sample(apply_toma(flux, window), LATENT, positive, negative)
     assert torch.equal(off, base)
     assert sent[-1]["layers_total"] == DOUBLES + SINGLES and sent[-1]["layers_merged"] == 0
 
@@ -437,8 +439,9 @@ def patch_flux(model, state) -> None:
     """ToMA's block patches on a Flux-family ModelPatcher (what apply_toma installs)."""
     from toma_pack.nodes.dit_patch import patch_dit
     from toma_pack.nodes.families import family_of
+    from toma_pack.nodes.run_state import ForwardPatches
 
-    patch_dit(model, state, family_of(model.model.diffusion_model))
+    patch_dit(model, state, family_of(model.model.diffusion_model), ForwardPatches())
 
 
 @contextlib.contextmanager

@@ -84,7 +84,8 @@ def sequence(x) -> tuple[int, int]:
 
 
 def test_inactive_toma_runs_the_unpatched_models_calls_bit_identical(monkeypatch):
-    """ToMA installed and running, merging off (start_percent 0.99): every layer call is the
+    """ToMA installed and running, merging off (start_percent 0.9 to end_percent 0.95 of the noise
+    schedule, between the steps' sigmas): every layer call is the
     unpatched model's (the whole sequence on the first step, the tokens after the prompt with
     its kept keys and values afterwards), and the samples are the unpatched model's bit for bit."""
     if not available(NAME):
@@ -95,7 +96,8 @@ def test_inactive_toma_runs_the_unpatched_models_calls_bit_identical(monkeypatch
     model.model.diffusion_model.clear_kv_cache()
     sent: list[dict] = []
     monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
-    toma, seen = recorded(model, make_options(0.5, skip_blocks="none", start_percent=0.99))
+    toma, seen = recorded(model, make_options(0.5, skip_blocks="none", start_percent=0.9,
+                                                 end_percent=0.95))
     out = ch.sample(toma, x.latent, x.positive, x.negative, **run)
     assert seen == plain_seen
     layers = len(model.model.diffusion_model.language_model.layers)

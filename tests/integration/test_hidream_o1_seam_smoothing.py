@@ -78,7 +78,8 @@ def test_inactive_toma_beside_seam_smoothing_is_bit_identical(order, monkeypatch
     base = ch.sample(seam_smoothing(model), x.latent, x.positive, x.negative, **run)
     sent: list[dict] = []
     monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
-    patched = both_orders(model, make_options(0.5, skip_blocks="none", start_percent=0.99))
+    patched = both_orders(model, make_options(0.5, skip_blocks="none", start_percent=0.9,
+                                                     end_percent=0.95))
     out = ch.sample(patched[order], x.latent, x.positive, x.negative, **run)
     assert torch.equal(out, base)
     assert sent[-1]["layers_total"] > 0 and sent[-1]["layers_merged"] == 0

@@ -78,8 +78,10 @@ def test_ratio_zero_is_bit_identical(sdxl):
 def test_installed_but_inactive_is_bit_identical(sdxl, scope, stats):
     """Ratio 0 leaves the model unpatched (no ToMA code runs); here every patch is installed and
     runs on every block (wrappers, the block forwards, the scope decision) with merging outside
-    the active steps (start_percent 0.99): still bit-identical, and every block was counted."""
-    patched = advanced(sdxl, scope=scope, start_percent=0.99)
+    the active steps (start_percent 0.5 to end_percent 0.55 of the noise schedule, which holds
+    neither of the 2 steps' sigmas, 14.6 and 0.029): still bit-identical, and every block was
+    counted."""
+    patched = advanced(sdxl, scope=scope, start_percent=0.5, end_percent=0.55)
     assert torch.equal(run(patched, steps=2), run(sdxl, steps=2))
     assert stats[-1]["layers_total"] == LAYERS and stats[-1]["layers_merged"] == 0
 
@@ -196,9 +198,13 @@ def test_runs_leave_no_state_and_repeat_exactly(sdxl):
 
 
 def test_partial_denoise_and_step_window(sdxl, stats):
+    """start_percent is a fraction of the noise schedule, as ComfyUI's own nodes read it: 4 steps
+    at denoise 0.6 are the last 4 of a 6-step schedule (timesteps 599, 399, 199, 0), and the 3
+    whose sigma lies at or below start_percent 0.5's (timestep 499.5) merge; as a fraction of
+    this sampler's 4 steps it would be 2."""
     out = run(advanced(sdxl, start_percent=0.5), steps=4, denoise=0.6)
     assert torch.isfinite(out).all()
-    assert stats[-1]["steps_merged"] == 2
+    assert stats[-1]["steps_merged"] == 3
 
 
 def test_other_attn1_patches_still_run(sdxl):

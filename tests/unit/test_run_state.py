@@ -279,7 +279,7 @@ def test_a_block_finds_the_call_in_flight_when_its_caller_hands_no_options() -> 
                               transformer_options={state.key: run})
     assert isinstance(found[0], ModelCall) and found[0].run is run
     assert state.block_call_of({}, torch.device("cpu")) is None   # no call in flight
-    assert any("test_run_state.test_a_block_finds_the_call_in_flight" in n and
+    assert any("test_run_state (test_a_block_finds_the_call_in_flight" in n and
                "outside ComfyUI's model call" in n for n in run.notes)
 
 

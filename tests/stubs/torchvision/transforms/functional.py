@@ -8,6 +8,9 @@ class InterpolationMode(enum.Enum):
     NEAREST_EXACT = "nearest-exact"
     BILINEAR = "bilinear"
     BICUBIC = "bicubic"
+    BOX = "box"
+    HAMMING = "hamming"
+    LANCZOS = "lanczos"
 
 def resize(img, size, interpolation=None, **kw):
     mode = getattr(interpolation, "value", interpolation) or "bilinear"
@@ -23,3 +26,7 @@ def normalize(tensor, mean, std, inplace=False):
     mean = torch.as_tensor(mean, dtype=tensor.dtype, device=tensor.device).view(-1, 1, 1)
     std = torch.as_tensor(std, dtype=tensor.dtype, device=tensor.device).view(-1, 1, 1)
     return tensor.sub_(mean).div_(std) if inplace else (tensor - mean) / std
+
+
+def pil_to_tensor(*a, **k):
+    raise NotImplementedError("torchvision stub: pil_to_tensor")
