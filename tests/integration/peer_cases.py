@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import peers
 import torch
 from tiny_models import family, inputs, tiny_patcher
 
 import comfy_harness as ch
-import peers
 from toma_pack.nodes import run_state
 from toma_pack.nodes.apply import apply_toma
 from toma_pack.nodes.options import make_options
@@ -60,14 +60,15 @@ class Case:
         """ToMA at ratio 0.5 on every block the family has (the tiny models have 2 of a kind)."""
         return apply_toma(model, make_options(0.5, **self.toma_options))
 
-    def last_block(self, model: Any | None = None) -> torch.nn.Module:
-        """The last transformer block (or output block, UNet) of the diffusion model."""
-        diffusion_model = (model or self.model).model.diffusion_model
+    def last_block(self) -> torch.nn.Module:
+        """The diffusion model's last transformer block (UNet: the first layer of its last
+        output block, which ComfyUI calls one by one)."""
+        diffusion_model = self.model.model.diffusion_model
         for name in ("single_blocks", "blocks", "transformer_blocks", "layers",
                      "double_stream_blocks", "joint_blocks", "output_blocks"):
             blocks = getattr(diffusion_model, name, None)
             if isinstance(blocks, torch.nn.ModuleList) and len(blocks):
-                return blocks[-1]
+                return blocks[-1][0] if name == "output_blocks" else blocks[-1]
         raise ValueError(f"{self.name}: no block list found")
 
     def run(self, model: Any, steps: int) -> Trace:

@@ -17,38 +17,41 @@ ToMA finds its model call either way.
 
 from __future__ import annotations
 
+import peers
 import pytest
 from compatibility import MERGES, NOT_LOADED, PEER_FAILS, ROWS, UNMERGED, Row
 from peer_cases import ORDERS, case, composed, version
 
 import comfy_harness as ch
-import peers
 
 STEPS = 8
 CACHES = ("ComfyUI-TeaCache", "ComfyUI-MagCache", "Comfy-WaveSpeed")
 CACHE_ROWS = [row for row in ROWS if row.pack in CACHES]
 
 # model_type of TeaCache and MagCache per family; settings that skip steps on the tiny models
-TEACACHE_TYPES = {"flux": "flux", "wan21_t2v": "wan2.1_t2v_1.3B", "hidream": "hidream_i1_full",
+# (Wan's "_ret_mode" watches e0: the plain mode, watching the time embedding, skipped no step
+# of the tiny model at any threshold up to 10)
+TEACACHE_TYPES = {"flux": "flux", "wan21_t2v": "wan2.1_t2v_1.3B_ret_mode",
+                  "hidream": "hidream_i1_full",
                   "lumina2": "lumina_2", "ltxv": "ltxv", "hunyuan_video": "hunyuan_video"}
 MAGCACHE_TYPES = {"flux": "flux", "wan21_t2v": "wan2.1_t2v_1.3B", "wan_vace": "wan2.1_vace_1.3B",
                   "hunyuan_video": "hunyuan_video", "chroma": "chroma",
                   "qwen_image": "qwen_image"}
 
-# How far ToMA moves the cache's samples (relative L2), about 1.5 x the largest of the two node
-# orders measured on v0.3.64 (comments); ToMA alone moves the unmerged samples about as far.
+# How far ToMA moves the cache's samples (relative L2), 1.5 x what the two node orders measured
+# on v0.3.64 (comments: the same for both); ToMA alone moves the unmerged samples about as far.
 BOUNDS = {
-    ("ComfyUI-TeaCache", "flux"): 0.25,             # 0.162
-    ("ComfyUI-TeaCache", "wan21_t2v"): 0.3,         # 0.184
-    ("ComfyUI-TeaCache", "hidream"): 0.75,          # 0.483
-    ("ComfyUI-TeaCache", "lumina2"): 0.36,          # 0.238
-    ("ComfyUI-TeaCache", "ltxv"): 0.34,             # 0.226
+    ("ComfyUI-TeaCache", "flux"): 0.24,             # 0.158
+    ("ComfyUI-TeaCache", "wan21_t2v"): 0.37,        # 0.246
+    ("ComfyUI-TeaCache", "hidream"): 0.73,          # 0.483
+    ("ComfyUI-TeaCache", "lumina2"): 0.37,          # 0.242
+    ("ComfyUI-TeaCache", "ltxv"): 0.83,             # 0.554
     ("ComfyUI-MagCache", "flux"): 0.25,             # 0.162
-    ("ComfyUI-MagCache", "wan21_t2v"): 0.32,        # 0.211
-    ("ComfyUI-MagCache", "wan_vace"): 0.21,         # 0.137
-    ("ComfyUI-MagCache", "hunyuan_video"): 0.5,     # 0.337
-    ("Comfy-WaveSpeed", "flux"): 0.23,              # 0.147
-    ("Comfy-WaveSpeed", "sdxl"): 0.42,              # 0.276
+    ("ComfyUI-MagCache", "wan21_t2v"): 0.36,        # 0.239
+    ("ComfyUI-MagCache", "wan_vace"): 0.23,         # 0.148
+    ("ComfyUI-MagCache", "hunyuan_video"): 0.51,    # 0.337
+    ("Comfy-WaveSpeed", "flux"): 0.3,               # 0.147 (v0.8.0: 0.201)
+    ("Comfy-WaveSpeed", "sdxl"): 0.49,              # 0.324
 }
 
 
@@ -88,7 +91,8 @@ def test_step_cache_beside_toma(row: Row) -> None:
         return
     alone = c.run(cache(c.model), STEPS)
     full = set(alone.lengths)
-    assert alone.last_block_calls < STEPS, "the cache skipped no step"
+    if expected == MERGES:
+        assert alone.last_block_calls < STEPS, "the cache skipped no step"
     for order in ORDERS:
         both = c.run(composed(order, cache, c.toma, c.model), STEPS)
         print(f"{row.node} {row.family} {order}: {both.distance(alone):.3f} from the cache "
@@ -96,7 +100,7 @@ def test_step_cache_beside_toma(row: Row) -> None:
               f"{alone.last_block_calls} / {both.last_block_calls} of {STEPS} steps")
         if expected == MERGES:
             assert both.last_block_calls < STEPS, "the cache skipped no step beside ToMA"
-            assert min(both.lengths) < min(full), "ToMA merged nothing"
+            assert any(n not in full and n < max(full) for n in both.lengths), "nothing merged"
             assert both.distance(alone) <= BOUNDS[(row.pack, row.family)]
             assert "nothing merged" not in both.note
         else:
