@@ -72,6 +72,19 @@ ROWS: tuple[Row, ...] = (
         "First Block Cache runs the blocks as one module of its own"),
     Row("Comfy-WaveSpeed", "ApplyFBCacheOnModel", "hunyuan_video", every(UNMERGED),
         "First Block Cache runs the blocks as one module of its own"),
+    # KJNodes' model patches that run without CUDA-only packages.
+    Row("ComfyUI-KJNodes", "TorchCompileModelFluxAdvancedV2", "flux", every(MERGES)),
+    Row("ComfyUI-KJNodes", "TorchCompileModelWanVideoV2", "wan21_t2v", every(MERGES)),
+    Row("ComfyUI-KJNodes", "TorchCompileModelAdvanced", "wan21_t2v", every(MERGES)),
+    Row("ComfyUI-KJNodes", "PatchModelPatcherOrder", "flux", every(MERGES)),
+    Row("ComfyUI-KJNodes", "ModelPatchTorchSettings", "flux", every(MERGES)),
+    Row("ComfyUI-KJNodes", "WanVideoNAG", "wan21_t2v", every(MERGES)),
+    Row("ComfyUI-KJNodes", "WanChunkFeedForward", "wan21_t2v", every(MERGES)),
+    Row("ComfyUI-KJNodes", "ApplyRifleXRoPE_WanVideo", "wan21_t2v", every(MERGES)),
+    Row("ComfyUI-KJNodes", "WanVideoEnhanceAVideoKJ", "wan21_t2v", every(UNMERGED),
+        "its blocks run unmerged: it reads the tokens as whole frames"),
+    Row("ComfyUI-KJNodes", "SkipLayerGuidanceWanVideo", "wan21_t2v", every(PEER_FAILS),
+        "it asks for KJNodes' own TeaCache"),
 )
 
 

@@ -150,6 +150,7 @@ def attention_lengths() -> Iterator[list[int]]:
     current = [getattr(attention, n) for n in names]
     inner = current[0]
 
+    @torch.compiler.disable   # recorded as it runs, also inside a compiled model
     def recording(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         lengths.append(int(q.shape[2] if kwargs.get("skip_reshape") else q.shape[1]))
         return inner(q, *args, **kwargs)
