@@ -50,7 +50,8 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
         return patched
     from comfy.patcher_extension import WrappersMP
 
-    state = ToMAState(options, family if family == "unet" else family.name, node_id)
+    depth = len(model.get_wrappers(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY))   # ToMA nodes before
+    state = ToMAState(options, family if family == "unet" else family.name, node_id, depth)
     patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY,
                                  plain_function(state.outer_sample_wrapper))
     patched.add_wrapper_with_key(WrappersMP.SAMPLER_SAMPLE, WRAPPER_KEY,

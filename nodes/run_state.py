@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 import types
-import uuid
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -335,11 +334,12 @@ class ModelCall:
 Describe = Callable[[ModelCall, object, dict], str | None]
 
 
-# While a model compiled by torch.compile runs: (node key, device) -> the decisions of the
-# model call in flight (ModelCall.decisions). Blocks read their entry while dynamo traces them;
-# unlike transformer_options (whose guards ComfyUI's compile drops) a global is guarded, so a
-# call whose decisions differ from a traced one's at equal shapes gets a trace of its own
-# instead of replaying another call's. Each entry lives for its call only.
+# While a model compiled by torch.compile runs: (node key, device) -> the node's settings and the
+# decisions of the model call in flight (ModelCall.decisions). Blocks read their entry while
+# dynamo traces them; unlike transformer_options (whose guards ComfyUI's compile drops, with
+# those on the patch functions it holds) a global is guarded, so a call whose decisions or
+# settings differ from a traced one's at equal shapes gets a trace of its own instead of
+# replaying another call's. Each entry lives for its call only.
 TRACED_DECISIONS: dict[tuple[str, str], str] = {}
 
 
@@ -351,12 +351,17 @@ def traced_decisions(key: str, device: torch.device) -> str | None:
 class ToMAState:
     """Options and setup notes of one ToMA node; runs and calls live in transformer_options."""
 
-    def __init__(self, options: ToMAOptions, family: str, node_id: str | None = None) -> None:
+    def __init__(self, options: ToMAOptions, family: str, node_id: str | None = None,
+                 depth: int = 0) -> None:
         self.options = options
         self.family = family
         self.node_id = node_id
-        # transformer_options keys of this node's RunState during a run and ModelCall in a call
-        self.key = f"toma_run_{uuid.uuid4().hex[:12]}"
+        # transformer_options keys of this node's RunState during a run and ModelCall in a call:
+        # one per ToMA node in a chain (depth: ToMA nodes already on the model), the same
+        # whenever the node runs again, since a model compiled without guards on
+        # transformer_options replays the keys it traced (a new key each time the node ran,
+        # on a LoRA strength change say, made the replay look up a key no longer there)
+        self.key = "toma_run" if depth == 0 else f"toma_run_{depth + 1}"
         self.call_key = f"{self.key}_call"
         self.describe: Describe | None = None
         # said when the node patched the model: true of every run of the patched model
@@ -478,7 +483,7 @@ class ToMAState:
                                      {**options, self.call_key: call})
         traced = (self.key, str(call.device)) if call.run.compiled else None
         if traced is not None:
-            TRACED_DECISIONS[traced] = call.decisions()
+            TRACED_DECISIONS[traced] = f"{self.family} {self.options!r} {call.decisions()}"
         outer = getattr(self.in_flight, "call", None)
         self.in_flight.call = call
         try:

@@ -72,13 +72,17 @@ class Case:
         raise ValueError(f"{self.name}: no block list found")
 
     def run(self, model: Any, steps: int) -> Trace:
-        """Sample `steps` steps with `model` (this case's model, patched) and record them."""
+        """Sample `steps` steps with `model` (this case's model, patched) in inference mode, as
+        ComfyUI's executor samples, and record them."""
         sent: list[dict] = []
         calls, remove = peers.counting_calls(self.last_block())
         original = run_state.send_stats
         run_state.send_stats = lambda node, stats: sent.append(stats)
         try:
-            with peers.attention_lengths() as lengths, torch.inference_mode():
+            # SDPA, the GPU's default: the sub-quadratic attention (the CPU's) reads /proc, a
+            # graph break under torch.compile
+            with ch.attention_backend("sdpa"), peers.attention_lengths() as lengths, \
+                    torch.inference_mode():
                 out = ch.sample(model, self.latent, self.positive, self.negative, steps=steps,
                                 cfg=self.cfg, noise_mask=self.noise_mask)
         finally:

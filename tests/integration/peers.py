@@ -142,7 +142,8 @@ def attention_lengths() -> Iterator[list[int]]:
     pack: ComfyUI's attention function replaced in every loaded comfy module (as
     comfy_harness.attention_backend swaps backends), other packs' copies of a model's forward
     included, since they call the same function. Lengths of [B, L, H*D] calls and of
-    [B, H, L, D] ones (skip_reshape) alike."""
+    [B, H, L, D] ones (skip_reshape) alike. Inside a compiled model dynamo traces the recorder
+    (each length a constant of the graph it traced, appended on every replay)."""
     import comfy.ldm.modules.attention as attention
 
     lengths: list[int] = []
@@ -150,7 +151,6 @@ def attention_lengths() -> Iterator[list[int]]:
     current = [getattr(attention, n) for n in names]
     inner = current[0]
 
-    @torch.compiler.disable   # recorded as it runs, also inside a compiled model
     def recording(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         lengths.append(int(q.shape[2] if kwargs.get("skip_reshape") else q.shape[1]))
         return inner(q, *args, **kwargs)

@@ -128,8 +128,9 @@ def test_the_call_reaches_the_blocks_in_transformer_options_only() -> None:
     """Blocks find their call under the node's call_key; without one (outside sampling, or
     another node's options) they find none; the call's options are a copy, the caller's stay as
     they were."""
-    a, b = ToMAState(make_options(0.5), "flux"), ToMAState(make_options(0.5), "flux")
-    assert a.call_key != b.call_key and a.key != b.key
+    a, b = ToMAState(make_options(0.5), "flux"), ToMAState(make_options(0.5), "flux", depth=1)
+    assert a.call_key != b.call_key and a.key != b.key          # a second ToMA node in a chain
+    assert ToMAState(make_options(0.25), "flux").key == a.key   # the node run again
     model = Model(a)
     options = {"uuids": ["u"]}
     apply(a, model, torch.zeros(1, 4), options)
