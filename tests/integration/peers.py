@@ -129,11 +129,20 @@ def run_node(cls: type, **inputs: Any) -> tuple:
 
 
 def comfy_node(module: str, node_id: str) -> type:
-    """Node class `node_id` of ComfyUI's own comfy_extras.<module> (or nodes.py for "nodes")."""
+    """Node class `node_id` of ComfyUI's own comfy_extras.<module> (or nodes.py for "nodes"):
+    V1 classes by their name, V3 ones by their schema's node id."""
     if module == "nodes":
         return ch.comfy_top_level_nodes().NODE_CLASS_MAPPINGS[node_id]
     ch.comfy_top_level_nodes()
-    return getattr(importlib.import_module(f"comfy_extras.{module}"), node_id)
+    extras = importlib.import_module(f"comfy_extras.{module}")
+    found = getattr(extras, node_id, None)
+    if isinstance(found, type):
+        return found
+    for value in vars(extras).values():
+        if isinstance(value, type) and "define_schema" in vars(value) and \
+                value.define_schema().node_id == node_id:
+            return value
+    raise KeyError(f"no node {node_id} in comfy_extras.{module}")
 
 
 @contextlib.contextmanager
