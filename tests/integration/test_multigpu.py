@@ -49,8 +49,9 @@ def sdxl_two_devices(monkeypatch):
     device list [cpu, cpu:0]."""
     import comfy.model_management as mm
 
-    monkeypatch.setattr(mm, "get_all_torch_devices",
-                        lambda exclude_current=False: [torch.device("cpu"), SECOND])
+    if multigpu_available():
+        monkeypatch.setattr(mm, "get_all_torch_devices",
+                            lambda exclude_current=False: [torch.device("cpu"), SECOND])
     c = case("sdxl")
     c.model.cached_patcher_init = (lambda *args, **kwargs: case("sdxl").model, ())
     yield c
