@@ -93,10 +93,12 @@ BASIC_INPUTS: dict[str, InputSpec] = {
 ADVANCED_INPUTS: dict[str, InputSpec] = {
     "start_percent": ("FLOAT", {
         "default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01,
-        "tooltip": "Merging starts at this fraction of the sampling steps."}),
+        "tooltip": "Merging starts at this fraction of the noise schedule, read as ComfyUI's "
+                   "own start_percent widgets (ControlNet, EasyCache): a schedule split over two "
+                   "samplers merges the same steps."}),
     "end_percent": ("FLOAT", {
         "default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
-        "tooltip": "Merging stops at this fraction of the sampling steps (the last steps "
+        "tooltip": "Merging stops at this fraction of the noise schedule (the last steps "
                    "refine details; ending early trades speed for detail)."}),
     "unet_levels": (list(UNET_LEVELS), {
         "default": "auto",

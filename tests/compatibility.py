@@ -111,16 +111,17 @@ ROWS: tuple[Row, ...] = (
 
 
 def table_rows() -> list[str]:
-    """The compatibility table's Markdown rows (header included), one per pack and node, the
-    families grouped by what happens on each version."""
-    lines = ["| node pack | node | model | ComfyUI v0.3.64 | v0.8.0 | v0.33.0 | note |",
-             "|---|---|---|---|---|---|---|"]
-    groups: dict[tuple[str, str, tuple[str, str, str], str], list[str]] = {}
+    """The compatibility table's Markdown rows (header included): one per pack and what happens
+    on each version, its nodes with the models they were tested on."""
+    lines = ["| node pack | nodes (models) | ComfyUI v0.3.64 | v0.8.0 | v0.33.0 | note |",
+             "|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, tuple[str, str, str], str], dict[str, list[str]]] = {}
     for row in ROWS:
-        groups.setdefault((row.pack, row.node, row.outcome, row.note), []).append(row.family)
-    for (pack, node, outcome, note), families in groups.items():
-        models = ", ".join(FAMILY_NAMES[f] for f in families)
-        lines.append(f"| {pack} | {node} | {models} | {' | '.join(outcome)} | {note} |")
+        nodes = groups.setdefault((row.pack, row.outcome, row.note), {})
+        nodes.setdefault(row.node, []).append(FAMILY_NAMES[row.family])
+    for (pack, outcome, note), nodes in groups.items():
+        tested = "; ".join(f"{node} ({', '.join(models)})" for node, models in nodes.items())
+        lines.append(f"| {pack} | {tested} | {' | '.join(outcome)} | {note} |")
     return lines
 
 

@@ -135,3 +135,13 @@ def test_no_page_lists_a_supported_model_among_the_refused(node_id: str, languag
     pieces = [p.strip() for p in re.split(r",|、|\bor\b|或", found.group(1)) if p.strip()]
     assert len(pieces) >= 5, pieces
     assert [p for p in pieces if p in SUPPORTED] == []
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+@pytest.mark.parametrize("node_id", ["ToMA", "ToMAAdvanced"])
+def test_the_compatibility_table_is_the_suites(node_id: str, language: str) -> None:
+    """The table of other node packs is tests/compatibility.py's rows, which the composition
+    tests run: a row that changes there must change here."""
+    from compatibility import table_rows
+
+    assert "\n".join(table_rows()) in page(node_id, language)

@@ -191,3 +191,11 @@ def test_every_table_renders(document: str):
 
 def test_the_readme_has_its_tables():
     assert len(tables(README)) > 10
+
+
+def test_the_compatibility_table_is_the_suites():
+    """The README's table of other node packs is tests/compatibility.py's rows, which the
+    composition tests run (and whose outcome per ComfyUI version they hold)."""
+    from compatibility import table_rows
+
+    assert "\n".join(table_rows()) in section("### With other node packs")
