@@ -115,6 +115,12 @@ def _whole_call(cfg: BenchConfig) -> dict[str, Any]:
     return whole_call.run(cfg)
 
 
+def _peers(cfg: BenchConfig) -> dict[str, Any]:
+    from .speed import peers
+
+    return peers.run(cfg)
+
+
 def _gpu_call(cfg: BenchConfig) -> dict[str, Any]:
     from .gpu import measured_calls as gpu_call
 
@@ -168,6 +174,10 @@ SECTIONS: dict[str, Section] = {
                      "reduced width) at 1024x1024: unmerged, ToMA, an older checkout's ToMA "
                      "(TOMA_BASELINE), both compiled (TOMA_BENCH_COMPILE)",
         comfy_only=True, quick=False),
+    "peers": Section(
+        _peers, "bench/speed/peers.py: whole 512x512 runs of SDXL and Flux (real layers, reduced "
+                "width) with TeaCache, MagCache and First Block Cache (../shared/peers), alone "
+                "and with ToMA", comfy_only=True, quick=False),
     "gpu-model": Section(
         _gpu_model, "bench/gpu/projected_calls.py: one model call of SDXL, Flux.1 dev, Wan 2.1 "
                     "14B and HiDream-O1 at real size projected on an H200, unmerged and ToMA, "

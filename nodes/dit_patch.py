@@ -236,12 +236,14 @@ class DiTToMA:
     """
 
     def __init__(self, state: ToMAState, family: Family, groups: dict[tuple[str, int], int],
-                 blocks: dict[str, tuple[int, type]], attention=None) -> None:
+                 attention=None, blocks: dict[str, tuple[int, type]] | None = None) -> None:
         self.state = state
         self.family = family
         self.groups = groups
-        self.blocks = blocks      # kind key -> (depth, block class) when the patch was made
         self.attention = attention
+        # kind key -> (depth, block class) when the patch was made (what neighbours checks);
+        # none for a patch a benchmark calls on one block
+        self.blocks = blocks or {}
         # the layers whose prompt keys and values this patch keeps (family.prefix_cache), and
         # its own patch of each: None where another pack's patch is in the way
         self.prefix_layers: list[torch.nn.Module] | None = None
@@ -289,7 +291,7 @@ class DiTToMA:
         if found is None:
             found = (None, {})
             if diffusion_model is not None:
-                for kind in self.family.kinds:
+                for kind in (k for k in self.family.kinds if k.key in self.blocks):
                     depth, block_type = self.blocks[kind.key]
                     blocks = blocks_of(diffusion_model, kind)
                     replaced = replaced_blocks(blocks, depth, block_type)
@@ -676,7 +678,7 @@ def patch_dit(model, state: ToMAState, family: Family, patches: ForwardPatches) 
                          f"variant; whole blocks merge")
     blocks = {kind.key: (depths[kind.key], type(unwrapped(blocks_of(diffusion_model, kind)[0]))
                          if depths[kind.key] else type(None)) for kind in family.kinds}
-    toma = DiTToMA(state, family, groups, blocks, attention)
+    toma = DiTToMA(state, family, groups, attention, blocks)
     state.describe = toma.describe
     if family.prefix_cache:
         kind = family.kinds[0]

@@ -66,9 +66,12 @@ ROWS: tuple[Row, ...] = (
     Row("ComfyUI-TeaCache", "TeaCache", "hunyuan_video", (PEER_FAILS, NOT_LOADED, NOT_LOADED),
         "TeaCache's HunyuanVideo forward takes other arguments than ComfyUI's"),
     Row("ComfyUI-MagCache", "MagCache", "flux", OLDEST_ONLY),
+    Row("ComfyUI-MagCache", "MagCache", "flux_kontext", OLDEST_ONLY),
     Row("ComfyUI-MagCache", "MagCache", "wan21_t2v", OLDEST_ONLY),
     Row("ComfyUI-MagCache", "MagCache", "wan_vace", OLDEST_ONLY),
     Row("ComfyUI-MagCache", "MagCache", "hunyuan_video", OLDEST_ONLY),
+    Row("ComfyUI-MagCache", "MagCache", "hunyuan_video15", every(NOT_LOADED),
+        "MagCache imports only where ComfyUI has no HunyuanVideo 1.5"),
     Row("ComfyUI-MagCache", "MagCache", "chroma", (PEER_FAILS, NOT_LOADED, NOT_LOADED)),
     Row("ComfyUI-MagCache", "MagCache", "qwen_image", (PEER_FAILS, NOT_LOADED, NOT_LOADED)),
     Row("Comfy-WaveSpeed", "ApplyFBCacheOnModel", "flux", (MERGES, MERGES, PEER_FAILS),
@@ -127,7 +130,8 @@ def table_rows() -> list[str]:
 
 # How the README names the tests' model families.
 FAMILY_NAMES = {
-    "flux": "Flux", "sdxl": "SDXL", "wan21_t2v": "Wan 2.1", "wan_vace": "Wan VACE",
+    "flux": "Flux", "flux_kontext": "Flux Kontext", "hunyuan_video15": "HunyuanVideo 1.5",
+    "sdxl": "SDXL", "wan21_t2v": "Wan 2.1", "wan_vace": "Wan VACE",
     "hidream": "HiDream-I1", "lumina2": "Lumina 2", "ltxv": "LTX-Video",
     "hunyuan_video": "HunyuanVideo", "chroma": "Chroma", "qwen_image": "Qwen-Image",
     "sd3": "SD3", "sd15": "SD1.5",

@@ -98,6 +98,13 @@ def case(name: str) -> Case:
         positive, negative = ch.flux_conds(1, 16)
         return Case(name, model, torch.zeros(1, 16, 32, 32), positive, negative, 1.0,
                     toma_options={"skip_blocks": "none"})
+    if name == "flux_kontext":       # a reference image, as ReferenceLatent hands it over
+        c = case("flux")
+        for cond in (c.positive, c.negative):
+            cond[0][1]["reference_latents"] = [torch.randn(
+                1, 16, 16, 16, generator=torch.Generator().manual_seed(3))]
+        c.name = name
+        return c
     if name == "sdxl":
         model = ch.tiny_sdxl_patcher()
         positive, negative = ch.sdxl_conds(1, 256, 256)

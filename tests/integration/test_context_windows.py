@@ -85,6 +85,6 @@ def test_every_context_window_merges_with_its_own_plan(name):
     for window, named, out in list(recorder.calls):
         # the same call again outside the run (no run state: a throwaway one, fresh plans)
         options = {k: v for k, v in named["transformer_options"].items()
-                   if not k.startswith("toma_run_")}
+                   if not k.startswith("toma_run")}
         alone = toma.model.apply_model(**{**named, "transformer_options": options})
         assert torch.equal(alone, out), window

@@ -34,7 +34,14 @@ V1_OBJECT_INFO = json.loads((Path(__file__).parent / "object_info_v1.json").read
 # types, defaults and order never change): the families the pack covers.
 SINCE_V1 = {"Wan 2.1/2.2 (and VACE, Fun camera control)":
             "Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate)",
-            "HiDream-I1 and Kandinsky 5": "HiDream-I1, HiDream-O1 and Kandinsky 5"}
+            "HiDream-I1 and Kandinsky 5": "HiDream-I1, HiDream-O1 and Kandinsky 5",
+            # start/end_percent: fractions of the noise schedule, as ComfyUI's own widgets
+            "Merging starts at this fraction of the sampling steps.":
+            "Merging starts at this fraction of the noise schedule, read as ComfyUI's own "
+            "start_percent widgets (ControlNet, EasyCache): a schedule split over two samplers "
+            "merges the same steps.",
+            "Merging stops at this fraction of the sampling steps":
+            "Merging stops at this fraction of the noise schedule"}
 
 
 def since_v1(value: object) -> object:
