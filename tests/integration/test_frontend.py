@@ -65,8 +65,9 @@ log = logging.getLogger(__name__)
 EXAMPLES = comfy_server.REPO_ROOT / "example_workflows"
 WORKFLOW = EXAMPLES / "SDXL text to image.json"
 CATEGORY_TITLE = "ToMA Token Merge"  # locales/en/main.json, templateWorkflows.category
-UI_TIMEOUT_S = 120.0
-STATS_TIMEOUT_S = 20.0
+# Waits that guard against a hang, not speed targets (see comfy_server's)
+UI_TIMEOUT_S = 600.0
+STATS_TIMEOUT_S = 120.0
 WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")  # plus combos (option lists)
 TEXT_WIDGET = "$$node-text-preview"  # the frontend's widget for a node's progress text
 STATS_LINE = re.compile(r"50% merged · [1-9]\d*/\d+ layers · 2/2 steps")
