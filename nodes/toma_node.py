@@ -11,11 +11,10 @@ Tooltips and the description quote the defaults from the constants that define t
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..toma_core import BATCH_POLICIES, REGION_MODES, UNMERGE_METHODS
-from .apply import SUPPORTED, apply_toma
+from .apply import apply_toma
 from .dit_families import REGION_TOKENS, VIDEO_REGION_FRAMES
 from .node_spec import InputSpec, NodeSpec
 from .options import (
@@ -41,105 +40,84 @@ def sdxl_tokens(side: int, pixels_per_token: int) -> int:
     return (side // pixels_per_token) ** 2
 
 
-def sdxl_auto_side(pixels_per_token: int) -> int:
-    """The smallest square SDXL image whose level merges with unet_levels auto."""
-    return pixels_per_token * math.isqrt(AUTO_MIN_TOKENS)
-
-
 TILE_DEFAULTS = (
     f"UNet models use tiles of about {TOKENS_PER_TILE} tokens at every level "
     f"({sdxl_tokens(1024, SDXL_OUTER_PX) // TOKENS_PER_TILE} tiles at SDXL's outer level at "
     f"1024x1024, {sdxl_tokens(1024, SDXL_INNER_PX) // TOKENS_PER_TILE} at its inner level), "
     f"transformer models (Flux and the others) regions of about {REGION_TOKENS} tokens "
     f"({VIDEO_REGION_FRAMES} frames deep on video)")
-AUTO_LEVELS = (
-    f"UNet levels under {AUTO_MIN_TOKENS} tokens are left alone: on SDXL the inner level below "
-    f"{sdxl_auto_side(SDXL_INNER_PX)}x{sdxl_auto_side(SDXL_INNER_PX)} and every level below "
-    f"{sdxl_auto_side(SDXL_OUTER_PX)}x{sdxl_auto_side(SDXL_OUTER_PX)}")
 
 BASIC_INPUTS: dict[str, InputSpec] = {
-    "model": ("MODEL", {"tooltip": f"The diffusion model to speed up: {SUPPORTED}."}),
+    "model": ("MODEL", {"tooltip": "The diffusion model to speed up: put ToMA after the model "
+                                   "loader and any LoRA, before the sampler. The help page lists "
+                                   "the supported models."}),
     "ratio": ("FLOAT", {
         "default": 0.5, "min": 0.0, "max": MAX_RATIO, "step": 0.05,
-        "tooltip": "Fraction of image tokens merged away in merged layers. 0 turns ToMA off "
-                   "exactly. 0.5 is the measured sweet spot; 0.75 is faster and softer."}),
+        "tooltip": "Fraction of image tokens merged away. 0 turns ToMA off exactly; 0.5 is the "
+                   "measured sweet spot, 0.75 faster and softer."}),
     "tile_count": ("INT", {
         "default": 0, "min": 0, "max": MAX_TILE_COUNT, "step": 1,
-        "tooltip": "Tiles per image at each merged level; destinations are chosen inside each "
-                   f"tile. 0 = measured defaults: {TILE_DEFAULTS}. With region 'stripe' it is "
-                   "the number of stripes."}),
+        "tooltip": "Tiles per image; destinations are chosen inside each tile. 0 = the measured "
+                   f"default for the model (tiles of about {TOKENS_PER_TILE} tokens)."}),
     "skip_blocks": ("STRING", {
         "default": DEFAULT_SKIP_BLOCKS, "multiline": False,
-        "tooltip": "Transformer models (Flux and the other DiT families): blocks left "
-                   "unmerged, double blocks as d<i> or d<i>-<j>, single blocks as s<i> or "
-                   f"s<i>-<j>, e.g. {DEFAULT_SKIP_BLOCKS!r}; models with one kind of block (Wan, "
-                   "Qwen-Image, SD3, Lumina 2, Z-Image) take <i>-<j>, and d/s name the same "
-                   "blocks there, so the default leaves blocks 0-4; 'none' merges every block. "
-                   "UNet models (SDXL, SD1.5) do not use it; an unreadable value is refused "
-                   "when the workflow is queued, whatever the model."}),
+        "tooltip": f"Transformer blocks left unmerged, e.g. {DEFAULT_SKIP_BLOCKS!r} (double and "
+                   "single blocks), or 'none'. SDXL and SD1.5 ignore it; the help page has the "
+                   "notation."}),
     "recompute_every": ("INT", {
-        # 1: on the trained fixtures (bench/quality/section.py, README "Quality on trained models")
-        # rebuilding every step gave clearly better samples on the Flux layout (24.1 dB PSNR
-        # against 21.3 for 5 and 18.5 for 10, same speed within noise); on the SDXL layout 1, 5
-        # and 10 are close and out of order (30.2, 30.0, 31.8 dB, 2 images); 5 reuses the plan
-        # of the noisiest step for half of a 10-step run.
+        # 1: on the trained fixtures rebuilding every step gave the closest samples at the same
+        # speed (README, Quality on trained models)
         "default": 1, "min": 1, "max": 1000, "step": 1,
-        "tooltip": "Destinations and merge weights are rebuilt every N sampling steps and reused "
-                   "in between (and across all layers of a level). 1 = every step (the "
-                   "measured best: planning is cheap; larger values reuse plans made from "
-                   "noisier steps)."}),
+        "tooltip": "Rebuild the merge plan every N sampling steps (1 = every step, the measured "
+                   "best)."}),
 }
 
 ADVANCED_INPUTS: dict[str, InputSpec] = {
     "start_percent": ("FLOAT", {
         "default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01,
-        "tooltip": "Merging starts at this fraction of the noise schedule, read as ComfyUI's "
-                   "own start_percent widgets (ControlNet, EasyCache): a schedule split over two "
-                   "samplers merges the same steps."}),
+        "tooltip": "Merging starts at this fraction of the noise schedule, as ComfyUI's own "
+                   "start_percent widgets read it."}),
     "end_percent": ("FLOAT", {
         "default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
-        "tooltip": "Merging stops at this fraction of the noise schedule (the last steps "
-                   "refine details; ending early trades speed for detail)."}),
+        "tooltip": "Merging stops at this fraction of the noise schedule (ending early trades "
+                   "speed for detail)."}),
     "unet_levels": (list(UNET_LEVELS), {
         "default": "auto",
-        "tooltip": "UNet models: which attention levels merge. auto = levels with at least "
-                   f"{AUTO_MIN_TOKENS} tokens (where merging pays off); all = every level; "
-                   "largest = only the "
-                   "highest-resolution level with attention. Flux ignores it."}),
+        "tooltip": f"UNet models: which attention levels merge. auto = levels of at least "
+                   f"{AUTO_MIN_TOKENS} tokens, all = every level, largest = the highest "
+                   "resolution one."}),
     "merge_scope": (list(MERGE_SCOPES), {
         "default": "auto",
-        "tooltip": "block = the whole transformer block runs on merged tokens and only its "
-                   "update is unmerged (fastest); attention = only self-attention (UNet) or "
-                   "the image attention of Flux double blocks runs merged (the paper's "
-                   "setting). auto = block; on UNet models attention in blocks that other "
-                   "nodes patch inside, so their patches see every token."}),
+        "tooltip": "block = whole blocks run merged (fastest); attention = only self-attention "
+                   "(the paper's setting); auto = block, or attention where other nodes patch "
+                   "inside UNet blocks."}),
     "region": (list(REGION_MODES), {
         "default": "tile",
         "tooltip": "Where destinations are chosen: tiles of the token grid (best quality), row "
-                   "stripes, or the whole image at once (global; slow at high resolution)."}),
+                   "stripes, or the whole image (global; slow at high resolution)."}),
     "tau": ("FLOAT", {
         "default": 1000.0, "min": 1.0, "max": 100000.0, "step": 1.0,
-        "tooltip": "Softmax temperature of the token-to-destination assignment. Large = each "
-                   "token goes to its nearest destination; small = softer averaging."}),
+        "tooltip": "Softmax temperature of the assignment: large = each token goes to its "
+                   "nearest destination, small = softer averaging."}),
     "unmerge": (list(UNMERGE_METHODS), {
         "default": "transpose",
-        "tooltip": "How merged tokens are spread back: transpose of the assignment (fast, the "
-                   "paper's choice) or pseudo-inverse of the merge (slower, same quality)."}),
+        "tooltip": "How merged tokens are spread back: transpose (fast, the paper's choice) or "
+                   "pseudo-inverse (slower, same quality)."}),
     "batch_policy": (list(BATCH_POLICIES), {
         "default": "per_item",
-        "tooltip": "per_item = each image of the batch (and cond/uncond) gets its own "
-                   "destinations; shared = one set from the batch mean (cheaper, coarser)."}),
+        "tooltip": "per_item = each image (and cond/uncond) gets its own destinations; shared = "
+                   "one set for the batch (cheaper, coarser)."}),
     "verbose": ("BOOLEAN", {
         "default": False,
         "tooltip": "Log a summary after each run: tokens per level, layers and steps merged, "
-                   "time spent planning."}),
+                   "planning time."}),
 }
 
 DESCRIPTION = (
-    "ToMA token merging: merges similar image tokens inside tiles so the transformer blocks run "
-    "on fewer tokens, then spreads the result back. Put it between the model loader (and any "
-    f"LoRA) and the sampler. Helps most at 1024x1024 and above. With unet_levels auto, "
-    f"{AUTO_LEVELS}. Works on {SUPPORTED}; other models get an error.")
+    "ToMA token merging: merges similar image tokens so the transformer blocks run on fewer "
+    "tokens, then spreads the result back. Put it between the model loader (and any LoRA) and "
+    "the sampler; it helps most at 1024x1024 and above. The help page lists the supported "
+    "models and settings per model.")
 
 # The node's id in ComfyUI, which its stats are sent to (nodes/ui_stats.py).
 HIDDEN = ("unique_id",)
