@@ -66,7 +66,7 @@ BASIC_INPUTS: dict[str, InputSpec] = {
                    "notation."}),
     "recompute_every": ("INT", {
         # 1: on the trained fixtures rebuilding every step gave the closest samples at the same
-        # speed (README, Quality on trained models)
+        # speed (docs/quality.md)
         "default": 1, "min": 1, "max": 1000, "step": 1,
         "tooltip": "Rebuild the merge plan every N sampling steps (1 = every step, the measured "
                    "best)."}),

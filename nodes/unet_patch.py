@@ -36,7 +36,7 @@ log = logging.getLogger("ToMA")
 # 16 at its 1024-token level). bench/: lowest block error at both levels, same speed.
 TOKENS_PER_TILE = 64
 # Levels below this many tokens are left alone by "auto": merging costs more than it saves there
-# (see bench/ and the README's Benchmarks section).
+# (see bench/ and docs/benchmarks.md).
 AUTO_MIN_TOKENS = 1024
 # Below this even "all" skips a level: a few tokens per tile leave nothing to merge.
 MIN_TOKENS = 16

@@ -228,8 +228,8 @@ def card(records: dict[str, dict]) -> str:
              "`python -m bench.quality.train --layout flux --init "
              "models/toma-flux-fixture.safetensors "
              "--phases 32:8:2000,64:2:600` continues from these weights. Attention is a larger "
-             "share of these narrow models' time than of SDXL's or Flux's (see the README's "
-             "quality section).", "",
+             "share of these narrow models' time than of SDXL's or Flux's (see "
+             "docs/quality.md).", "",
              "**The matched pair** (`sdxl-matched`, `flux-matched`) fixes the first pair's "
              "proportions: fewer tokens at wider channels, so that each transformer block "
              "splits its work between attention and feed-forward as SDXL's and Flux.1's do at "
@@ -246,7 +246,7 @@ def card(records: dict[str, dict]) -> str:
              "and recognition accuracy there cannot tell merging methods apart. Started from "
              "a rendered scene (image-to-image, denoise 0.7 on the SDXL layout and 0.5 on the "
              "Flux layout) their unmerged samples stay readable (92-100%), and there it does "
-             "(the README's quality section).", "",
+             "(docs/quality.md).", "",
              "Reproduce: `python -m bench.quality.train --layout "
              "sdxl|flux|sdxl-matched|flux-matched` "
              "(bench/quality/train.py; "

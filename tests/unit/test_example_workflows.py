@@ -303,7 +303,8 @@ def test_gated_examples_exist_and_say_which_comfyui_they_need(stem: str):
 
 
 def test_ltx2_example_size_and_frame_rates():
-    # The size the README's LTX-2 benchmark measures; the frame rate is given three times and
+    # The size the LTX-2 benchmark (docs/benchmarks.md) measures; the frame rate is given
+    # three times and
     # LTX-2 needs the three to agree (conditioning, audio length, the saved video).
     workflow = load(EXAMPLES_DIR / "LTX-2 text to video.json")
     by_type = {n["type"]: n["widgets_values"] for n in workflow["nodes"]}
@@ -316,7 +317,8 @@ def test_ltx2_example_size_and_frame_rates():
 
 
 def test_hidream_o1_example_size_and_model_chain():
-    # The size the README's HiDream-O1 benchmark measures, and the model path of ComfyUI's own
+    # The size the HiDream-O1 benchmark (docs/benchmarks.md) measures, and the model path of
+    # ComfyUI's own
     # HiDream-O1 template (noise scale, seam smoothing) with ToMA in front of the sampler.
     workflow = load(EXAMPLES_DIR / "HiDream-O1 text to image.json")
     nodes = nodes_by_id(workflow)

@@ -1,5 +1,8 @@
 """README claims that the code and the files decide: widgets and their defaults, the examples
-and where they show up, and no invented addresses for a pack that has none yet."""
+and where they show up, and no invented addresses for a pack that has none yet; and the same of
+the pages it leads to (docs/*.md: benchmarks, quality, compatibility, development with the code
+map). The README stays short: a reader finds install, placement, settings and expected speed in
+it, and the lab's reports in docs/."""
 
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ from toma_pack.nodes.unet_patch import AUTO_MIN_TOKENS, TOKENS_PER_TILE
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
+# The README a new user reads in two minutes (bytes).
+README_MAX_BYTES = 15_000
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 # | `name` | default | meaning |   (a row may name two widgets: `start_percent`, `end_percent`)
 ROW = re.compile(r"^\| (`\w+`(?:, `\w+`)*) \| ([^|]+) \|", re.MULTILINE)
@@ -106,18 +112,39 @@ def test_addresses_and_publisher_agree_with_the_installation_text():
     assert icon is None or not icon.startswith("http") and (ROOT / icon).is_file(), icon
 
 
-def test_every_file_the_readme_links_exists():
+def links(path: Path) -> set[Path]:
+    """The files a Markdown document links (anchors cut), resolved from its folder."""
+    text = path.read_text(encoding="utf-8")
+    found = re.findall(r"\]\(((?!https?:|#)[^)\s#]+)(?:#[^)\s]*)?\)", text)
+    return {(path.parent / target).resolve() for target in found}
+
+
+def test_every_file_the_readme_and_its_pages_link_exists():
     # A figure's source must be there to check: an earlier README quoted a deleted result file.
-    linked = set(re.findall(r"\]\(((?!https?:|#)[^)\s]+)\)", README))
-    assert any(path.startswith("bench/results/") for path in linked)
-    missing = sorted(path for path in linked if not (ROOT / path).exists())
+    linked = set().union(*(links(page) for page in (ROOT / "README.md", *DOC_PAGES)))
+    assert any(p.is_relative_to(ROOT / "bench" / "results") for p in linked)
+    assert {ROOT / "docs" / name for name in ("benchmarks.md", "quality.md", "compatibility.md",
+                                             "development.md")} <= links(ROOT / "README.md")
+    missing = sorted(str(p) for p in linked if not p.exists())
     assert not missing, missing
 
 
+def test_the_readme_is_short_and_says_what_a_user_needs_first():
+    """Install, placement, settings and expected speed on the README; the lab's reports, with
+    their commits and history, on the pages it links."""
+    assert len(README.encode()) <= README_MAX_BYTES
+    titles = re.findall(r"(?m)^## (.+)$", README)
+    assert titles[:5] == ["What it does", "Installation", "Where the node goes",
+                          "Nodes and widgets", "Recommended settings"]
+    assert "Speed to expect" in README[:README.index("\n## ")]
+    assert not re.search(r"\bcommit [0-9a-f]{7}", README)
+
+
 def test_the_code_map_is_true():
-    """Every path the README's code map names exists, and every module of the product's two
-    packages (nodes/, toma_core/) is named there, so the map cannot drift from the code."""
-    code_map = section("### Code map")
+    """Every path the code map (docs/development.md) names exists, and every module of the
+    product's two packages (nodes/, toma_core/) is named there, so the map cannot drift."""
+    development = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    code_map = development[development.index("\n## Code map\n"):]
     named = set(re.findall(r"`([\w./-]+)`", code_map))
     paths = {name for name in named if "/" in name or name.endswith(".py")}
     missing = sorted(p for p in paths if not (ROOT / p).exists())
@@ -139,13 +166,16 @@ def test_every_result_the_readme_quotes_says_how_it_was_made():
     commit and the command of its run (but for the ones listed above, which the README marks)."""
     import json
 
-    linked = sorted(set(re.findall(r"\((bench/results/[^)]+\.md)\)", README)))
+    pages = {page: page.read_text(encoding="utf-8") for page in (ROOT / "README.md", *DOC_PAGES)}
+    linked = sorted({str(p.relative_to(ROOT)) for page in pages for p in links(page)
+                     if p.is_relative_to(ROOT / "bench" / "results") and p.suffix == ".md"})
     assert linked
     for path in linked:
         result = json.loads((ROOT / path).with_suffix(".json").read_text())
         assert result.get("machine"), path
         if path in PREDATE_THE_RECORD:
-            assert "predate the results' record of their commit" in README
+            assert any("predate the results' record of their commit" in text
+                       for text in pages.values())
             continue
         config = result.get("config", {})
         assert config.get("commit") and config.get("command"), path
@@ -174,7 +204,8 @@ def cells(line: str) -> int:
 
 
 DOCUMENTS = ("README.md", "models/README.md", *sorted(
-    str(p.relative_to(ROOT)) for p in (ROOT / "web" / "docs").rglob("*.md")))
+    str(p.relative_to(ROOT)) for p in (ROOT / "web" / "docs").rglob("*.md")),
+    *(str(p.relative_to(ROOT)) for p in DOC_PAGES))
 
 
 @pytest.mark.parametrize("document", DOCUMENTS)
@@ -189,8 +220,9 @@ def test_every_table_renders(document: str):
     assert not broken, broken
 
 
-def test_the_readme_has_its_tables():
-    assert len(tables(README)) > 10
+def test_the_readme_and_its_pages_have_their_tables():
+    assert len(tables(README)) >= 5
+    assert sum(len(tables(page.read_text(encoding="utf-8"))) for page in DOC_PAGES) > 10
 
 
 def test_the_compatibility_table_is_the_suites():
