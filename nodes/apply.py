@@ -52,8 +52,10 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
 
     depth = len(model.get_wrappers(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY))   # ToMA nodes before
     state = ToMAState(options, family if family == "unet" else family.name, node_id, depth)
-    patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY,
-                                 plain_function(state.outer_sample_wrapper))
+    outer = plain_function(state.outer_sample_wrapper)
+    outer.toma_state = state        # what the speed check reads: settings and the model patched
+    state.source = model
+    patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer)
     patched.add_wrapper_with_key(WrappersMP.SAMPLER_SAMPLE, WRAPPER_KEY,
                                  plain_function(state.sampler_sample_wrapper))
     patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY,

@@ -370,6 +370,8 @@ class ToMAState:
         # without transformer_options), and the runs in progress
         self.in_flight = threading.local()
         self.runs: list[RunState] = []
+        self.source = None      # the ModelPatcher the node patched (a clone of it carries ToMA)
+        self.last_stats: dict | None = None     # the last finished run's summary
         self._lock = threading.Lock()
 
     def setup_note(self, message: str) -> None:
@@ -664,6 +666,7 @@ class ToMAState:
 
     def _report(self, run: RunState) -> None:
         stats = self.summary(run)
+        self.last_stats = stats
         if self.options.verbose:
             levels = ", ".join(f"{lv['name']}: {lv['tokens']}->{lv['merged_tokens']} tokens"
                                for lv in stats["levels"]) or "none"

@@ -57,6 +57,11 @@ def send_stats(node_id: str | None, stats: dict) -> None:
     """Show format_stats(stats) on node `node_id` (its execution id, "12" or "5:12" inside a
     subgraph) in every connected browser; a no-op without a server (tests, scripts) or
     without a node id (model patched outside a graph)."""
+    send_text(node_id, format_stats(stats))
+
+
+def send_text(node_id: str | None, text: str) -> None:
+    """Show `text` on node `node_id` as ComfyUI's progress text (see send_stats)."""
     if node_id is None:
         return
     try:
@@ -67,9 +72,9 @@ def send_stats(node_id: str | None, stats: dict) -> None:
     if instance is None:
         return
     try:
-        instance.send_progress_text(format_stats(stats), str(node_id))
-    except Exception:  # the stats must never fail a finished sampling run
-        log.warning("could not show the ToMA stats on node %s", node_id, exc_info=True)
+        instance.send_progress_text(text, str(node_id))
+    except Exception:  # showing a result must never fail the run that made it
+        log.warning("could not show ToMA's text on node %s", node_id, exc_info=True)
 
 
 def _finite(value: object) -> bool:

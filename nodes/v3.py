@@ -5,8 +5,8 @@ This module needs ComfyUI to import: the pack's __init__.py imports it from comf
 which only ComfyUI calls, so the rest of the pack imports without ComfyUI. It uses only what
 ComfyUI v0.3.64, the oldest version the pack supports, has in comfy_api.latest: Schema's
 node_id, display_name, category, description, inputs, outputs and hidden; Model, Image, Float,
-Int, String, Boolean and Combo inputs with default, min, max, step, multiline, options and
-tooltip; Hidden.unique_id; NodeOutput; ComfyExtension.get_node_list.
+Int, String, Boolean, Conditioning, Latent and Combo inputs with default, min, max, step,
+multiline, options and tooltip; Hidden.unique_id; NodeOutput; ComfyExtension.get_node_list.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from comfy_api.latest import ComfyExtension, io
 
 from .node_spec import NodeSpec
 from .preview_node import PREVIEW, render_preview
+from .speed_check import SPEED_CHECK, speed_check
 from .toma_node import TOMA, TOMA_ADVANCED, check_inputs, patch_model
 
 IO_TYPES: dict[str, type[io.ComfyTypeIO]] = {
     "MODEL": io.Model, "IMAGE": io.Image, "FLOAT": io.Float, "INT": io.Int,
-    "STRING": io.String, "BOOLEAN": io.Boolean,
+    "STRING": io.String, "BOOLEAN": io.Boolean, "CONDITIONING": io.Conditioning,
+    "LATENT": io.Latent,
 }
 
 
@@ -97,8 +99,20 @@ class ToMAPreview(_PackNode):
         return io.NodeOutput(render_preview(image, ratio, tile_count, level))
 
 
+class ToMASpeedCheck(_PackNode):
+    """Time per model call unmerged and with ToMA, on this machine."""
+
+    SPEC = SPEED_CHECK
+
+    @classmethod
+    def execute(cls, model: Any, positive: Any, latent: dict, ratios: str,
+                calls: int) -> io.NodeOutput:
+        _, chart = speed_check(model, positive, latent, ratios, calls, cls.hidden.unique_id)
+        return io.NodeOutput(chart)
+
+
 class ToMAExtension(ComfyExtension):
     """What the pack's comfy_entrypoint hands ComfyUI."""
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [ToMA, ToMAAdvanced, ToMAPreview]
+        return [ToMA, ToMAAdvanced, ToMAPreview, ToMASpeedCheck]

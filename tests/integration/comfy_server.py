@@ -250,6 +250,19 @@ def tiny_sdxl_graph(toma_id: str, toma_inputs: dict[str, Any], seed: int = 0,
     }
 
 
+def speed_check_graph(check_id: str, check_inputs: dict[str, Any], toma_inputs: dict[str, Any],
+                      toma_id: str = "103", source_seed: int = 0) -> dict[str, dict]:
+    """API-format graph: test tiny SDXL -> ToMA (node `toma_id`, widgets `toma_inputs`) -> ToMA
+    Speed Check (node `check_id`, widgets `check_inputs`) -> image sink."""
+    graph = tiny_sdxl_graph(toma_id, toma_inputs, source_seed=source_seed)
+    del graph[SAMPLER_ID]
+    graph[check_id] = {"class_type": "ToMASpeedCheck", "inputs": {
+        **check_inputs, "model": [toma_id, 0], "positive": [SOURCE_ID, 1],
+        "latent": [SOURCE_ID, 3]}}
+    graph[SINK_ID] = {"class_type": "ToMATestImageSink", "inputs": {"images": [check_id, 0]}}
+    return graph
+
+
 def recorded_calls(server: ComfyServer, prompt_id: str) -> list[dict[str, Any]]:
     """The runs of the pack's nodes in a prompt, as the test nodes recorded them: node id,
     node type and the inputs the node's execute received (see server_nodes/)."""

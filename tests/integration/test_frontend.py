@@ -78,6 +78,7 @@ PIXEL_DELTA = 24
 # 1423 and 1486 on frontends 1.27, 1.35 and 1.49 (the two lines the canvas's text box shows);
 # an empty box paints none. A third of the smallest, so that a font change does not trip it.
 MIN_TEXT_PIXELS = 450
+SPEED_CHECK_ROW = "ToMA 0.5 (connected)"   # the speed check's row for the ToMA node before it
 
 
 def _frontend_version() -> tuple[int, ...]:
@@ -249,6 +250,15 @@ class HelpView:
 
 
 @dataclass
+class SpeedCheckView:
+    """The ToMA Speed Check node after a run, on the classic canvas."""
+
+    text: str                   # its progress text (a line per variant)
+    shown: str | None           # the rendered text of the element that shows it
+    rect: dict[str, float] | None  # that element's box on screen
+
+
+@dataclass
 class PageRecord:
     """What the page showed during the session."""
 
@@ -257,6 +267,7 @@ class PageRecord:
     toma_nodes: list[dict[str, Any]] = field(default_factory=list)
     canvas: CanvasView | None = None
     vue: VueView | None = None
+    speed_check: SpeedCheckView | None = None
     templates: TemplateView | None = None
     runs: list[comfy_server.PromptRun] = field(default_factory=list)
     examples: list[WorkflowRun] = field(default_factory=list)
@@ -301,6 +312,7 @@ async def _drive(cdp: Cdp, server: ComfyServer, record: PageRecord) -> None:
         record.vue = await _vue_view(cdp, server, record, node_id)
         await _set_vue_nodes(cdp, False)
 
+    record.speed_check = await _speed_check_view(cdp, server, record)
     record.templates = await _template_view(cdp, record)
     record.node_types = set(server.get_json("/object_info"))
     for path in example_gate.examples_here(ch.comfy_version(), record.node_types):
@@ -585,6 +597,35 @@ async def _canvas_view(cdp: Cdp, server: ComfyServer, record: PageRecord,
                       widgets_before, widgets_saved, [value for _, value in reloaded["widgets"]])
 
 
+async def _speed_check_view(cdp: Cdp, server: ComfyServer, record: PageRecord) -> SpeedCheckView:
+    """A Speed Check node alone on the canvas; a graph run with its id; what the node shows."""
+    node_id = await cdp.evaluate(f"""(() => {{
+      const graph = {JS_APP}.graph, node = globalThis.LiteGraph.createNode("ToMASpeedCheck");
+      graph.clear();
+      node.pos = [0, 0];
+      graph.add(node);
+      return String(node.id);
+    }})()""")
+    await _show_node(cdp, node_id)
+    graph = comfy_server.speed_check_graph(
+        node_id, {**NODE_SPECS["ToMASpeedCheck"].defaults(), "ratios": "0.25", "calls": 1},
+        {**NODE_SPECS["ToMA"].defaults(), "ratio": 0.5}, source_seed=record.next_seed())
+    record.runs.append(await asyncio.to_thread(comfy_server.run_prompt, server, graph))
+    text = await cdp.wait_for(_js_text(node_id), STATS_TIMEOUT_S, "the speed check's lines")
+    await cdp.frames(3)
+    _save(record, "speed-check.png", await cdp.screenshot())
+    # The innermost element showing the connected row, and the box around it.
+    shown = await cdp.evaluate(f"""(() => {{
+      const holders = [...document.querySelectorAll("body *")].filter(
+        (e) => e.textContent.includes({json.dumps(SPEED_CHECK_ROW)}));
+      if (!holders.length) return null;
+      const holder = holders[holders.length - 1], box = holder.getBoundingClientRect();
+      return {{text: holder.innerText,
+               rect: {{x: box.x, y: box.y, width: box.width, height: box.height}}}};
+    }})()""")
+    return SpeedCheckView(text, shown and shown["text"], shown and shown["rect"])
+
+
 async def _vue_view(cdp: Cdp, server: ComfyServer, record: PageRecord, node_id: str) -> VueView:
     element = f"document.querySelector('[data-node-id=\"{node_id}\"]')"
     await cdp.wait_for(f"!!{element}", UI_TIMEOUT_S, "the ToMA node's Nodes 2.0 element")
@@ -714,7 +755,7 @@ def test_workflow_loads_with_toma_widgets(page: PageRecord) -> None:
 
 def test_runs_succeed(page: PageRecord) -> None:
     statuses = [run.history["status"]["status_str"] for run in page.runs]
-    assert statuses == ["success"] * len(RENDER_MODES)
+    assert statuses == ["success"] * (len(RENDER_MODES) + 1)   # and the speed check's
 
 
 @pytest.mark.parametrize("mode", RENDER_MODES)
@@ -746,6 +787,21 @@ def _check_nodes_2(page: PageRecord) -> None:
     assert view.rect["width"] > 0 and view.rect["height"] > 0, view
     assert 0 <= view.rect["x"] and view.rect["x"] + view.rect["width"] <= browser.WINDOW[0]
     assert view.on_top, view
+
+
+def test_speed_check_results_are_visible(page: PageRecord) -> None:
+    view = page.speed_check
+    assert view is not None
+    assert SPEED_CHECK_ROW in view.text, view.text
+    # Every line is in the element on screen, with its speed-up; ToMA's first, where the box
+    # shows it without scrolling.
+    assert view.shown is not None, view
+    assert view.shown.startswith(SPEED_CHECK_ROW + ": "), view
+    for label in ("ToMA 0.25: ", "unmerged: 1.00x"):
+        assert label in view.shown, view
+    assert len(re.findall(r"\d+\.\d\dx", view.shown)) == 3, view.shown
+    assert view.rect["width"] > 0 and view.rect["height"] > 0, view
+    assert 0 <= view.rect["x"] and view.rect["x"] + view.rect["width"] <= browser.WINDOW[0]
 
 
 def test_template_browser_shows_titles_and_thumbnails(page: PageRecord) -> None:
@@ -811,10 +867,14 @@ def test_help_page_opens_from_the_info_button(page: PageRecord, node_type: str,
     for paragraph in help_paragraphs(help_page(node_type, locale)):
         assert paragraph in view.text, paragraph
     assert view.on_top, view.text[:200]
-    # The picture, from the pack's web/docs/ (the frontend resolves it against docs/).
+    # The page's pictures, from the pack's web/docs/ (the frontend resolves them against docs/),
+    # loaded at their own width.
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", help_page(node_type, locale))
+    assert pictures
     assert [image["src"] for image in view.images] == \
-        [f"/extensions/{comfy_server.PACK_FOLDER}/docs/preview.png"]
-    assert view.images[0]["width"] == 1024
+        [f"/extensions/{comfy_server.PACK_FOLDER}/docs/{name}" for name in pictures]
+    assert [image["width"] for image in view.images] == \
+        [Image.open(DOCS / name).width for name in pictures]
 
 
 @pytest.mark.parametrize("locale", HELP_LOCALES)

@@ -22,8 +22,10 @@ import example_gate
 from comfy_server import PACK_FOLDER, TEST_PACK_FOLDER, ComfyServer
 from toma_pack.nodes import NODE_SPECS
 from toma_pack.nodes.options import parse_skip_blocks
+from toma_pack.nodes.ui_stats import LINE_BREAK
 
-PACK_NODES = ("ToMA", "ToMAAdvanced", "ToMAPreview")
+PACK_NODES = tuple(NODE_SPECS)
+V1_NODES = ("ToMA", "ToMAAdvanced", "ToMAPreview")     # the nodes the pack had before V3
 EXAMPLES = comfy_server.REPO_ROOT / "example_workflows"
 CATEGORY_TITLE = "ToMA Token Merge"
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -79,7 +81,7 @@ def as_v1(info: dict[str, Any]) -> dict[str, Any]:
     return v1
 
 
-@pytest.mark.parametrize("name", PACK_NODES)
+@pytest.mark.parametrize("name", V1_NODES)
 def test_object_info_is_what_the_v1_nodes_sent(server: ComfyServer, name: str) -> None:
     # object_info_v1.json: /object_info of the V1 nodes (INPUT_TYPES) just before the V3 port,
     # from ComfyUI v0.3.64; v0.8.0 and v0.33.0 sent the same for every field in it. Ids, names,
@@ -271,6 +273,35 @@ def test_prompt_runs_and_pushes_stats(server: ComfyServer) -> None:
     expected = {**toma_inputs, "model": "ModelPatcher"}
     assert calls == [{"prompt_id": run.prompt_id, "node": TOMA_ID, "node_type": "ToMA",
                       "unique_id": TOMA_ID, "inputs": expected}], calls
+
+
+def test_speed_check_shows_its_results_on_the_node(server: ComfyServer) -> None:
+    check_id = "9"
+    check_inputs = {**NODE_SPECS["ToMASpeedCheck"].defaults(), "ratios": "0.25", "calls": 1}
+    toma_inputs = {**NODE_SPECS["ToMA"].defaults(), "ratio": 0.5}
+    run = comfy_server.run_prompt(server, comfy_server.speed_check_graph(
+        check_id, check_inputs, toma_inputs, toma_id=TOMA_ID))
+    assert run.history["status"]["status_str"] == "success", run.history["status"]
+    sink = run.history["outputs"][comfy_server.SINK_ID]
+    assert sink["finite"] == [True]
+    (height, width), = [shape[1:3] for shape in sink["image_shape"]]
+    assert sink["image_shape"][0][0] == 1 and sink["image_shape"][0][3] == 3 and width == 512
+
+    # One text on the speed check, none on the ToMA node (the node samples its own variants):
+    # a line per variant, ToMA's first, each ToMA variant merging.
+    texts = run.messages_of("progress_text")
+    assert [message["node"] for message in texts] == [check_id], texts
+    lines = texts[0]["text"].split(LINE_BREAK)
+    assert [line.split(":")[0] for line in lines] == [
+        "ToMA 0.5 (connected)", "ToMA 0.25", "unmerged"], texts
+    assert all(re.search(r" · [1-9]\d*/\d+ layers · ", line) for line in lines[:2]), lines
+    # The ToMA node's output may come from ComfyUI's cache (an earlier test ran the same node).
+    calls = [call for call in comfy_server.recorded_calls(server, run.prompt_id)
+             if call["node_type"] == "ToMASpeedCheck"]
+    assert calls == [{"prompt_id": run.prompt_id, "node": check_id, "node_type": "ToMASpeedCheck",
+                      "unique_id": check_id, "inputs": {
+                          **check_inputs, "model": "ModelPatcher", "positive": "list",
+                          "latent": "dict"}}], calls
 
 
 def test_unreadable_skip_blocks_is_refused_before_the_graph_runs(server: ComfyServer) -> None:

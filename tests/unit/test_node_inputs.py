@@ -39,6 +39,13 @@ SNAPSHOT = {
         ("level", ["16px (SDXL outer, Flux)", "32px (SDXL inner)", "8px (SD1.5 outer)"],
          "16px (SDXL outer, Flux)"),
     ],
+    "ToMASpeedCheck": [
+        ("model", "MODEL", None),
+        ("positive", "CONDITIONING", None),
+        ("latent", "LATENT", None),
+        ("ratios", "STRING", "0.25, 0.5, 0.75"),
+        ("calls", "INT", 3),
+    ],
 }
 
 
@@ -46,6 +53,7 @@ DISPLAY_NAMES = {
     "ToMA": "ToMA Token Merge",
     "ToMAAdvanced": "ToMA Token Merge (Advanced)",
     "ToMAPreview": "ToMA Merge Preview",
+    "ToMASpeedCheck": "ToMA Speed Check",
 }
 CATEGORY = "model_patches/ToMA"
 

@@ -87,4 +87,4 @@ def test_a_failing_server_does_not_fail_the_run(server: FakeServer, monkeypatch,
 
     monkeypatch.setattr(server, "send_progress_text", broken)
     ui_stats.send_stats("3", STATS)
-    assert "could not show the ToMA stats on node 3" in caplog.text
+    assert "could not show ToMA's text on node 3" in caplog.text

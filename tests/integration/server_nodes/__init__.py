@@ -25,7 +25,7 @@ from aiohttp import web
 from comfy_execution.utils import get_executing_context
 from server import PromptServer  # ComfyUI's own modules: this pack only ever runs inside it
 
-RECORDED_NODES = ("ToMA", "ToMAAdvanced", "ToMAPreview")
+RECORDED_NODES = ("ToMA", "ToMAAdvanced", "ToMAPreview", "ToMASpeedCheck")
 _calls: list[dict[str, Any]] = []
 
 # ComfyUI imports this file through a symlink: resolve it to find the harness beside it.
