@@ -10,15 +10,16 @@ loads it (tests/integration/peers.py); a pack that does not import on this Comfy
 rows out with a note. What each pair does (and that both act) is tested in
 tests/integration/test_peer_*.py; this section times it.
 
-Rows: per pair, the node alone and the node with ToMA (node defaults; every Flux block merged
-but the default skip_blocks), their times and ToMA's speedup over the node alone; and the
-unmerged and ToMA-alone runs for reference.
+Rows: per pair, the node alone and the node with ToMA after it (node defaults), their times
+and ToMA's speedup over the node alone; and the unmerged and ToMA-alone runs for reference.
+TOMA_PEERS_MODELS=sdxl,flux chooses the models.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -104,28 +105,29 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
 
     cfg.apply_threads()
     rows, notes = [], []
+    models = os.environ.get("TOMA_PEERS_MODELS", "sdxl,flux").split(",")
     for name, build in (("sdxl", whole_call.sdxl_patcher), ("flux", whole_call.flux_patcher)):
-        base = build()
-        calls = {"unmerged": _run(base, name), "ToMA": _run(toma(base), name)}
-        labels = {"unmerged": "-", "ToMA": "-"}
-        for label, peer in pairs(name).items():
-            calls[f"{label} alone"] = _run(peer(base), name)
-            calls[f"{label} + ToMA"] = _run(toma(peer(base)), name)
-            labels[f"{label} alone"] = labels[f"{label} + ToMA"] = label
-        try:
-            timings = interleaved(calls, warmup=1, reps=MIN_REPS, clock=cfg.clock)
-        except Exception as exc:  # one model failing must not take the other's rows with it
-            log.exception("peers %s failed", name)
-            notes.append(f"{name} failed: {type(exc).__name__}: {exc}")
+        if name not in models:
             continue
-        for label, timing in timings.items():
-            pair = labels[label]
-            row = {"model": name, "pair": pair, "variant": label, **timing.fields()}
-            if label == "ToMA":
-                row.update(speedup(timings["unmerged"], timing))
-            elif label.endswith(" + ToMA"):
-                row.update(speedup(timings[f"{pair} alone"], timing))
-            rows.append(row)
+        # the caches keep their state on the diffusion model object: each pair runs on a model
+        # of its own, its two variants interleaved
+        groups = [("-", build(), lambda m: m)] + [(label, build(), peer)
+                                                  for label, peer in pairs(name).items()]
+        for pair, base, peer in groups:
+            first, second = ("unmerged", "ToMA") if pair == "-" else (f"{pair} alone",
+                                                                     f"{pair} + ToMA")
+            calls = {first: _run(peer(base), name), second: _run(toma(peer(base)), name)}
+            try:
+                timings = interleaved(calls, warmup=1, reps=MIN_REPS, clock=cfg.clock)
+            except Exception as exc:  # one pair failing must not take the others with it
+                log.exception("peers %s %s failed", name, pair)
+                notes.append(f"{name} {pair} failed: {type(exc).__name__}: {exc}")
+                continue
+            rows.append({"model": name, "pair": pair, "variant": first,
+                         **timings[first].fields()})
+            rows.append({"model": name, "pair": pair, "variant": second,
+                         **timings[second].fields(), **speedup(timings[first], timings[second])})
+            del base
     peers = peers_module()
     missing = [p for p in ("ComfyUI-TeaCache", "ComfyUI-MagCache", "Comfy-WaveSpeed")
                if not peers.load(p).loaded]
