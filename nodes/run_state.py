@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..toma_core import MergePlan, PlanSchedule, Regions, RegionTables
+from ..toma_core.regions import compiling
 from .options import ToMAOptions
 from .ui_stats import send_stats
 
@@ -192,12 +193,6 @@ def guard_filter_of(module: object) -> object:
     return getattr(hooks, "guard_filter_fn", None)
 
 
-def compiling() -> bool:
-    """Whether torch.compile is tracing this code (then host-only work is left out)."""
-    check = getattr(torch.compiler, "is_compiling", None)
-    return bool(check()) if check is not None else False
-
-
 def foreign_caller() -> str:
     """Who called into a block patch: the node pack (or module) and function of the first frame
     up the stack outside this pack and torch, e.g. "ComfyUI-TeaCache (teacache_flux_forward)"."""
@@ -274,10 +269,6 @@ class RunState:
                 return False
             self.notes.append(message)
             return True
-
-    def clear_plans(self) -> None:
-        """Forget every plan (benchmarks time a plan build this way)."""
-        self.schedule.clear()
 
 
 @dataclass

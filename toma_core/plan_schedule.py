@@ -47,7 +47,3 @@ class PlanSchedule:
         entry = self._entries[identity]
         entry.seen = step
         return entry.plans, fresh
-
-    def clear(self) -> None:
-        """Forget every plan."""
-        self._entries.clear()

@@ -132,7 +132,7 @@ class RegionTables:
             items = torch.arange(batch, device=self.slots.device).repeat_interleave(r).view(-1, 1)
             tokens = (self.slots + offset).repeat(batch, 1)
             found = (items, tokens)
-            if not _compiling():
+            if not compiling():
                 self._merge[key] = found
         return found
 
@@ -144,7 +144,7 @@ class RegionTables:
             r = self.regions.count
             items = torch.arange(batch, device=self.slots.device).view(-1, 1) * r
             found = (items + self.token_region, self.token_slot)
-            if not _compiling():
+            if not compiling():
                 self._unmerge[batch] = found
         return found
 
@@ -188,9 +188,10 @@ def _along(per_part: torch.Tensor, offsets: torch.Tensor, axis: int,
     return a < p if test else p + a
 
 
-def _compiling() -> bool:
-    """Whether torch.compile is tracing: then index tensors are rebuilt in the graph (inductor
-    folds them) instead of cached in a Python dict the compiled code would guard on."""
+def compiling() -> bool:
+    """Whether torch.compile is tracing: then host-only work is left out, and index tensors are
+    rebuilt in the graph (inductor folds them) instead of cached in a Python dict the compiled
+    code would guard on."""
     check = getattr(torch.compiler, "is_compiling", None)
     return bool(check()) if check is not None else False
 

@@ -84,14 +84,6 @@ def test_identities_are_independent() -> None:
     assert schedule.plans(("cond", "cpu"), 3)[0] is not schedule.plans(("uncond", "cpu"), 3)[0]
 
 
-def test_clear_forgets_every_plan() -> None:
-    schedule = PlanSchedule(recompute_every=5)
-    schedule.plans("k", 0)[0]["x"] = 1
-    schedule.clear()
-    assert schedule.due("k", 1)
-    assert schedule.plans("k", 1) == ({}, True)
-
-
 @pytest.mark.parametrize("every", [0, -1])
 def test_recompute_every_rejected(every: int) -> None:
     with pytest.raises(ValueError, match="recompute_every"):
