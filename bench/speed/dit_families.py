@@ -113,6 +113,7 @@ from ..shared.common import (
     versus_lower_bound,
     write_result,
 )
+from ..shared.model_configs import hidream_o1_prompt_ids
 from ..shared.weights import fill_weights
 
 log = logging.getLogger(__name__)
@@ -749,21 +750,58 @@ def token_smooth_pixels(grid: tuple[int, int, int], patch: int) -> torch.Tensor:
                          align_corners=False)
 
 
+HIDREAM_O1_PATCH = 32           # HiDream-O1's pixel patch
+
+
+@dataclass(frozen=True)
+class HiDreamO1Case:
+    """One generation: its name, prompt length (chat template included) and reference count."""
+
+    name: str
+    prompt: int
+    references: int
+
+
+def build_hidream_o1(text: dict[str, Any] | None = None) -> torch.nn.Module:
+    """HiDreamO1Transformer at the real width (or with the decoder settings `text`) with one
+    decoder layer; the vision tower is dropped (reference images enter as their token counts:
+    the ViT's output is computed once per generation, outside the layers)."""
+    from comfy.ldm.hidream_o1.model import HiDreamO1Transformer
+
+    return one_block_model(HiDreamO1Transformer, ("visual",),
+                           text_config_overrides={**(text or {}), "num_hidden_layers": 1})
+
+
+def hidream_o1_conditioning(case: HiDreamO1Case, x: torch.Tensor) -> dict[str, Any]:
+    """The model's extra conditioning as ComfyUI's HiDream-O1 model builds it for `case`:
+    prompt ids [1, P] ending in the tms token; with a reference, a white image of the target's
+    size, its ViT tokens spliced into the prompt (their pixel values left out: see
+    build_hidream_o1)."""
+    from comfy.ldm.hidream_o1.conditioning import build_extra_conds
+
+    ids = hidream_o1_prompt_ids(case.prompt)
+    refs = [torch.ones(1, x.shape[-2], x.shape[-1], 3)] * case.references or None
+    conds = build_extra_conds(ids, x, ref_images=refs, target_patch_size=HIDREAM_O1_PATCH)
+    conds.pop("ref_pixel_values", None)
+    conds.pop("ref_image_grid_thw", None)
+    conds.pop("token_types")
+    return conds
+
+
 def hidream_o1_case(name: str, size: Size, text: int = 128) -> BlockCase:
     """HiDream-O1 (ComfyUI 0.33): one of its 36 Qwen3-VL-8B decoder layers (width 4096, 32
     query and 8 key/value heads of 128, feed-forward 12288) on [prompt; image] in 32-pixel
     patches, the arguments from the model's own forward as its "dit" replace patch gets them
-    (capture_block; bench/speed/hidream_o1_cache.py builds the model and the prompt of `text`
-    ids ending in the tms token): x [1, P + N, 4096], RoPE rows (cos, sin, -sin) [1, P + N, D].
+    (capture_block; build_hidream_o1 and hidream_o1_conditioning build the model and the
+    prompt of `text` ids ending in the tms token): x [1, P + N, 4096], RoPE rows (cos, sin,
+    -sin) [1, P + N, D].
     The model runs this path, the whole sequence, whenever a block is patched; unpatched it
     keeps the prompt's keys and values across steps (hidream_o1_cache measures that
     difference). The lower bound cuts the image and its RoPE rows."""
-    from .hidream_o1_cache import PATCH, Case, build_model, conditioning
-
-    model = build_model()
+    model = build_hidream_o1()
     grid = size.grid()
-    x = token_smooth_pixels(grid, PATCH)
-    conds = conditioning(Case(name, text, 0), x)
+    x = token_smooth_pixels(grid, HIDREAM_O1_PATCH)
+    conds = hidream_o1_conditioning(HiDreamO1Case(name, text, 0), x)
     with torch.inference_mode():
         captured, original = capture_block(lambda options: model(
             x, torch.full((1,), 700.0), transformer_options=options, **conds))

@@ -67,67 +67,33 @@ from ..shared.common import (
     speedup,
     write_result,
 )
-from ..shared.model_configs import hidream_o1_prompt_ids
 from .dit_families import (
+    HIDREAM_O1_PATCH,
+    HiDreamO1Case,
     _setup,
+    build_hidream_o1,
     capture_forwards,
     default_skipped,
+    hidream_o1_conditioning,
     keep_grid,
     latent_image,
-    one_block_model,
 )
 
 log = logging.getLogger(__name__)
 
 DEPTH = 36                  # Qwen3-VL-8B decoder layers
-PATCH = 32                  # HiDream-O1's pixel patch
 VARIANTS = ("cached", "patched", "merged, patched", "merged, cached", "ToMA, cached",
             "ToMA plan build")
 COLUMNS = ("case", "variant", "prompt_tokens", "gen_tokens", "image_tokens", "ms", "spread",
            "reps", "speedup", "speedup_lo", "speedup_hi", "note")
 
 
-@dataclass(frozen=True)
-class Case:
-    """One generation: its name, prompt length (chat template included) and reference count."""
-
-    name: str
-    prompt: int
-    references: int
-
-
-def parse_case(text: str) -> Case:
-    """"t2i-128" / "edit-128" -> Case."""
+def parse_case(text: str) -> HiDreamO1Case:
+    """"t2i-128" / "edit-128" -> HiDreamO1Case."""
     kind, _, prompt = text.partition("-")
     if kind not in ("t2i", "edit") or not prompt.isdigit() or int(prompt) < 2:
         raise argparse.ArgumentTypeError(f"{text!r}: expected t2i-P or edit-P, P >= 2 tokens")
-    return Case(text, int(prompt), 1 if kind == "edit" else 0)
-
-
-def build_model(text: dict[str, Any] | None = None) -> torch.nn.Module:
-    """HiDreamO1Transformer at the real width (or with the decoder settings `text`) with one
-    decoder layer; the vision tower is dropped (reference images enter as their token counts:
-    the ViT's output is computed once per generation, outside the layers)."""
-    from comfy.ldm.hidream_o1.model import HiDreamO1Transformer
-
-    return one_block_model(HiDreamO1Transformer, ("visual",),
-                           text_config_overrides={**(text or {}), "num_hidden_layers": 1})
-
-
-def conditioning(case: Case, x: torch.Tensor) -> dict[str, Any]:
-    """The model's extra conditioning as ComfyUI's HiDream-O1 model builds it for `case`:
-    prompt ids [1, P] ending in the tms token; with a reference, a white image of the target's
-    size, its ViT tokens spliced into the prompt (their pixel values left out: see
-    build_model)."""
-    from comfy.ldm.hidream_o1.conditioning import build_extra_conds
-
-    ids = hidream_o1_prompt_ids(case.prompt)
-    refs = [torch.ones(1, x.shape[-2], x.shape[-1], 3)] * case.references or None
-    conds = build_extra_conds(ids, x, ref_images=refs, target_patch_size=PATCH)
-    conds.pop("ref_pixel_values", None)
-    conds.pop("ref_image_grid_thw", None)
-    conds.pop("token_types")
-    return conds
+    return HiDreamO1Case(text, int(prompt), 1 if kind == "edit" else 0)
 
 
 @dataclass(frozen=True)
@@ -160,14 +126,14 @@ class Layer:
         return run
 
 
-def capture_layer(model: torch.nn.Module, case: Case, size: tuple[int, int]) -> Layer:
+def capture_layer(model: torch.nn.Module, case: HiDreamO1Case, size: tuple[int, int]) -> Layer:
     """Layer for `case` at `size` (width, height): a cold call fills the cache, the hot call's
     and a second cold call's layer arguments are recorded (the cold one as a block patch runs
     it: no K/V kept)."""
     width, height = size
-    grid = (1, height // PATCH, width // PATCH)
-    x = latent_image(grid, 3, 2, PATCH)
-    conds = conditioning(case, x)
+    grid = (1, height // HIDREAM_O1_PATCH, width // HIDREAM_O1_PATCH)
+    x = latent_image(grid, 3, 2, HIDREAM_O1_PATCH)
+    conds = hidream_o1_conditioning(case, x)
     t = torch.full((1,), 700.0)
     layer = model.language_model.layers[0]
     with torch.inference_mode():
@@ -220,7 +186,7 @@ def toma_calls(lay: Layer, ratio: float) -> tuple[Callable[[], Any], Callable[[]
     return run, build, plan.merged_tokens
 
 
-def bench_case(model: torch.nn.Module, case: Case, size: tuple[int, int], ratio: float,
+def bench_case(model: torch.nn.Module, case: HiDreamO1Case, size: tuple[int, int], ratio: float,
                reps: int, clock: str) -> list[dict]:
     """The four variants' rows and the projected models' for one case."""
     lay = capture_layer(model, case, size)
@@ -252,7 +218,7 @@ def bench_case(model: torch.nn.Module, case: Case, size: tuple[int, int], ratio:
     return rows
 
 
-def projections(case: Case, found: dict[str, Timing], ratio: float) -> list[dict]:
+def projections(case: HiDreamO1Case, found: dict[str, Timing], ratio: float) -> list[dict]:
     """The 36-layer models against the unpatched model (36 x cached), per repetition."""
     skip = default_skipped(DEPTH)
 
@@ -296,8 +262,9 @@ def report(result: dict[str, Any]) -> str:
 
 def _size(text: str) -> tuple[int, int]:
     width, _, height = text.partition("x")
-    if not (width.isdigit() and height.isdigit()) or int(width) % PATCH or int(height) % PATCH:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected WxH, multiples of {PATCH}")
+    patch = HIDREAM_O1_PATCH
+    if not (width.isdigit() and height.isdigit()) or int(width) % patch or int(height) % patch:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WxH, multiples of {patch}")
     return int(width), int(height)
 
 
@@ -321,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     _setup()
     if a.threads:
         torch.set_num_threads(a.threads)
-    model = build_model()
+    model = build_hidream_o1()
     rows = []
     for case in a.cases:
         case_rows = bench_case(model, case, a.size, a.ratio, a.reps, a.clock)

@@ -32,7 +32,7 @@ def model():
         assert ch.comfy_version() < (0, 33, 0), "HiDreamO1 missing"
         return None
     torch.manual_seed(0)
-    return bench.build_model(TEXT)
+    return bench.build_hidream_o1(TEXT)
 
 
 @pytest.mark.parametrize("name", [f"t2i-{PROMPT}", f"edit-{PROMPT}"])
