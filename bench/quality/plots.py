@@ -11,7 +11,11 @@ import torch
 from PIL import Image, ImageDraw
 
 COLOURS = {"unmerged": (0, 0, 0), "toma": (200, 30, 30), "tomesd": (30, 90, 200),
-           "todo": (20, 150, 60), "easycache": (200, 130, 0)}
+           "todo": (20, 150, 60), "easycache": (200, 130, 0),
+           # bench/quality/few_steps.py's caches, alone and after ToMA
+           "EasyCache": (200, 130, 0), "First Block Cache": (130, 60, 170),
+           "MagCache": (0, 140, 140), "toma+EasyCache": (110, 20, 20),
+           "toma+First Block Cache": (90, 30, 110), "toma+MagCache": (0, 80, 80)}
 GRID_COLUMNS = ("unmerged", "ToMA defaults", "ToMeSD attention r0.5", "ToDo 2x2")
 PANEL = (420, 300)
 MARGIN = 50
@@ -158,6 +162,28 @@ def sampler_frontiers(rows: list[dict], path: Path,
     path.parent.mkdir(parents=True, exist_ok=True)
     img.save(path)
     return boxes
+
+
+def few_steps_figure(rows: list[dict], path: Path) -> None:
+    """bench/quality/few_steps.py's rows of one fixture: a panel per part, step count and
+    sampler, PSNR vs the unmerged samples against speedup, one point per variant."""
+    groups = list(dict.fromkeys((r["part"], r["steps"], r["sampler"]) for r in rows))
+    columns = 3
+    cell_w, cell_h = PANEL[0] + MARGIN + 60, PANEL[1] + MARGIN + 30
+    lines = -(-len(groups) // columns)
+    img = Image.new("RGB", (columns * cell_w + MARGIN, lines * cell_h + 40), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((MARGIN, 8), f"Speed vs PSNR vs unmerged (dB), {rows[0]['model']}-layout fixture, "
+                           "cfg 1 (ToMA red, EasyCache orange, First Block Cache purple, "
+                           "MagCache teal; after ToMA: darker)", fill=(0, 0, 0))
+    for k, (part, steps, sampler) in enumerate(groups):
+        own = [r for r in rows if (r["part"], r["steps"], r["sampler"]) == (part, steps, sampler)
+               and r["method"] != "unmerged"]
+        i, j = divmod(k, columns)
+        _panel(draw, (MARGIN + 40 + j * cell_w, MARGIN + 10 + i * cell_h), own, "psnr",
+               f"{steps} steps, {sampler}", True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
 
 
 def sweep_figures(rows: list[dict], denoise: float, docs: Path) -> list[Path]:
