@@ -32,17 +32,8 @@ from .run_state import ModelCall
 
 TEXT_POSITIONS = ("before", "after", "stream_before", "stream_after", "none")
 # tile_count 0: regions of about REGION_TOKENS tokens, VIDEO_REGION_FRAMES frames deep for
-# video. Measured with bench/speed/dit_tiles.py (bench/results/2026-12-01-cpu-dit-tiles.md:
-# ComfyUI's blocks at full width, random weights, smooth token fields, ratio 0.5, relative L2
-# error of the block's image update): 64 tokens beat 16, 36 and 144 on SD3.5 Large (0.108
-# against 0.116, 0.113, 0.127) and Qwen-Image (0.130 against 0.136, 0.133, 0.145) at 768x768;
-# Z-Image 0.183, 9% above its best (0.168, 16 tokens). On video, regions two frames deep beat
-# one-frame regions: Wan 2.1 14B at 832x480x5 0.105 against 0.113-0.119 (0.104 for 32 tokens
-# over 2 frames), Wan 2.2 5B at 1280x704x9 0.111 against 0.114-0.115 (0.105 for 32 over 2).
-# Flux too: on the trained Flux-layout fixture (bench/quality/section.py, 1024 image tokens,
-# medians of 3 runs) 16 tiles of 64 tokens gave samples of 24.1 dB PSNR against the unmerged
-# ones (SSIM 0.904, held-out loss +13.6%) at 1.53x, 64 tiles 23.2 dB (+16.0%) at 1.58x, 256
-# tiles 20.3 dB (+18.1%) at 1.55x.
+# video: the sizes whose merged blocks and samples stayed closest to unmerged among those tried
+# (docs/compatibility.md, settings for the transformer families).
 REGION_TOKENS = 64
 VIDEO_REGION_FRAMES = 2
 
@@ -190,10 +181,10 @@ def zero_timestep_frames(call: ModelCall, mask: object, frames: int) -> int:
     if not torch.is_tensor(mask) or mask.dim() != 5 or mask.shape[2] != frames:
         return 0
     key = ("zero_timestep_frames", call.identity, tuple(mask.shape))
-    if key not in call.run.memo:
+    if key not in call.run.host_reads:
         kept = (mask.float().abs().amax(dim=(0, 1, 3, 4)) == 0).tolist()
-        call.run.memo[key] = leading_true(kept)
-    return call.run.memo[key]
+        call.run.host_reads[key] = leading_true(kept)
+    return call.run.host_reads[key]
 
 
 def given_frames(call: ModelCall, mask: object) -> int:
@@ -204,10 +195,10 @@ def given_frames(call: ModelCall, mask: object) -> int:
     if not torch.is_tensor(mask) or mask.dim() != 5:
         return 0
     key = ("given_frames", call.identity, tuple(mask.shape))
-    if key not in call.run.memo:
+    if key not in call.run.host_reads:
         given = (mask.float().amin(dim=(0, 1, 3, 4)) == 1).tolist()
-        call.run.memo[key] = leading_true(given)
-    return call.run.memo[key]
+        call.run.host_reads[key] = leading_true(given)
+    return call.run.host_reads[key]
 
 
 def conditioned_frames(call: ModelCall, mask: object, frames: int, total: int) -> int | None:
@@ -224,15 +215,15 @@ def conditioned_frames(call: ModelCall, mask: object, frames: int, total: int) -
     if not torch.is_tensor(mask) or mask.dim() != 5 or mask.shape[2] != total:
         return None
     key = ("conditioned_frames", call.identity, tuple(mask.shape), frames)
-    if key not in call.run.memo:
+    if key not in call.run.host_reads:
         video = mask[:, :, :frames].float()
         low, high = torch.stack((video.amin(dim=(0, 1, 3, 4)),
                                  video.amax(dim=(0, 1, 3, 4)))).tolist()    # one host read
         free = [a == 1 and b == 1 for a, b in zip(low, high, strict=True)]
         count = leading_true([not f for f in free])
         clean = all(free[count:]) and min(low[:count], default=0) >= 0
-        call.run.memo[key] = count if clean else None
-    return call.run.memo[key]
+        call.run.host_reads[key] = count if clean else None
+    return call.run.host_reads[key]
 
 
 def timestep_zero_guard(call, arguments: dict, default_method: object) -> str | None:

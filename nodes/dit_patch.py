@@ -276,7 +276,7 @@ class DiTToMA:
             return why or (f"another node patches {label}'s blocks too, so ToMA cannot keep the "
                            f"prompt's keys and values across steps: {label} recomputes them "
                            f"at every step")
-        if call.run.unguarded:
+        if call.run.compiled_without_guards:
             return why or (f"under TorchCompileModel ToMA cannot keep {label}'s prompt keys and "
                            f"values across steps (the compiled model would replay the first "
                            f"step's way): {label} recomputes them at every step")
@@ -287,7 +287,7 @@ class DiTToMA:
         """(who replaced the model's blocks, or None; {(kind key, index): who patched that
         merged block's self-attention}), read once per run and model object."""
         key = ("dit_neighbours", id(diffusion_model))
-        found = call.run.memo.get(key)
+        found = call.run.host_reads.get(key)
         if found is None:
             found = (None, {})
             if diffusion_model is not None:
@@ -303,7 +303,7 @@ class DiTToMA:
                             else None
                         if who:
                             found[1][(kind.key, i)] = who
-            call.run.memo[key] = found
+            call.run.host_reads[key] = found
         return found
 
     # One block call ------------------------------------------------------------------------------

@@ -9,11 +9,9 @@ and unmerge the attention projection's output; the image MLP runs at full length
 the same on every ComfyUI version (the >= 0.17 attn1 patches would only see Q/K/V after the
 full-length projection).
 
-bench/speed/flux_blocks.py (Flux.1-size blocks, 4096 image + 512 text tokens, fp32 CPU, ratio 0.5;
-bench/results/2026-12-01-cpu-suite.md): double block "block" 2.03x vs "attention" 1.33x faster
-than plain; relative L2 error of the image update 0.14 vs 0.10, the same as a merged single
-block's 0.13 (merged whole either way). Whole model (default skips): 1.68x vs 1.52x. Hence
-merge_scope "auto" merges whole blocks.
+Merging whole double blocks is much faster than merging their attention only, at a block error
+like a merged single block's (docs/benchmarks.md, Flux blocks); hence merge_scope "auto" merges
+whole blocks.
 """
 
 from __future__ import annotations

@@ -59,10 +59,10 @@ def open_prefix(call: ModelCall, depth: int) -> None:
         return
     key = ("prefix_cache", call.identity, length)
     with call.run.lock:
-        entry = call.run.memo.get(key)
+        entry = call.run.prefix_entries.get(key)
         hot = entry is not None and len(entry.kv) == depth
         if not hot:
-            entry = call.run.memo[key] = PrefixEntry(length)
+            entry = call.run.prefix_entries[key] = PrefixEntry(length)
     call.data[OPEN] = (entry, hot)
 
 

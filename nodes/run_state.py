@@ -234,11 +234,12 @@ class RunState:
         self.layers_merged: set = set()
         self.steps_merged: set = set()
         self.levels: dict = {}
-        self.memo: dict = {}         # what a family reads once per run (see Family.describe)
+        self.host_reads: dict = {}       # what a family reads on the host once per run
+        self.prefix_entries: dict = {}   # HiDream-O1's kept prompt keys and values
         # compiled by torch.compile (see unguarded_compile: without guards on
         # transformer_options)
         self.compiled = False
-        self.unguarded = False
+        self.compiled_without_guards = False
         self.notes: list[str] = []   # what this run did differently from what was asked
         self.tables: dict[tuple[Regions, torch.device | None], RegionTables] = {}
         self.lock = threading.Lock()
@@ -396,8 +397,8 @@ class ToMAState:
         run = self.new_run()
         run.window = self.sigma_window(guider)
         run.compiled = isinstance(original.get("torch_compile_kwargs"), dict)
-        run.unguarded = unguarded_compile(original)
-        if run.unguarded and self.options.recompute_every > 1:
+        run.compiled_without_guards = unguarded_compile(original)
+        if run.compiled_without_guards and self.options.recompute_every > 1:
             self.run_note(run, "under torch.compile without guards on transformer_options "
                                "(TorchCompileModel) ToMA builds its plans every step: "
                                "recompute_every has no effect there")
@@ -503,7 +504,8 @@ class ToMAState:
             call.step = step
             if o.ratio > 0 and run.in_window(step, o.start_percent, o.end_percent):
                 call.merging = True
-                call.plans = {} if run.unguarded else run.schedule.plans(identity, step)[0]
+                call.plans = ({} if run.compiled_without_guards
+                              else run.schedule.plans(identity, step)[0])
         call.plans_before = len(call.plans)
         return call
 

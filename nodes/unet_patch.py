@@ -75,10 +75,8 @@ class UNetToMA:
         if self.scope == "attention":
             return "attention"
         if not near.in_block:
-            # auto = block: on the quality fixture with SDXL's share of attention per block
-            # (sdxl-matched, bench/results/2026-12-01-cpu-quality-sdxl-matched.md) block scope
-            # at ratio 0.25 is as fast as attention scope at 0.75 (1.05x vs 1.08x) with a far
-            # closer sample (31.6 vs 25.0 dB PSNR, MMD 2.6 vs 5.9).
+            # auto = block: at equal speed, block scope keeps samples far closer to unmerged
+            # than attention scope (docs/quality.md, what the matched fixtures decided)
             return "block"
         kinds = ", ".join(near.patches)
         if self.scope == "block":

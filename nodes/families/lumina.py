@@ -62,10 +62,10 @@ def text_length(call: ModelCall, context: torch.Tensor, arguments: dict,
         mask = arguments.get("attention_mask")
         if torch.is_tensor(mask):
             key = ("text_length", call.identity, tuple(mask.shape))
-            if key not in call.run.memo:
+            if key not in call.run.host_reads:
                 lengths = mask.sum(dim=-1).flatten().unique()
-                call.run.memo[key] = int(lengths[0]) if len(lengths) == 1 else None
-            return call.run.memo[key]
+                call.run.host_reads[key] = int(lengths[0]) if len(lengths) == 1 else None
+            return call.run.host_reads[key]
         return int(arguments.get("num_tokens", context.shape[1]))
     multiple = diffusion_model.pad_tokens_multiple
     return math.ceil(context.shape[1] / multiple) * multiple if multiple else context.shape[1]

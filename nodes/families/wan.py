@@ -129,11 +129,11 @@ def image_frames(call, c_concat: object, x: object) -> int:
     if int(c_concat.shape[1]) not in (latent, 2 * latent):
         return 0
     key = ("image_frames", call.identity, tuple(c_concat.shape))
-    if key not in call.run.memo:
+    if key not in call.run.host_reads:
         image = c_concat[:, -latent:]
         given = (image.float().abs().amax(dim=(0, 1, 3, 4)) > 0).tolist()   # one host read
-        call.run.memo[key] = leading_true(given)
-    return call.run.memo[key]
+        call.run.host_reads[key] = leading_true(given)
+    return call.run.host_reads[key]
 
 
 def vace_kept_frames(call, vace_context: object, frames: int) -> int:
@@ -145,11 +145,11 @@ def vace_kept_frames(call, vace_context: object, frames: int) -> int:
             or vace_context.shape[3] != frames):
         return 0
     key = ("vace_kept_frames", call.identity, tuple(vace_context.shape))
-    if key not in call.run.memo:
+    if key not in call.run.host_reads:
         masks = vace_context[:, :, -VACE_MASK_CHANNELS:].float()
         kept = (masks.abs().amax(dim=(0, 2, 4, 5)) == 0).tolist()     # [inputs][T], one read
-        call.run.memo[key] = max(leading_true(flags) for flags in kept)
-    return call.run.memo[key]
+        call.run.host_reads[key] = max(leading_true(flags) for flags in kept)
+    return call.run.host_reads[key]
 
 
 def description(patch: tuple[int, int, int], describe=None,
