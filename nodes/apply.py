@@ -5,15 +5,13 @@ from __future__ import annotations
 import logging
 
 from .dit_families import Family
+from .families import supported_models
 from .options import ToMAOptions
 from .run_state import ForwardPatches, ToMAState, plain_function
 
 log = logging.getLogger("ToMA")
 
-SUPPORTED = ("SDXL, SD1.5 and SD2 (ComfyUI's UNet), Flux.1 dev/schnell, Flux Kontext, Flux 2, "
-             "Chroma, Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate), "
-             "HunyuanVideo 1.0/1.5, HunyuanImage 2.1, Qwen-Image (and Edit), SD3/SD3.5, "
-             "Lumina 2, Z-Image, LTX-Video, LTX-2, HiDream-I1, HiDream-O1 and Kandinsky 5")
+SUPPORTED = supported_models()
 WRAPPER_KEY = "toma"
 
 

@@ -22,8 +22,16 @@ from . import (
     wan,
 )
 
-MODULES = (flux, wan, qwen_image, hunyuan_video, hunyuan_image, sd3, lumina, ltx, hidream,
+MODULES = (flux, wan, hunyuan_video, hunyuan_image, qwen_image, sd3, lumina, ltx, hidream,
            hidream_o1, kandinsky5)
+UNET_MODELS = "SDXL, SD1.5 and SD2 (ComfyUI's UNet)"
+
+
+def supported_models() -> str:
+    """Every model the node supports, as its error names them: the UNet ones, then each
+    family's."""
+    names = [UNET_MODELS, *(module.MODELS for module in MODULES)]
+    return ", ".join(names[:-1]) + " and " + names[-1]
 
 
 # Models of these classes share a supported family's blocks but are left alone, and the error

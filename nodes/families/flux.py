@@ -8,6 +8,9 @@ import inspect
 
 from ..dit_families import BlockKind, Family, latent_grid, set_grid, timestep_zero_guard
 
+# the models of this family, as the node's error and the README name them
+MODELS = "Flux.1 dev/schnell, Flux Kontext, Flux 2, Chroma"
+
 KINDS = (BlockKind("double_block", "double_blocks", "d", "before", mask="attn_mask"),
          BlockKind("single_block", "single_blocks", "s", "stream_before", txt=None,
                    mask="attn_mask"))

@@ -19,6 +19,9 @@ KINDS = (BlockKind("double_block", "double_stream_blocks", "d", "after", txt="te
          BlockKind("single_block", "single_stream_blocks", "s", "stream_after", txt=None,
                    **_BLOCK))
 
+# the models of this family, as the node's error and the README name them
+MODELS = "HiDream-I1"
+
 
 def family(diffusion_model) -> Family | None:
     from comfy.ldm.hidream.model import HiDreamImageTransformer2DModel

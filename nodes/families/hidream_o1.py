@@ -15,6 +15,9 @@ import torch
 from ..dit_families import BlockKind, Family, set_grid
 from ..prefix_cache import LENGTH
 
+# the models of this family, as the node's error and the README name them
+MODELS = "HiDream-O1"
+
 KINDS = (BlockKind("double_block", "language_model.layers", "", "stream_before", stream="x",
                    txt=None, pe="freqs_cis", mask="attention_mask", pe_heads=True),)
 PATCH = (1, 32, 32)

@@ -10,6 +10,9 @@ from __future__ import annotations
 from ..dit_families import Family, latent_grid, set_grid
 from .hunyuan_video import kinds
 
+# the models of this family, as the node's error and the README name them
+MODELS = "HunyuanImage 2.1"
+
 
 def family(diffusion_model) -> Family | None:
     from comfy.ldm.hunyuan_video.model import HunyuanVideo

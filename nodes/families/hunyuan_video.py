@@ -9,6 +9,9 @@ import math
 
 from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, latent_grid, set_grid
 
+# the models of this family, as the node's error and the README name them
+MODELS = "HunyuanVideo 1.0/1.5"
+
 
 def kinds(flipped: bool) -> tuple[BlockKind, ...]:
     return (BlockKind("double_block", "double_blocks", "d", "after" if flipped else "before",

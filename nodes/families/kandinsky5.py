@@ -19,6 +19,9 @@ import torch
 
 from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, latent_grid, set_grid
 
+# the models of this family, as the node's error and the README name them
+MODELS = "Kandinsky 5"
+
 KINDS = (BlockKind("double_block", "visual_transformer_blocks", "", "none",
                    stream="visual_embed", txt="text_embed", pe="freqs", hook="object"),)
 

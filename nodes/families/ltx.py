@@ -27,6 +27,9 @@ from ..dit_families import (
     shape_grid,
 )
 
+# the models of this family, as the node's error and the README name them
+MODELS = "LTX-Video, LTX-2"
+
 VIDEO = BlockKind("double_block", "transformer_blocks", "", "none", txt=None, rows=("vec",),
                   opaque=("self_attention_mask",))
 AUDIO_VIDEO = BlockKind("double_block", "transformer_blocks", "", "none", txt=None, pe="v_pe",

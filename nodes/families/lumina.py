@@ -10,6 +10,9 @@ import torch
 from ..dit_families import BlockKind, Family, latent_grid, set_grid
 from ..run_state import ModelCall
 
+# the models of this family, as the node's error and the README name them
+MODELS = "Lumina 2, Z-Image"
+
 KINDS = (BlockKind("layer", "layers", "", "stream_before", stream="x", txt=None, pe="freqs_cis",
                    mask="x_mask", mask_dims=(-1,), hook="object"),)
 

@@ -8,6 +8,9 @@ import inspect
 
 from ..dit_families import BlockKind, Family, latent_grid, set_grid, timestep_zero_guard
 
+# the models of this family, as the node's error and the README name them
+MODELS = "Qwen-Image (and Edit)"
+
 KINDS = (BlockKind("double_block", "transformer_blocks", "", "before"),)
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from ..dit_families import BlockKind, Family, describe_plain
 
+# the models of this family, as the node's error and the README name them
+MODELS = "SD3/SD3.5"
+
 KINDS = (BlockKind("double_block", "joint_blocks", "", "before", pe=None),)
 
 

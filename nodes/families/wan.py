@@ -56,6 +56,9 @@ from ..dit_families import (
     zero_timestep_frames,
 )
 
+# the models of this family, as the node's error and the README name them
+MODELS = "Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate)"
+
 KINDS = (BlockKind("double_block", "blocks", "", "none", rows=("vec",), rows_dims=4),)
 # VACE's and the camera model's blocks get one modulation for every token: e0 [B, 6, C] (the
 # block chunks it along dim 1; both embed t [B], not per-frame timesteps), not WanModel's

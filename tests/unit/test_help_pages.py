@@ -145,3 +145,17 @@ def test_the_compatibility_table_is_the_suites(node_id: str, language: str) -> N
     from compatibility import table_rows
 
     assert "\n".join(table_rows()) in page(node_id, language)
+
+
+@pytest.mark.parametrize("page", ["README.md", "web/docs/ToMA.md", "web/docs/ToMAAdvanced.md",
+                                  "web/docs/ToMA/zh.md", "web/docs/ToMAAdvanced/zh.md"])
+def test_pages_name_every_supported_model(page: str) -> None:
+    """The model list lives in the family registry (each family module's MODELS, which the
+    node's error joins); the README and the help pages name every model in it."""
+    from toma_pack.nodes.families import MODULES, UNET_MODELS
+
+    text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    names = [re.sub(r" \([^)]*\)", "", name)          # "Qwen-Image (and Edit)": Qwen-Image
+             for name in (UNET_MODELS, *(m.MODELS for m in MODULES))]
+    models = [piece for name in names for piece in re.split(r", | and ", name)]
+    assert [model for model in models if model not in text] == []
