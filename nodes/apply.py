@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 
 from .dit_families import Family
 from .families import supported_models
@@ -52,7 +53,7 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
     state = ToMAState(options, family if family == "unet" else family.name, node_id, depth)
     outer = plain_function(state.outer_sample_wrapper)
     outer.toma_state = state        # what the speed check reads: settings and the model patched
-    state.source = model
+    state.source = weakref.ref(model)
     patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer)
     patched.add_wrapper_with_key(WrappersMP.SAMPLER_SAMPLE, WRAPPER_KEY,
                                  plain_function(state.sampler_sample_wrapper))

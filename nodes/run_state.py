@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -362,7 +363,9 @@ class ToMAState:
         # without transformer_options), and the runs in progress
         self.in_flight = threading.local()
         self.runs: list[RunState] = []
-        self.source = None      # the ModelPatcher the node patched (a clone of it carries ToMA)
+        # the ModelPatcher the node patched, weakly (a strong reference would keep it loaded
+        # in ComfyUI's model management after the graph let it go)
+        self.source: weakref.ref | None = None
         self.last_stats: dict | None = None     # the last finished run's summary
         self._lock = threading.Lock()
 

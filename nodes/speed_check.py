@@ -107,7 +107,11 @@ def toma_of(model: Any) -> tuple[Any, ToMAOptions | None]:
     state = state_of(model)
     if state is None:
         return model, None
-    return toma_of(state.source)[0], state.options
+    source = state.source()
+    if source is None:
+        raise ValueError("the model the ToMA node patched is no longer loaded: run the graph "
+                         "again with the speed check connected after the ToMA node")
+    return toma_of(source)[0], state.options
 
 
 def variants(model: Any, ratios: list[float]) -> dict[str, Any]:
