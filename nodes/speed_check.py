@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -129,18 +130,18 @@ def variants(model: Any, ratios: list[float]) -> dict[str, Any]:
     return out
 
 
-def _elapsed(run, device: torch.device) -> tuple[float, Any]:
-    """(seconds, result) of run(): CUDA events on a GPU, the clock elsewhere."""
+def _elapsed(run: Callable[[], Any], device: torch.device) -> float:
+    """Seconds run() takes: CUDA events on a GPU, the clock elsewhere."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        result = run()
+        run()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3, result
+        return start.elapsed_time(end) / 1e3
     begin = time.perf_counter()
-    result = run()
-    return time.perf_counter() - begin, result
+    run()
+    return time.perf_counter() - begin
 
 
 def time_variants(models: dict[str, Any], positive: Any, latent: dict, calls: int) -> list[Timing]:
@@ -163,7 +164,7 @@ def time_variants(models: dict[str, Any], positive: Any, latent: dict, calls: in
     best = dict.fromkeys(models, math.inf)
     for _ in range(ROUNDS):
         for label, model in models.items():
-            seconds, _ = _elapsed(lambda m=model: sample(m, calls), device)
+            seconds = _elapsed(lambda m=model: sample(m, calls), device)
             best[label] = min(best[label], seconds / calls)
     (base_label, base), *others = firsts.items()
     out = [Timing(base_label, best[base_label])]

@@ -156,7 +156,6 @@ def measure(layout: str, part: str, steps: int, sampler: str, scheduler: str
     # a fresh model for each cache: they keep their state on the diffusion model object
     models = {v.name: v.make(fixture.patcher() if v.method in ("unmerged", "control", "toma")
                              else qm.load(layout).patcher()) for v in found}
-    fixtures = {v.name: fixture for v in found}
     samples: dict[str, torch.Tensor] = {}
     seconds = dict.fromkeys(models, float("inf"))
     failed: dict[str, str] = {}
@@ -169,7 +168,7 @@ def measure(layout: str, part: str, steps: int, sampler: str, scheduler: str
                             scheduler, v.name)
                 start = time.process_time()
                 try:
-                    out = section.sample(models[v.name], fixtures[v.name], labels, side,
+                    out = section.sample(models[v.name], fixture, labels, side,
                                          steps=steps, sampler=sampler, scheduler=scheduler)
                 except Exception as exc:    # a peer's own failure is a result, not a crash
                     log.exception("%s failed", v.name)

@@ -127,7 +127,6 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                          **timings[first].fields()})
             rows.append({"model": name, "pair": pair, "variant": second,
                          **timings[second].fields(), **speedup(timings[first], timings[second])})
-            del base
     peers = peers_module()
     missing = [p for p in ("ComfyUI-TeaCache", "ComfyUI-MagCache", "Comfy-WaveSpeed")
                if not peers.load(p).loaded]
