@@ -32,6 +32,8 @@ EXPECTED_EXAMPLES = {
     "Qwen-Image text to image.json",
     "LTX-2 text to video.json",
     "HiDream-O1 text to image.json",
+    "Flux schnell in 4 steps.json",
+    "SDXL with EasyCache.json",
 }
 # The template browser shows the file name as the title: words, not an identifier.
 TITLE = re.compile(r"^[A-Z0-9][\w.()+,-]*( [\w.()+,-]+)+$")
