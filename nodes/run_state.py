@@ -286,7 +286,9 @@ class ModelCall:
     plans: key -> plan (or None: nothing to merge) for this identity; empty when the plans are
     due, so the first block of each level or group builds one;
     data: what the family's patches share within the call (e.g. text length, merged positions);
-    records / notes: appended by blocks, added to the run after the call;
+    records: layer -> (level, tokens, merged tokens or None), set by blocks (a dict: where the
+    graph breaks inside blocks, dynamo replays a dict's new items, but rewrites a list whole);
+    notes: appended by blocks; both added to the run after the call;
     pass_index / pass_layers: the pass over the model's blocks the call is in, and the layers
     that pass has run (see ToMAState.pass_of).
     """
@@ -300,7 +302,7 @@ class ModelCall:
     merging: bool = False
     plans: dict = field(default_factory=dict)
     data: dict = field(default_factory=dict)
-    records: list = field(default_factory=list)
+    records: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     timed: bool = False          # plan builds are timed (eager CPU: free and accurate there)
     plan_seconds: float = 0.0
@@ -334,6 +336,15 @@ Describe = Callable[[ModelCall, object, dict], str | None]
 # settings differ from a traced one's at equal shapes gets a trace of its own instead of
 # replaying another call's. Each entry lives for its call only.
 TRACED_DECISIONS: dict[tuple[str, str], str] = {}
+
+
+# While a compiled model runs: (node key, device) -> the plans of the model call in flight (the
+# dict of ModelCall.plans). Blocks ask it whether their level's plan is built yet: a check on
+# transformer_options is not guarded there, and where the graph breaks inside the blocks, dynamo
+# compiles one block's code once for all of them, so every block would replay the first one's
+# answer. Asked here, the answer is guarded, and the blocks that reuse a plan get a trace of their
+# own. Each entry lives for its call only.
+TRACED_PLANS: dict[tuple[str, str], dict] = {}
 
 
 def traced_decisions(key: str, device: torch.device) -> str | None:
@@ -401,10 +412,6 @@ class ToMAState:
         run.window = self.sigma_window(guider)
         run.compiled = isinstance(original.get("torch_compile_kwargs"), dict)
         run.compiled_without_guards = unguarded_compile(original)
-        if run.compiled_without_guards and self.options.recompute_every > 1:
-            self.run_note(run, "under torch.compile without guards on transformer_options "
-                               "(TorchCompileModel) ToMA builds its plans every step: "
-                               "recompute_every has no effect there")
         guider.model_options.setdefault("transformer_options", {})[self.key] = run
         with self._lock:
             self.runs.append(run)
@@ -481,6 +488,7 @@ class ToMAState:
         traced = (self.key, str(call.device)) if call.run.compiled else None
         if traced is not None:
             TRACED_DECISIONS[traced] = f"{self.family} {self.options!r} {call.decisions()}"
+            TRACED_PLANS[traced] = call.plans
         outer = getattr(self.in_flight, "call", None)
         self.in_flight.call = call
         try:
@@ -489,12 +497,12 @@ class ToMAState:
             self.in_flight.call = outer
             if traced is not None:
                 TRACED_DECISIONS.pop(traced, None)
+                TRACED_PLANS.pop(traced, None)
             self.close_call(call)
 
     def open_call(self, run: RunState, x: object, options: dict) -> ModelCall:
         """A ModelCall for the run's current step: merging on or off (ratio, start/end_percent
-        on the noise schedule), and the plans of its identity, fresh when due (every call
-        under an unguarded compile, where plans kept from another call would be replayed)."""
+        on the noise schedule), and the plans of its identity, fresh when due."""
         device = x.device if torch.is_tensor(x) else None
         window = options.get("context_window")
         identity = (tuple(options.get("uuids") or ()), tuple(options.get("cond_or_uncond") or ()),
@@ -507,8 +515,7 @@ class ToMAState:
             call.step = step
             if o.ratio > 0 and run.in_window(step, o.start_percent, o.end_percent):
                 call.merging = True
-                call.plans = ({} if run.compiled_without_guards
-                              else run.schedule.plans(identity, step)[0])
+                call.plans = run.schedule.plans(identity, step)[0]
         call.plans_before = len(call.plans)
         return call
 
@@ -517,7 +524,7 @@ class ToMAState:
         run = call.run
         with run.lock:
             run.merging_calls += call.active
-            for layer, level, tokens, merged in call.records:
+            for layer, (level, tokens, merged) in call.records.items():
                 run.layers_seen.add(layer)
                 if merged is None:
                     continue
@@ -565,12 +572,17 @@ class ToMAState:
                                f"where ToMA cannot tell which run and step they belong to: "
                                f"those block calls ran unmerged")
 
-    @staticmethod
-    def plan(call: ModelCall, key: Hashable,
+    def plan(self, call: ModelCall, key: Hashable,
              build: Callable[[], MergePlan | None]) -> MergePlan | None:
-        """The plan under `key` in this call's plans, built by build() when missing."""
+        """The plan under `key` in this call's plans, built by build() when missing (read
+        through TRACED_PLANS while dynamo traces)."""
+        if compiling():
+            plans = TRACED_PLANS.get((self.key, str(call.device)), call.plans)
+            if key not in plans:
+                plans[key] = build()
+            return plans[key]
         if key not in call.plans:
-            if call.timed and not compiling():
+            if call.timed:
                 start = time.perf_counter()
                 call.plans[key] = build()
                 call.plan_seconds += time.perf_counter() - start
@@ -610,8 +622,7 @@ class ToMAState:
                plan: MergePlan | None) -> None:
         """Count one layer call for the run's summary (plan None: it ran unmerged)."""
         if call is not None:
-            call.records.append((layer, level, tokens,
-                                 None if plan is None else plan.merged_tokens))
+            call.records[layer] = (level, tokens, None if plan is None else plan.merged_tokens)
 
     @staticmethod
     def note(call: ModelCall | None, message: str) -> None:

@@ -22,6 +22,7 @@ from test_gpu_habits import compiled, graph_breaks
 from tiny_models import inputs, tiny_patcher
 
 import comfy_harness as ch
+from toma_pack.nodes import run_state
 from toma_pack.nodes.apply import apply_toma
 from toma_pack.nodes.options import make_options
 
@@ -148,18 +149,65 @@ def test_compiled_runs_follow_what_changes_at_equal_shapes(dynamo) -> None:
     ch.unload_models()
 
 
-def test_only_an_unguarded_compile_counts_as_one() -> None:
-    """ComfyUI 0.3.64's TorchCompileModel (and KJNodes' compile nodes with a mode) compile with
-    every guard: plans are kept across steps as without compile (recompute_every 2 builds half
-    as often) and nothing is said. With the filter the 0.8 node passes, plans are built every
-    step, and the stats line says recompute_every has no effect."""
+def test_plans_are_kept_across_steps_under_every_compile(dynamo) -> None:
+    """recompute_every 2 under ComfyUI 0.3.64's compile (every guard kept) and under the filter
+    of the 0.8 node (none on transformer_options): plans are built half as often as with
+    recompute_every 1, nothing is said, and the unguarded compile's samples are eager ToMA's
+    (a step that reuses its plans gets a trace of its own: run_state.TRACED_PLANS)."""
     c = case("flux")
-    toma = apply_toma(c.model, make_options(0.5, skip_blocks="none", recompute_every=2))
-    with_guards = c.run(compiled(toma, "eager"), 4)
-    without = c.run(compiled(toma, "eager", node_filter()), 4)
+    every, kept = (apply_toma(c.model, make_options(0.5, skip_blocks="none", recompute_every=n))
+                   for n in (1, 2))
+    eager = c.run(kept, 4)
+    with_guards = c.run(compiled(kept, "aot_eager"), 4)
     torch._dynamo.reset()
-    assert with_guards.stats["plans_built"] * 2 == without.stats["plans_built"]
-    assert "recompute_every" not in with_guards.note
-    assert "recompute_every has no effect" in without.note
+    without = c.run(compiled(kept, "aot_eager", node_filter()), 4)
+    torch._dynamo.reset()
+    built_every_step = c.run(compiled(every, "aot_eager", node_filter()), 4)
+    assert with_guards.stats["plans_built"] == without.stats["plans_built"] \
+        == eager.stats["plans_built"]
+    assert without.stats["plans_built"] * 2 == built_every_step.stats["plans_built"]
+    assert "recompute_every" not in with_guards.note + without.note
+    assert torch.equal(without.samples, eager.samples)
+    assert torch.equal(with_guards.samples, eager.samples)
+    assert not torch.equal(without.samples, built_every_step.samples)
+    ch.unload_models()
+
+
+@pytest.mark.parametrize("name", ["sdxl", "flux"])
+def test_graph_breaks_inside_the_blocks(name: str, dynamo) -> None:
+    """An unguarded compile whose graph breaks inside every block (ComfyUI's sub-quadratic
+    attention, the CPU's default: dynamo then compiles each block's code once for all blocks
+    and replays it): the samples are eager ToMA's bit for bit, with as many plans built and
+    layers merged, and ToMA adds no kind of break. Replayed, a build decided on
+    transformer_options would make every layer build its own plan, and a record appended to a
+    list there would be replayed at the first traced block's position."""
+    c = case(name)
+    toma = c.toma(c.model)
+
+    def run(model) -> tuple[torch.Tensor, dict]:
+        sent: list[dict] = []
+        original = run_state.send_stats
+        run_state.send_stats = lambda node, stats: sent.append(stats)
+        try:
+            with ch.attention_backend("sub_quadratic"), torch.inference_mode():
+                out = ch.sample(model, c.latent, c.positive, c.negative, steps=2, cfg=c.cfg)
+        finally:
+            run_state.send_stats = original
+        return out, sent[-1] if sent else {}
+
+    run(compiled(c.model, "aot_eager", node_filter()))
+    plain = {reason.split("\n")[0] for reason in graph_breaks(dynamo)}
+    assert plain, "the attention no longer breaks the graph: this test tests nothing"
+    eager, eager_stats = run(toma)
+    torch._dynamo.reset()
+    dynamo.clear()
+    out, stats = run(compiled(toma, "aot_eager", node_filter()))
+    print(f"{name}: breaks unmerged {sorted(plain)}, ToMA "
+          f"{sorted({reason.split(chr(10))[0] for reason in graph_breaks(dynamo)})}; "
+          f"stats {stats}")
+    assert torch.equal(out, eager)
+    for key in ("plans_built", "layers_merged", "layers_total", "levels"):
+        assert stats[key] == eager_stats[key], key
+    assert {reason.split("\n")[0] for reason in graph_breaks(dynamo)} <= plain
     ch.unload_models()
 
