@@ -5,23 +5,32 @@ whole sampling runs through comfy.sample.sample.
 
 The models are bench/speed/whole_call.py's: ComfyUI's SDXL UNet and Flux with the real models'
 layers and depths at a reduced width, here at 512x512 (6 Euler steps: step caches need several
-steps to skip any). The other packs' real code comes from ../shared/peers, loaded as ComfyUI
+steps to skip any), and its Wan 2.1 (reduced width and depth) at 512x320, 9 frames, for the
+video caches. The other packs' real code comes from ../shared/peers, loaded as ComfyUI
 loads it (tests/integration/peers.py); a pack that does not import on this ComfyUI leaves its
 rows out with a note. What each pair does (and that both act) is tested in
 tests/integration/test_peer_*.py; this section times it.
 
 Rows: per pair, the node alone and the node with ToMA after it (node defaults), their times
 and ToMA's speedup over the node alone; and the unmerged and ToMA-alone runs for reference.
-TOMA_PEERS_MODELS=sdxl,flux chooses the models.
+Models loaded as artists load them count as pairs too: the same Flux written as a Q8_0 .gguf and
+loaded by ComfyUI-GGUF's UnetLoaderGGUF (it dequantises every weight at every call; from
+ComfyUI 0.33, whose model detection reads the reduced width), with a LoRA through
+LoraLoaderModelOnly on it (applied at dequantisation, every call) and on the fp32 model
+(merged into the weights once). TOMA_PEERS_MODELS=sdxl,flux chooses the models,
+TOMA_PEERS_PAIRS=<words,...> the pairs whose label holds one of the words ("-": the reference
+runs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +46,11 @@ COLUMNS = ("model", "pair", "variant", "ms", "ms_min", "spread", "reps", "speedu
            "speedup_lo", "speedup_hi")
 LATENT = 64            # 512x512 pixels
 STEPS = 6
+# TeaCache's threshold on Wan: its README's 1.3B values (0.05-0.08) skip no step of a model with
+# random weights in 6 steps
+WAN_TEACACHE = 2.0
+MODELS = {"sdxl": whole_call.sdxl_patcher, "flux": whole_call.flux_patcher,
+          "wan": whole_call.wan_patcher}
 TESTS = Path(__file__).resolve().parents[2] / "tests" / "integration"
 
 
@@ -89,10 +103,67 @@ def pairs(name: str) -> dict[str, Callable[[Any], Any]]:
              start_percent=0.0, end_percent=1.0, cache_device="cpu")
         node("ComfyUI-MagCache", "MagCache", model_type="flux", magcache_thresh=0.24,
              retention_ratio=0.1, magcache_K=5, start_step=0, end_step=-1)
+    if name == "wan":
+        node("ComfyUI-TeaCache", "TeaCache", model_type="wan2.1_t2v_1.3B_ret_mode",
+             rel_l1_thresh=WAN_TEACACHE, start_percent=0.0, end_percent=1.0, cache_device="cpu")
+        node("ComfyUI-MagCache", "MagCache", model_type="wan2.1_t2v_1.3B", magcache_thresh=0.24,
+             retention_ratio=0.2, magcache_K=4, start_step=0, end_step=-1)
+        return out
     node("Comfy-WaveSpeed", "ApplyFBCacheOnModel", object_to_patch="diffusion_model",
          residual_diff_threshold=0.12 if name == "flux" else 0.2, start=0.0, end=1.0,
          max_consecutive_cache_hits=-1)
     return out
+
+
+Group = tuple[str, Callable[[], Any], Callable[[Any], Any]]   # label, base model, node
+
+
+def loaded(name: str, build: Callable[[], Any], folder: Path) -> list[Group]:
+    """The loader pairs of model `name`: GGUF (Flux only), GGUF with a LoRA, and a LoRA on the
+    fp32 model; their files written to `folder` (one of ComfyUI's model folders). None on Wan,
+    which is here for the video caches."""
+    if name == "wan":
+        return []
+    peers_module()
+    import model_files
+
+    peers = sys.modules["peers"]
+    lora = folder / f"{name}-lora.safetensors"
+    model_files.write_lora(build(), lora)
+    loader = peers.comfy_node("nodes", "LoraLoaderModelOnly")
+
+    def with_lora(model):
+        return peers.run_node(loader, model=model, lora_name=lora.name, strength_model=1.0)[0]
+
+    out: list[Group] = [("ComfyUI LoraLoaderModelOnly", build, with_lora)]
+    gguf = peers.load("ComfyUI-GGUF")
+    if name == "flux" and gguf.loaded:
+        sd = build().model.diffusion_model.state_dict()
+        path = model_files.write_gguf("flux", folder / "flux-Q8_0.gguf", "Q8_0", tensors=sd)
+        unet = gguf.node("UnetLoaderGGUF")
+
+        def from_gguf():
+            return peers.run_node(unet, unet_name=path.name)[0]
+
+        out += [("ComfyUI-GGUF UnetLoaderGGUF Q8_0", from_gguf, lambda m: m),
+                ("ComfyUI-GGUF UnetLoaderGGUF Q8_0 + LoraLoaderModelOnly", from_gguf, with_lora)]
+    return out
+
+
+@contextlib.contextmanager
+def model_folder() -> Iterator[Path]:
+    """A temporary folder that ComfyUI's loaders read model files from."""
+    peers_module()
+    import model_files
+
+    with tempfile.TemporaryDirectory() as tmp, model_files.model_folders(Path(tmp)) as folder:
+        yield folder
+
+
+def chosen(label: str) -> bool:
+    """Whether TOMA_PEERS_PAIRS (words, comma-separated; unset: all) selects pair `label`."""
+    words = [w for w in os.environ.get("TOMA_PEERS_PAIRS", "").split(",") if w]
+    return not words or any(w == label if w == "-" else w in label for w in words)
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
@@ -105,30 +176,22 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
 
     cfg.apply_threads()
     rows, notes = [], []
-    models = os.environ.get("TOMA_PEERS_MODELS", "sdxl,flux").split(",")
-    for name, build in (("sdxl", whole_call.sdxl_patcher), ("flux", whole_call.flux_patcher)):
-        if name not in models:
-            continue
-        # the caches keep their state on the diffusion model object: each pair runs on a model
-        # of its own, its two variants interleaved
-        groups = [("-", build(), lambda m: m)] + [(label, build(), peer)
-                                                  for label, peer in pairs(name).items()]
-        for pair, base, peer in groups:
-            first, second = ("unmerged", "ToMA") if pair == "-" else (f"{pair} alone",
-                                                                     f"{pair} + ToMA")
-            calls = {first: _run(peer(base), name), second: _run(toma(peer(base)), name)}
-            try:
-                timings = interleaved(calls, warmup=1, reps=MIN_REPS, clock=cfg.clock)
-            except Exception as exc:  # one pair failing must not take the others with it
-                log.exception("peers %s %s failed", name, pair)
-                notes.append(f"{name} {pair} failed: {type(exc).__name__}: {exc}")
+    models = os.environ.get("TOMA_PEERS_MODELS", ",".join(MODELS)).split(",")
+    with model_folder() as folder:
+        for name, build in MODELS.items():
+            if name not in models:
                 continue
-            rows.append({"model": name, "pair": pair, "variant": first,
-                         **timings[first].fields()})
-            rows.append({"model": name, "pair": pair, "variant": second,
-                         **timings[second].fields(), **speedup(timings[first], timings[second])})
+            # the caches keep their state on the diffusion model object: each pair runs on a
+            # model of its own, its two variants interleaved
+            groups: list[Group] = [("-", build, lambda m: m)]
+            groups += [(label, build, peer) for label, peer in pairs(name).items()]
+            groups += loaded(name, build, folder)
+            for pair, base, peer in groups:
+                if chosen(pair):
+                    rows += _time_pair(cfg, name, pair, base, peer, toma, notes)
     peers = peers_module()
-    missing = [p for p in ("ComfyUI-TeaCache", "ComfyUI-MagCache", "Comfy-WaveSpeed")
+    missing = [p for p in ("ComfyUI-TeaCache", "ComfyUI-MagCache", "Comfy-WaveSpeed",
+                           "ComfyUI-GGUF")
                if not peers.load(p).loaded]
     if missing:
         notes.append(f"not on this ComfyUI (they do not import): {', '.join(missing)}")
@@ -138,5 +201,30 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                  f"steps (simple schedule) of comfy.sample.sample; ToMA at the node defaults, "
                  f"after the other node; TeaCache at its node's defaults (0.4), MagCache at its "
                  f"README's settings for Flux (0.24, retention 0.1, K 5), First Block Cache "
-                 f"at 0.12 on Flux (its README's value) and 0.2 on SDXL (its SDXL workflow's)")
+                 f"at 0.12 on Flux (its README's value) and 0.2 on SDXL (its SDXL workflow's); "
+                 f"the LoRA of tests/integration/model_files.write_lora (rank 4 on every "
+                 f"attention and fused linear weight of the blocks) at strength 1; Wan 2.1 "
+                 f"text-to-video with the 1.3B model's heads of 128 at width "
+                 f"{whole_call.WAN_DIM} and {whole_call.WAN_BLOCKS} blocks, 512x320, 9 frames, "
+                 f"cfg 1, TeaCache (ret_mode) at {WAN_TEACACHE}, MagCache at 0.24, retention "
+                 f"0.2, K 4")
     return {"rows": rows, "columns": list(COLUMNS), "notes": notes}
+
+
+def _time_pair(cfg: BenchConfig, name: str, pair: str, base: Callable[[], Any],
+               peer: Callable[[Any], Any], toma: Callable[[Any], Any],
+               notes: list[str]) -> list[dict[str, Any]]:
+    """The two rows of one pair (the node alone, then with ToMA after it), interleaved; none,
+    with a note, where the pair fails."""
+    first, second = ("unmerged", "ToMA") if pair == "-" else (f"{pair} alone", f"{pair} + ToMA")
+    try:
+        model = peer(base())
+        calls = {first: _run(model, name), second: _run(toma(model), name)}
+        timings = interleaved(calls, warmup=1, reps=MIN_REPS, clock=cfg.clock)
+    except Exception as exc:  # one pair failing must not take the others with it
+        log.exception("peers %s %s failed", name, pair)
+        notes.append(f"{name} {pair} failed: {type(exc).__name__}: {exc}")
+        return []
+    return [{"model": name, "pair": pair, "variant": first, **timings[first].fields()},
+            {"model": name, "pair": pair, "variant": second, **timings[second].fields(),
+             **speedup(timings[first], timings[second])}]

@@ -85,6 +85,26 @@ def flux_patcher():
     return _patcher(config, comfy, fill_weights)
 
 
+# Wan 2.1 T2V 1.3B is 1536 wide (12 heads of 128), 30 blocks, feed-forward 8960.
+WAN_DIM, WAN_HEADS, WAN_FFN, WAN_BLOCKS = 512, 4, 2986, 15
+
+
+def wan_patcher():
+    """ComfyUI's Wan 2.1 text-to-video with the 1.3B model's heads of 128 and feed-forward ratio
+    at WAN_DIM, WAN_BLOCKS blocks, fp32."""
+    import comfy.model_patcher
+    import comfy.supported_models
+
+    from ..shared.weights import fill_weights
+
+    config = comfy.supported_models.WAN21_T2V(
+        {"image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2), "text_len": 512,
+         "in_dim": 16, "dim": WAN_DIM, "ffn_dim": WAN_FFN, "freq_dim": 256, "text_dim": 4096,
+         "out_dim": 16, "num_heads": WAN_HEADS, "num_layers": WAN_BLOCKS,
+         "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6})
+    return _patcher(config, comfy, fill_weights)
+
+
 def _patcher(config, comfy, fill_weights):
     cpu = torch.device("cpu")
     config.set_inference_dtype(torch.float32, None)
@@ -105,6 +125,8 @@ def _inputs(name: str) -> tuple[torch.Tensor, list, list, float]:
                       "height": 1024}]]
         return torch.zeros(1, 4, LATENT, LATENT), cond(1), cond(2), 2.0
     text = torch.randn(1, 512, 4096, generator=g)
+    if name == "wan":   # 512x320, 9 frames: 3 x 20 x 32 = 1920 tokens
+        return torch.zeros(1, 16, 3, 40, 64), [[text, {}]], [[text, {}]], 1.0
     positive = [[text, {"pooled_output": torch.randn(1, 768, generator=g), "guidance": 3.5}]]
     return torch.zeros(1, 16, LATENT, LATENT), positive, positive, 1.0
 

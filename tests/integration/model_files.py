@@ -277,14 +277,16 @@ def _gguf_type(fam: FileFamily, key: str, array: Any, qtype: GGUFType) -> Any:
 
 
 def write_gguf(name: str, path: Path, qtype: GGUFType = "Q8_0", seed: int = 0,
-               heads: int | None = None) -> Path:
+               heads: int | None = None, tensors: dict[str, torch.Tensor] | None = None
+               ) -> Path:
     """Write the family's diffusion model as a .gguf UnetLoaderGGUF loads, as ComfyUI-GGUF's
     tools write one: "general.architecture" the family's arch, file type and quantisation
     version set, tensors under their state dict names in ggml's reversed shape order (the
     writer's), F32 for 1-D, small (<= 1024 values) and high-precision ones and for the 5-D
     patch embedding of Wan (fix_5d_tensors.py adds it so), F16 for the rest, and with "Q8_0"
     the 2-D weights outside the arch's embedders and output quantised from their F16 values.
-    `path`."""
+    `tensors`: another state dict of the family's layout to write (keys without prefix), e.g.
+    a wider model's. `path`."""
     import gguf
     import numpy as np
 
@@ -297,7 +299,7 @@ def write_gguf(name: str, path: Path, qtype: GGUFType = "Q8_0", seed: int = 0,
     writer = gguf.GGUFWriter(path=None, arch=fam.arch)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_file_type(file_type)
-    for key, tensor in state_dict(name, seed, heads).items():
+    for key, tensor in (state_dict(name, seed, heads) if tensors is None else tensors).items():
         array = tensor.float().numpy()
         kind = _gguf_type(fam, key, array, qtype)
         if kind == gguf.GGMLQuantizationType.Q8_0:
