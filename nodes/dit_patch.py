@@ -50,8 +50,10 @@ from ..toma_core import MergePlan, build_plan, make_regions
 from ..toma_core.merge_plan import Pending
 from .dit_families import BlockKind, Family
 from .dit_neighbours import patched_self_attention, replaced_blocks, unwrapped
+from .forward_patches import ForwardPatches, module_at
+from .model_call import ModelCall
 from .prefix_cache import open_prefix, prefix_run
-from .run_state import ForwardPatches, ModelCall, ToMAState, module_at
+from .run_state import ToMAState
 from .unet_neighbours import in_block_patches
 
 log = logging.getLogger("ToMA")
@@ -344,7 +346,8 @@ class DiTToMA:
         level = call.data.get("level", "?") if grid else "?"
 
         def unmerged() -> None:
-            self.state.record(call, layer, level, tokens_n, None)
+            if call is not None:
+                call.record(layer, level, tokens_n, None)
 
         stream = stream_of(kind, args.get(kind.stream))
         group = self.groups.get((kind.key, index))
@@ -361,11 +364,9 @@ class DiTToMA:
             return unmerged()
         frames = 1 if any(f.mode == "frame" for f in forms.values()) else (
             self.family.frames_per_region)
-        key = (kind.key, group, grid, lay.offset, stream.shape[0], frames,
-               self.state.pass_of(call, layer))
-        plan = self.state.plan(call, key, lambda: self.build(call, stream, lay.offset, grid,
-                                                             frames))
-        self.state.record(call, layer, level, tokens_n, plan)
+        key = (kind.key, group, grid, lay.offset, stream.shape[0], frames, call.pass_of(layer))
+        plan = call.plan(key, lambda: self.build(call, stream, lay.offset, grid, frames))
+        call.record(layer, level, tokens_n, plan)
         return None if plan is None else (plan, lay, forms, key)
 
     def build(self, call: ModelCall, stream: torch.Tensor, offset: int,
@@ -380,7 +381,7 @@ class DiTToMA:
         regions = make_regions(h, w, o.region, tiles, t=t, frames=frames)
         return build_plan(stream, t * h, w, o.ratio, regions=regions, tau=o.tau,
                           unmerge=o.unmerge, batch=o.batch_policy, offset=offset, center=True,
-                          tables=self.state.tables(call, regions, stream.device))
+                          tables=call.tables(regions, stream.device))
 
     def fits(self, call: ModelCall, kind: BlockKind, args: dict, lay: Layout, layer: str,
              options: dict) -> bool:
@@ -391,26 +392,26 @@ class DiTToMA:
             for pe in position_tensors(args.get(name)):
                 axis = token_axis(pe, lay.seq_len)
                 if axis is None or pe.shape[axis] != lay.seq_len:
-                    self.state.note(call, f"positional rows {tuple(pe.shape)} do not match the "
-                                          f"{lay.seq_len}-token sequence; block {layer} and "
-                                          f"others like it run unmerged")
+                    call.note(f"positional rows {tuple(pe.shape)} do not match the "
+                              f"{lay.seq_len}-token sequence; block {layer} and "
+                              f"others like it run unmerged")
                     return False
         mask = args.get(kind.mask) if kind.mask else None
         if torch.is_tensor(mask) and not mask_fits(mask, kind.mask_dims, lay.seq_len):
-            self.state.note(call, f"attention mask {tuple(mask.shape)} does not span the "
-                                  f"{lay.seq_len}-token sequence; block {layer} and others like "
-                                  f"it run unmerged")
+            call.note(f"attention mask {tuple(mask.shape)} does not span the "
+                      f"{lay.seq_len}-token sequence; block {layer} and others like "
+                      f"it run unmerged")
             return False
         opaque = [name for name in kind.opaque if args.get(name) is not None]
         if opaque:
-            self.state.note(call, f"{self.family.label} blocks get {', '.join(opaque)}, which "
-                                  f"addresses fixed token spans; those blocks run unmerged")
+            call.note(f"{self.family.label} blocks get {', '.join(opaque)}, which "
+                      f"addresses fixed token spans; those blocks run unmerged")
             return False
         foreign = in_block_patches(options)
         if foreign:
-            self.state.note(call, f"other nodes patch inside {self.family.label} blocks "
-                                  f"({', '.join(foreign)}); such patches may read tokens by "
-                                  f"their grid position, so those blocks run unmerged")
+            call.note(f"other nodes patch inside {self.family.label} blocks "
+                      f"({', '.join(foreign)}); such patches may read tokens by "
+                      f"their grid position, so those blocks run unmerged")
             return False
         return True
 
@@ -452,9 +453,9 @@ class DiTToMA:
             else:
                 mode = None
             if mode is None:
-                self.state.note(call, f"modulation rows {name} ({rows.shape[1]} rows) do not line "
-                                      f"up with {stream.shape[1]} tokens of {t}x{h}x{w} frames; "
-                                      f"block {layer} and others like it run unmerged")
+                call.note(f"modulation rows {name} ({rows.shape[1]} rows) do not line "
+                          f"up with {stream.shape[1]} tokens of {t}x{h}x{w} frames; "
+                          f"block {layer} and others like it run unmerged")
                 return None
             forms[name] = RowForm(mode, rows, held)
         return forms
@@ -518,8 +519,8 @@ class DiTToMA:
         answering from its cache): that is passed on as it is."""
         if out is None or out.shape[:2] != merged.shape[:2]:
             got = "no stream" if out is None else f"{out.shape[1]} tokens"
-            self.state.note(call, f"a block returned {got} for a merged input of "
-                                  f"{merged.shape[1]}; its output is passed on unchanged")
+            call.note(f"a block returned {got} for a merged input of "
+                      f"{merged.shape[1]}; its output is passed on unchanged")
             return out
         return plan.finish(out, base, offset)
 
