@@ -7,8 +7,9 @@ import weakref
 
 from .dit_families import Family
 from .families import supported_models
+from .forward_patches import ForwardPatches, plain_function
 from .options import ToMAOptions
-from .run_state import ForwardPatches, ToMAState, plain_function
+from .run_state import ToMAState
 
 log = logging.getLogger("ToMA")
 

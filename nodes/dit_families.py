@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .run_state import ModelCall
+from .model_call import ModelCall
 
 TEXT_POSITIONS = ("before", "after", "stream_before", "stream_after", "none")
 # tile_count 0: regions of about REGION_TOKENS tokens, VIDEO_REGION_FRAMES frames deep for

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from ..toma_core import MergePlan
-from .run_state import ForwardPatches, ToMAState
+from .forward_patches import ForwardPatches
+from .run_state import ToMAState
 
 
 @dataclass

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .run_state import ModelCall
+from .model_call import ModelCall
 
 # call.data keys: the prompt length a family's describe read, and the call's (entry, hot)
 LENGTH = "prefix_length"

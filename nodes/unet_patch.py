@@ -27,7 +27,9 @@ from collections.abc import Callable
 import torch
 
 from ..toma_core import MergePlan, build_plan, make_regions
-from .run_state import ForwardPatches, ModelCall, ToMAState
+from .forward_patches import ForwardPatches
+from .model_call import ModelCall
+from .run_state import ToMAState
 from .unet_neighbours import Neighbours, is_toma, mark, neighbours
 
 log = logging.getLogger("ToMA")
@@ -61,16 +63,19 @@ class UNetToMA:
     def scope_for(self, call: ModelCall | None, options: dict,
                   near: Neighbours) -> str | None:
         """"block" or "attention" for this block call, or None to run it unmerged."""
-        note = self.state.note
+        def note(message: str) -> None:
+            if call is not None:
+                call.note(message)
+
         if near.attn1_replace is not None:
-            note(call, f"another node replaces self-attention in some blocks "
-                       f"({near.attn1_replace}): ToMA leaves those blocks unmerged")
+            note(f"another node replaces self-attention in some blocks "
+                 f"({near.attn1_replace}): ToMA leaves those blocks unmerged")
             return None
         shape, latent = options.get("activations_shape"), options.get("original_shape")
         if near.tome and shape is not None and latent is not None \
                 and list(shape[-2:]) == list(latent[-2:]):
-            note(call, "ComfyUI's TomePatchModel merges the full-resolution level: ToMA leaves "
-                       "that level to it")
+            note("ComfyUI's TomePatchModel merges the full-resolution level: ToMA leaves "
+                 "that level to it")
             return None
         if self.scope == "attention":
             return "attention"
@@ -80,12 +85,12 @@ class UNetToMA:
             return "block"
         kinds = ", ".join(near.patches)
         if self.scope == "block":
-            note(call, f"merge_scope block: other nodes' patches inside transformer blocks "
-                       f"({kinds}) see merged tokens; auto or attention scope keeps them on the "
-                       f"full grid")
+            note(f"merge_scope block: other nodes' patches inside transformer blocks "
+                 f"({kinds}) see merged tokens; auto or attention scope keeps them on the "
+                 f"full grid")
             return "block"
-        note(call, f"merge_scope auto: attention scope where other nodes patch inside "
-                   f"transformer blocks ({kinds}), so that they see every token")
+        note(f"merge_scope auto: attention scope where other nodes patch inside "
+             f"transformer blocks ({kinds}), so that they see every token")
         return "attention"
 
     def plan_for(self, x: torch.Tensor, options: dict, call: ModelCall | None,
@@ -105,7 +110,8 @@ class UNetToMA:
         latent = options.get("original_shape") or shape
         if (call is None or not call.active or x.shape[1] != h * w
                 or not self.merges_level(h, w, int(latent[-1]))):
-            self.state.record(call, layer, level, h * w, None)
+            if call is not None:
+                call.record(layer, level, h * w, None)
             return None
         o = self.state.options
         tiles = o.tile_count or max(1, round(h * w / TOKENS_PER_TILE))
@@ -114,11 +120,10 @@ class UNetToMA:
         def build() -> MergePlan | None:
             return build_plan(features(), h, w, o.ratio, regions=regions, tau=o.tau,
                               unmerge=o.unmerge, batch=o.batch_policy,
-                              tables=self.state.tables(call, regions, x.device))
+                              tables=call.tables(regions, x.device))
 
-        plan = self.state.plan(call, ("unet", h, w, x.shape[0], self.state.pass_of(call, layer)),
-                               build)
-        self.state.record(call, layer, level, h * w, plan)
+        plan = call.plan(("unet", h, w, x.shape[0], call.pass_of(layer)), build)
+        call.record(layer, level, h * w, plan)
         return plan
 
     def leave(self, options: dict, call: ModelCall | None) -> None:
@@ -127,7 +132,8 @@ class UNetToMA:
         if shape is not None:
             h, w = int(shape[-2]), int(shape[-1])
             layer = (tuple(options.get("block") or ()), options.get("block_index", 0))
-            self.state.record(call, layer, f"{h}x{w}", h * w, None)
+            if call is not None:
+                call.record(layer, f"{h}x{w}", h * w, None)
 
     # Scope "attention": a fresh attn1 patch pair per block call ----------------------------------
     def with_attention_pair(self, options: dict, call: ModelCall | None) -> dict:

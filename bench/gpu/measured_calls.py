@@ -181,7 +181,7 @@ def install_timer(patcher, device: torch.device, timer: Timer | None = None) -> 
     from comfy.patcher_extension import WrappersMP
 
     pack = load_pack()
-    call_arguments = pack.nodes.run_state.call_arguments
+    call_arguments = pack.nodes.arguments.call_arguments
     if timer is None:
         timer = Timer(Stopwatch(device), run_type=pack.nodes.run_state.RunState)
 

@@ -3,7 +3,7 @@ bench.speed.dit_toma:hook`.
 
 The pack's own DiTToMA (nodes/dit_patch.py) with each family's description (nodes/families/),
 its node defaults (tile_count 0) unless `tiles` / `frames` say otherwise, and a model call
-(run_state.ModelCall) of the case's grid in every block call's transformer_options, as sampling
+(model_call.ModelCall) of the case's grid in every block call's transformer_options, as sampling
 hands it to the blocks.
 """
 
@@ -60,8 +60,9 @@ class MergedBlock:
                  frames: int | None = None) -> None:
         from toma_pack.nodes.dit_families import set_grid
         from toma_pack.nodes.dit_patch import DiTToMA
+        from toma_pack.nodes.model_call import ModelCall
         from toma_pack.nodes.options import make_options
-        from toma_pack.nodes.run_state import ModelCall, ToMAState
+        from toma_pack.nodes.run_state import ToMAState
 
         module = importlib.import_module(f"toma_pack.nodes.families.{FAMILIES[family]}")
         spec = family_spec(family, module)

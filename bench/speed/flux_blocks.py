@@ -133,8 +133,9 @@ class _Toma:
         from toma_pack.nodes.dit_patch import DiTToMA
         from toma_pack.nodes.families import flux
         from toma_pack.nodes.flux_patch import AttentionScope
+        from toma_pack.nodes.model_call import ModelCall
         from toma_pack.nodes.options import make_options
-        from toma_pack.nodes.run_state import ModelCall, ToMAState
+        from toma_pack.nodes.run_state import ToMAState
 
         state = ToMAState(make_options(ratio, skip_blocks="none", merge_scope=scope,
                                        recompute_every=1000), "flux")

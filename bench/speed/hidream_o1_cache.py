@@ -153,9 +153,10 @@ def toma_calls(lay: Layer, ratio: float) -> tuple[Callable[[], Any], Callable[[]
     and values, handed the whole sequence as ComfyUI's loop hands it to a "dit" patch."""
     from toma_pack.nodes.dit_patch import DiTToMA
     from toma_pack.nodes.families.hidream_o1 import description
+    from toma_pack.nodes.model_call import ModelCall
     from toma_pack.nodes.options import make_options
     from toma_pack.nodes.prefix_cache import OPEN, PrefixEntry
-    from toma_pack.nodes.run_state import ModelCall, ToMAState
+    from toma_pack.nodes.run_state import ToMAState
 
     spec = description()
     kind = spec.kinds[0]

@@ -102,13 +102,22 @@ def pairs(name: str) -> dict[str, Callable[[Any], Any]]:
     if name == "flux":
         node("ComfyUI-TeaCache", "TeaCache", model_type="flux", rel_l1_thresh=0.4,
              start_percent=0.0, end_percent=1.0, cache_device="cpu")
+        # retention 0.2: its README's 0.1 keeps no step of 6 (int(0.6) = 0) and MagCache fails
         node("ComfyUI-MagCache", "MagCache", model_type="flux", magcache_thresh=0.24,
-             retention_ratio=0.1, magcache_K=5, start_step=0, end_step=-1)
+             retention_ratio=0.2, magcache_K=5, start_step=0, end_step=-1)
     if name == "wan":
         node("ComfyUI-TeaCache", "TeaCache", model_type="wan2.1_t2v_1.3B",
              rel_l1_thresh=WAN_TEACACHE, start_percent=0.0, end_percent=1.0, cache_device="cpu")
         node("ComfyUI-MagCache", "MagCache", model_type="wan2.1_t2v_1.3B", magcache_thresh=0.24,
              retention_ratio=0.2, magcache_K=4, start_step=0, end_step=-1)
+        latent, _, negative, _ = _inputs(name)
+        kj = "ComfyUI-KJNodes"
+        node(kj, "WanChunkFeedForward", chunks=2, dim_threshold=0)
+        node(kj, "WanVideoNAG", conditioning=negative, nag_scale=11.0, nag_alpha=0.25,
+             nag_tau=2.5)
+        node(kj, "ApplyRifleXRoPE_WanVideo", latent={"samples": latent}, k=4)
+        node(kj, "PatchModelPatcherOrder", patch_order="weight_patch_first", full_load="auto")
+        node(kj, "ModelPatchTorchSettings", enable_fp16_accumulation=False)
         return out
     node("Comfy-WaveSpeed", "ApplyFBCacheOnModel", object_to_patch="diffusion_model",
          residual_diff_threshold=0.12 if name == "flux" else 0.2, start=0.0, end=1.0,
@@ -192,7 +201,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                     rows += _time_pair(cfg, name, pair, base, peer, toma, notes)
     peers = peers_module()
     missing = [p for p in ("ComfyUI-TeaCache", "ComfyUI-MagCache", "Comfy-WaveSpeed",
-                           "ComfyUI-GGUF")
+                           "ComfyUI-GGUF", "ComfyUI-KJNodes")
                if not peers.load(p).loaded]
     if missing:
         notes.append(f"not on this ComfyUI (they do not import): {', '.join(missing)}")
@@ -201,14 +210,15 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                  f"and Flux (hidden {whole_call.FLUX_HIDDEN}, cfg 1) at 512x512, {STEPS} Euler "
                  f"steps (simple schedule) of comfy.sample.sample; ToMA at the node defaults, "
                  f"after the other node; TeaCache at its node's defaults (0.4), MagCache at its "
-                 f"README's settings for Flux (0.24, retention 0.1, K 5), First Block Cache "
+                 f"README's settings for Flux (0.24, K 5) at retention 0.2, First Block Cache "
                  f"at 0.12 on Flux (its README's value) and 0.2 on SDXL (its SDXL workflow's); "
                  f"the LoRA of tests/integration/model_files.write_lora (rank 4 on every "
                  f"attention and fused linear weight of the blocks) at strength 1; Wan 2.1 "
                  f"text-to-video with the 1.3B model's heads of 128 at width "
                  f"{whole_call.WAN_DIM} and {whole_call.WAN_BLOCKS} blocks, 512x320, 9 frames, "
                  f"cfg 1, TeaCache at {WAN_TEACACHE}, MagCache at 0.24, retention "
-                 f"0.2, K 4")
+                 f"0.2, K 4; KJNodes' nodes at the settings of tests/integration/"
+                 f"test_peer_kjnodes.py")
     return {"rows": rows, "columns": list(COLUMNS), "notes": notes}
 
 

@@ -107,7 +107,8 @@ class RunRecorder:
         it clones model options, which would copy a bound method's recorder)."""
         from comfy.patcher_extension import WrappersMP
 
-        from toma_pack.nodes.run_state import RunState, call_arguments
+        from toma_pack.nodes.arguments import call_arguments
+        from toma_pack.nodes.run_state import RunState
 
         runs = self.runs
 

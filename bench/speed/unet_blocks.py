@@ -161,8 +161,9 @@ class LevelBench:
         timed block calls reuse the call's plan (kept in its plans dict, as every block of a
         level but the first reuses it in a step) and the run's index tables."""
         load_pack()
+        from toma_pack.nodes.model_call import ModelCall
         from toma_pack.nodes.options import make_options
-        from toma_pack.nodes.run_state import ModelCall, ToMAState
+        from toma_pack.nodes.run_state import ToMAState
         from toma_pack.nodes.unet_patch import UNetToMA
 
         options = make_options(v.ratio, v.tiles or 0, recompute_every=recompute_every(),

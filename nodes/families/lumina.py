@@ -8,7 +8,7 @@ import math
 import torch
 
 from ..dit_families import BlockKind, Family, latent_grid, set_grid
-from ..run_state import ModelCall
+from ..model_call import ModelCall
 
 # the models of this family, as the node's error and the README name them
 MODELS = "Lumina 2, Z-Image"

@@ -15,8 +15,8 @@ from tiny_models import available, inputs, tiny_patcher
 import comfy_harness as ch
 from toma_pack.nodes import run_state
 from toma_pack.nodes.apply import apply_toma
+from toma_pack.nodes.arguments import call_arguments
 from toma_pack.nodes.options import make_options
-from toma_pack.nodes.run_state import call_arguments
 
 FRAMES = 13          # latent frames
 WINDOW, OVERLAP = 4, 1

@@ -126,7 +126,7 @@ def test_compiled_runs_follow_what_changes_at_equal_shapes(dynamo) -> None:
     eagerly), a sequence of runs at equal shapes: 1 then 2 given start frames (the protected
     prefix grows), then the node run again with another ratio. Each matches eager ToMA's
     samples bit for bit, where a replay of the first trace would merge the second start frame
-    or keep the first ratio (the decisions are guarded through run_state.TRACED_DECISIONS); no
+    or keep the first ratio (the decisions are guarded through compile_guards.TRACED_DECISIONS); no
     graph break. (A prompt's length reaches the blocks as a tensor's shape, which dynamo guards,
     on every family but HiDream-O1, whose kept prompt is off under such a compile.)"""
     model = tiny_patcher("wan21_i2v")
@@ -153,7 +153,7 @@ def test_plans_are_kept_across_steps_under_every_compile(dynamo) -> None:
     """recompute_every 2 under ComfyUI 0.3.64's compile (every guard kept) and under the filter
     of the 0.8 node (none on transformer_options): plans are built half as often as with
     recompute_every 1, nothing is said, and the unguarded compile's samples are eager ToMA's
-    (a step that reuses its plans gets a trace of its own: run_state.TRACED_PLANS)."""
+    (a step that reuses its plans gets a trace of its own: compile_guards.TRACED_PLANS)."""
     c = case("flux")
     every, kept = (apply_toma(c.model, make_options(0.5, skip_blocks="none", recompute_every=n))
                    for n in (1, 2))

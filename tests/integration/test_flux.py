@@ -404,7 +404,8 @@ def test_skipping_every_block_merges_nothing(flux):
 def test_unfit_mask_leaves_blocks_unmerged_with_one_warning(flux, caplog):
     """A mask whose query dim is neither 1 nor the sequence cannot be gathered: the blocks run
     unmerged (attention then rejects the mask exactly as it would without ToMA)."""
-    from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
+    from toma_pack.nodes.model_call import ModelCall
+    from toma_pack.nodes.run_state import RunState, ToMAState
 
     state = ToMAState(make_options(RATIO, skip_blocks="none"), "flux")
     model = flux.clone()
@@ -439,7 +440,7 @@ def patch_flux(model, state) -> None:
     """ToMA's block patches on a Flux-family ModelPatcher (what apply_toma installs)."""
     from toma_pack.nodes.dit_patch import patch_dit
     from toma_pack.nodes.families import family_of
-    from toma_pack.nodes.run_state import ForwardPatches
+    from toma_pack.nodes.forward_patches import ForwardPatches
 
     patch_dit(model, state, family_of(model.model.diffusion_model), ForwardPatches())
 
@@ -449,7 +450,8 @@ def _direct(flux, scope: str = "block", grid: tuple[int, int] = (8, 10)):
     """patch_flux on a clone and a model call of an h x w grid (what run_state's APPLY_MODEL
     wrapper makes for a real model call): yields (model, call, the transformer_options that
     hand the call to the blocks)."""
-    from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
+    from toma_pack.nodes.model_call import ModelCall
+    from toma_pack.nodes.run_state import RunState, ToMAState
 
     state = ToMAState(make_options(RATIO, skip_blocks="none", merge_scope=scope), "flux")
     model = flux.clone()

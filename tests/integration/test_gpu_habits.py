@@ -193,7 +193,7 @@ def test_torch_compile_one_graph_no_breaks(name, recompute_every, dynamo_counter
     model, and one graph for every call, across blocks, steps and plan rebuilds; with
     recompute_every 2, the calls that reuse plans get the second graph they need, with or
     without guards on transformer_options (the node's filter from 0.8: the blocks ask a guarded
-    global which plans are built, run_state.TRACED_PLANS)."""
+    global which plans are built, compile_guards.TRACED_PLANS)."""
     build = ch.tiny_sdxl_patcher if name == "sdxl" else ch.tiny_flux_patcher
     run = sample_sdxl if name == "sdxl" else sample_flux
     options = {"recompute_every": recompute_every}
@@ -307,7 +307,7 @@ def test_step_window_under_the_nodes_own_compile(dynamo_counters, caplog):
     """end_percent 0.5 over 4 steps, compiled the way ComfyUI's TorchCompileModel node compiles
     (0.8+: with a guard filter that drops every guard on transformer_options, where the graph
     the first call traced would merge in every later step). ToMA's blocks read the decisions of
-    each call from a guarded place too (run_state.TRACED_DECISIONS), so the first unmerged step
+    each call from a guarded place too (compile_guards.TRACED_DECISIONS), so the first unmerged step
     gets a trace of its own: two graphs, no break, no warning, and the samples are eager ToMA's
     with the same window (merging steps 0 and 1 only: not those of ToMA merging every step)."""
     import logging
@@ -327,7 +327,8 @@ def test_one_merged_block_compiles_with_fullgraph(dynamo_counters):
     """ToMA's patched SDXL transformer block (the object patch ComfyUI installs: plan built from
     norm1, merge, the whole block on merged tokens, unmerge of its update) traces as one graph
     with fullgraph=True, and gives the eager result."""
-    from toma_pack.nodes.run_state import ModelCall, ToMAState
+    from toma_pack.nodes.model_call import ModelCall
+    from toma_pack.nodes.run_state import ToMAState
     from toma_pack.nodes.unet_patch import UNetToMA
 
     model = ch.tiny_sdxl_patcher()

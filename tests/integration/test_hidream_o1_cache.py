@@ -81,8 +81,9 @@ def test_toma_variant_is_the_pack_patch_after_the_kept_prompt(model, name):
 
     from toma_pack.nodes.dit_patch import DiTToMA
     from toma_pack.nodes.families.hidream_o1 import description
+    from toma_pack.nodes.model_call import ModelCall
     from toma_pack.nodes.options import make_options
-    from toma_pack.nodes.run_state import ModelCall, ToMAState
+    from toma_pack.nodes.run_state import ToMAState
 
     spec = description()
     state = ToMAState(make_options(0.5, skip_blocks="none"), spec.name)

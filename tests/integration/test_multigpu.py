@@ -12,7 +12,7 @@ gpu:N branch resolves to its cpu branch on a CPU device: its helper that the gpu
 calls (_retarget_patcher) is called directly with the second device.
 
 ToMA's object patches are bound to modules; each device's copy has modules of its own, and
-ToMA makes its patches again for them (run_state.ForwardPatches, on ComfyUI's multi-GPU
+ToMA makes its patches again for them (forward_patches.ForwardPatches, on ComfyUI's multi-GPU
 callbacks): every thread runs its own copy's blocks, merged.
 """
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -113,10 +114,11 @@ def test_addresses_and_publisher_agree_with_the_installation_text():
 
 
 def links(path: Path) -> set[Path]:
-    """The files a Markdown document links (anchors cut), resolved from its folder."""
+    """The files a Markdown document links (anchors cut, %20 read as a space), resolved from
+    its folder."""
     text = path.read_text(encoding="utf-8")
     found = re.findall(r"\]\(((?!https?:|#)[^)\s#]+)(?:#[^)\s]*)?\)", text)
-    return {(path.parent / target).resolve() for target in found}
+    return {(path.parent / urllib.parse.unquote(target)).resolve() for target in found}
 
 
 def test_every_file_the_readme_and_its_pages_link_exists():

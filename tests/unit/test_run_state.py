@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 import torch
 
+from toma_pack.nodes.model_call import ModelCall
 from toma_pack.nodes.options import make_options
-from toma_pack.nodes.run_state import ModelCall, RunState, ToMAState
+from toma_pack.nodes.run_state import RunState, ToMAState
 from toma_pack.toma_core import build_plan, make_regions
 
 
@@ -38,8 +39,8 @@ class Model:
         call = self.state.call_of(transformer_options)
         self.seen.append(call)
         if call is not None and call.active:
-            self.state.plan(call, ("grid", 8, 8), self._build)
-            self.state.record(call, "block0", "8x8", 64, call.plans[("grid", 8, 8)])
+            call.plan(("grid", 8, 8), self._build)
+            call.record("block0", "8x8", 64, call.plans[("grid", 8, 8)])
         return x
 
     def _build(self):
@@ -155,7 +156,7 @@ def test_plans_are_kept_per_batch_identity_and_device() -> None:
         call = state.open_call(run, torch.empty(1, device=device),
                                {"uuids": uuids, "cond_or_uncond": [0]})
         assert call.merging and call.device == torch.device(device)
-        state.plan(call, ("grid", 8, 10), build)
+        call.plan(("grid", 8, 10), build)
         state.close_call(call)
     assert len(builds) == 3
     assert run.builds == 3
@@ -169,8 +170,8 @@ def test_a_plan_of_none_is_kept() -> None:
     calls = []
     for _ in range(3):
         call = state.open_call(run, None, {})
-        assert state.plan(call, "k", lambda: calls.append(1)) is None
-        assert state.plan(call, "k", lambda: calls.append(1)) is None
+        assert call.plan("k", lambda: calls.append(1)) is None
+        assert call.plan("k", lambda: calls.append(1)) is None
     assert len(calls) == 1
 
 
@@ -181,11 +182,11 @@ def test_a_model_call_made_by_hand_keeps_its_plans() -> None:
     call = ModelCall(state.new_run(), grid=(1, 8, 8), merging=True, data={"txt_len": 4})
     assert call.active
     built = []
-    state.plan(call, "k", lambda: built.append(1) or "plan")
-    state.plan(call, "k", lambda: built.append(1) or "plan")
+    call.plan("k", lambda: built.append(1) or "plan")
+    call.plan("k", lambda: built.append(1) or "plan")
     assert built == [1] and call.plans == {"k": "plan"}
     call.plans.clear()
-    state.plan(call, "k", lambda: built.append(1) or "plan")
+    call.plan("k", lambda: built.append(1) or "plan")
     assert built == [1, 1]
     assert not ModelCall(state.new_run(), mergeable=False, merging=True).active
 
@@ -196,31 +197,29 @@ def test_a_layer_that_runs_again_in_one_call_starts_the_next_pass() -> None:
     and outside a call (None) everything is pass 0."""
     state = ToMAState(make_options(0.5), "flux")
     call = ModelCall(state.new_run(), merging=True)
-    passes = [state.pass_of(call, layer) for layer in ("d0", "d1", "s0", "d0", "d1", "s0", "d0")]
+    passes = [call.pass_of(layer) for layer in ("d0", "d1", "s0", "d0", "d1", "s0", "d0")]
     assert passes == [0, 0, 0, 1, 1, 1, 2]
-    assert state.pass_of(ModelCall(state.new_run()), "d0") == 0
-    assert state.pass_of(None, "d0") == state.pass_of(None, "d0") == 0
+    assert ModelCall(state.new_run()).pass_of("d0") == 0
 
 
 def test_index_tables_are_kept_for_the_run_per_partition_and_device() -> None:
     state = ToMAState(make_options(0.5), "flux")
     call = ModelCall(state.new_run(), merging=True)
     regions = make_regions(15, 22, "tile", 16)
-    tables = state.tables(call, regions, torch.device("cpu"))
-    assert state.tables(call, make_regions(15, 22, "tile", 16), torch.device("cpu")) is tables
-    assert state.tables(call, regions, torch.device("meta")) is not tables
-    assert state.tables(None, regions, torch.device("cpu")) is not tables
+    tables = call.tables(regions, torch.device("cpu"))
+    assert call.tables(make_regions(15, 22, "tile", 16), torch.device("cpu")) is tables
+    assert call.tables(regions, torch.device("meta")) is not tables
 
 
 def test_close_call_adds_the_blocks_records_and_says_notes_once() -> None:
     state = ToMAState(make_options(0.5), "flux")
     run = state.new_run()
     call = state.open_call(run, torch.zeros(1), {})
-    state.record(call, "d0", "64x64", 4096, None)                      # ran unmerged
-    state.plan(call, "k", lambda: build_plan(torch.randn(1, 64, 4), 8, 8, 0.5, tile_count=4))
-    state.record(call, "d1", "64x64", 4096, call.plans["k"])
-    state.note(call, "something differs")
-    state.note(call, "something differs")
+    call.record("d0", "64x64", 4096, None)                      # ran unmerged
+    call.plan("k", lambda: build_plan(torch.randn(1, 64, 4), 8, 8, 0.5, tile_count=4))
+    call.record("d1", "64x64", 4096, call.plans["k"])
+    call.note("something differs")
+    call.note("something differs")
     state.close_call(call)
     assert run.layers_seen == {"d0", "d1"} and run.layers_merged == {"d1"}
     assert run.levels == {"64x64": (4096, 32)} and run.builds == 1
@@ -235,7 +234,7 @@ def test_notes_belong_to_the_run_that_caused_them() -> None:
     state.setup_note("set up differently")
     first, second = state.new_run(), state.new_run()
     call = state.open_call(first, torch.zeros(1), {})
-    state.note(call, "this call differs")
+    call.note("this call differs")
     state.close_call(call)
     assert "this call differs" in state.summary(first)["note"]
     assert "this call differs" not in state.summary(second)["note"]

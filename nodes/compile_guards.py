@@ -1,0 +1,82 @@
+"""torch.compile without guards: telling such a compile apart, and the guarded globals through
+which ToMA's blocks read what the host decided while dynamo traces them."""
+
+from __future__ import annotations
+
+import torch
+
+
+def unguarded_compile(model_options: dict) -> bool:
+    """Whether the model runs through a torch.compile wrapper that drops dynamo's guards on
+    transformer_options (ComfyUI's TorchCompileModel from 0.8, KJNodes' compile nodes): what
+    ToMA decides per call and hands the blocks there would then be fixed in the graph by its
+    first trace. Such wrappers (comfy_api.torch_helpers and the ones modelled on it) leave
+    "torch_compile_kwargs" in the options; torch.compile takes the guard filter out of those,
+    so it is read from the compiled modules the APPLY_MODEL wrappers hold. Where none can be
+    found, a compile with options is taken as unguarded (ComfyUI's node passes its filter
+    there; v0.3.64's passes none and keeps every guard)."""
+    kwargs = model_options.get("torch_compile_kwargs")
+    if not isinstance(kwargs, dict):
+        return False
+    found = compiled_modules(model_options)
+    if found:
+        return any(guard_filter_of(module) is not None for module in found)
+    return kwargs.get("options") is not None
+
+
+def compiled_modules(model_options: dict) -> list:
+    """The torch.compile'd modules (OptimizedModule) the APPLY_MODEL wrappers of these options
+    hold, in their closures or in dicts of their module's globals (one level of dicts deep)."""
+    import torch._dynamo.eval_frame as eval_frame
+
+    wrappers = (((model_options.get("transformer_options") or {}).get("wrappers") or {})
+                .get("apply_model") or {}).values()
+    found: list = []
+
+    def visit(value: object, depth: int = 0) -> None:
+        if isinstance(value, eval_frame.OptimizedModule):
+            found.append(value)
+        elif depth < 2 and hasattr(value, "values") and callable(value.values):
+            for item in list(value.values()):
+                visit(item, depth + 1)
+
+    for functions in wrappers:
+        for fn in functions:
+            for cell in getattr(fn, "__closure__", None) or ():
+                try:
+                    visit(cell.cell_contents)
+                except ValueError:   # an empty cell
+                    continue
+            code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+            for name in getattr(code, "co_names", ()):
+                visit(names.get(name))
+    return found
+
+
+def guard_filter_of(module: object) -> object:
+    """The guard filter a torch.compile'd module was compiled with (None: every guard kept)."""
+    hooks = getattr(getattr(module, "dynamo_ctx", None), "_hooks", None)
+    return getattr(hooks, "guard_filter_fn", None)
+
+
+# While a model compiled by torch.compile runs: (node key, device) -> the node's settings and the
+# decisions of the model call in flight (ModelCall.decisions). Blocks read their entry while
+# dynamo traces them; unlike transformer_options (whose guards ComfyUI's compile drops, with
+# those on the patch functions it holds) a global is guarded, so a call whose decisions or
+# settings differ from a traced one's at equal shapes gets a trace of its own instead of
+# replaying another call's. Each entry lives for its call only.
+TRACED_DECISIONS: dict[tuple[str, str], str] = {}
+
+
+# While a compiled model runs: (node key, device) -> the plans of the model call in flight (the
+# dict of ModelCall.plans). Blocks ask it whether their level's plan is built yet: a check on
+# transformer_options is not guarded there, and where the graph breaks inside the blocks, dynamo
+# compiles one block's code once for all of them, so every block would replay the first one's
+# answer. Asked here, the answer is guarded, and the blocks that reuse a plan get a trace of their
+# own. Each entry lives for its call only.
+TRACED_PLANS: dict[tuple[str, str], dict] = {}
+
+
+def traced_decisions(key: str, device: torch.device) -> str | None:
+    """The decisions of node `key`'s model call in flight on `device` (see TRACED_DECISIONS)."""
+    return TRACED_DECISIONS.get((key, str(device)))

@@ -1,0 +1,81 @@
+"""Patch installation: ToMA's object patches of module forwards on a patched ModelPatcher, made
+again for every copy of the diffusion model ComfyUI runs (multi-GPU), and the wrappers' plain
+functions (what ComfyUI's clones copy by reference)."""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+
+import torch
+
+
+def plain_function(method: Callable) -> Callable:
+    """`method` behind a plain function.
+
+    ComfyUI before 0.20 deep-copies model_options on clone; a deep copy of a bound method copies
+    its object, which would split one ToMA node's state between clones. Functions are copied by
+    reference, so every clone keeps talking to the same state.
+    """
+
+    def call(*args, **kwargs):
+        return method(*args, **kwargs)
+
+    return call
+
+
+def own_forward(module: torch.nn.Module) -> Callable:
+    """The module's own forward, bound to it."""
+    return types.MethodType(type(module).forward, module)
+
+
+class ForwardPatches:
+    """ToMA's object patches of module forwards on one patched ModelPatcher, kept so that they
+    can be made again for another copy of the diffusion model: ComfyUI's multi-GPU clones
+    (v0.33: MultiGPU CFG Split, Select Model Device) each run a model object of their own with
+    the first one's object patches, and a patch bound to the first copy's modules would run
+    those modules (another device's weights) from every device's thread.
+
+    make(module, original) -> the patched forward of `module`; `original` is another pack's
+    object patch of that forward where there was one (it keeps running, inside ToMA's), else
+    the module's own forward."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, Callable | None, Callable]] = []
+
+    def add(self, model, path: str, make: Callable[[torch.nn.Module, Callable], Callable]) -> None:
+        """Patch the forward of diffusion_model.<path> on ModelPatcher `model`."""
+        key = f"diffusion_model.{path}.forward"
+        previous = model.object_patches.get(key)
+        self.entries.append((path, previous, make))
+        module = module_at(model.model.diffusion_model, path)
+        model.add_object_patch(key, make(module, previous or own_forward(module)))
+
+    def rebind(self, source, clone) -> None:
+        """ComfyUI's multi-GPU callback (ON_MATCH_MULTIGPU_CLONES, ON_DEEPCLONE_MULTIGPU):
+        `clone` runs its own model object; its patches are made again for that object's
+        modules."""
+        if clone.model is source.model:
+            return
+        for path, previous, make in self.entries:
+            module = module_at(clone.model.diffusion_model, path)
+            clone.add_object_patch(f"diffusion_model.{path}.forward",
+                                   make(module, previous or own_forward(module)))
+
+    def install_callbacks(self, model) -> None:
+        """Have ComfyUI rebind these patches on each multi-GPU copy of `model` (callback kinds
+        a ComfyUI version lacks are left out: it makes no such copies)."""
+        from comfy.patcher_extension import CallbacksMP
+
+        if not self.entries:
+            return
+        for name in ("ON_MATCH_MULTIGPU_CLONES", "ON_DEEPCLONE_MULTIGPU"):
+            kind = getattr(CallbacksMP, name, None)
+            if kind is not None:
+                model.add_callback_with_key(kind, "toma", plain_function(self.rebind))
+
+
+def module_at(root: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The submodule of `root` at a dotted path ("input_blocks.4.1.transformer_blocks.0")."""
+    return functools.reduce(getattr, path.split("."), root)

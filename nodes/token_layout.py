@@ -1,0 +1,185 @@
+"""Where a diffusion transformer's tokens are, and how merging changes the rows that describe
+them: the layout of a block's sequence (text, grid, references), positional (RoPE) rows, attention
+masks and per-frame modulation rows, read and rewritten for a merge plan. Pure tensor and shape
+work; dit_patch.py decides when it applies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..toma_core import MergePlan
+from .dit_families import BlockKind
+from .model_call import ModelCall
+
+# Set in the transformer_options handed to a merged block: a ToMA patch further in (a second
+# ToMA node on the same model) sees it and leaves the already merged sequence alone.
+MERGED_FLAG = "toma_merged"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the grid sits in one block call: `offset` in the stream tensor, `seq_start` in the
+    attention sequence (positional rows, mask) of `seq_len` tokens."""
+
+    offset: int
+    seq_start: int
+    seq_len: int
+
+
+def stream_of(kind: BlockKind, value: object) -> torch.Tensor | None:
+    """The tensor holding the grid in the stream argument's `value` (its `stream_item` where
+    the stream is a tuple), None when it is not there."""
+    if kind.stream_item is not None:
+        if not isinstance(value, (tuple, list)) or len(value) <= kind.stream_item:
+            return None
+        value = value[kind.stream_item]
+    return value if torch.is_tensor(value) else None
+
+
+def with_stream(kind: BlockKind, value: object, tensor: torch.Tensor) -> object:
+    """The stream argument's `value` holding `tensor` in place of its grid tensor."""
+    if kind.stream_item is None:
+        return tensor
+    items = list(value)
+    items[kind.stream_item] = tensor
+    return type(value)(items)
+
+
+def layout(kind: BlockKind, args: dict, call: ModelCall, options: dict) -> Layout | None:
+    """The grid's place in this call (dit_families' module docstring), None when the text
+    length a single-stream block needs is unknown."""
+    n_stream = stream_of(kind, args[kind.stream]).shape[1]
+    prefix = call.data.get("prefix", 0)
+    txt = args.get(kind.txt) if kind.txt else None
+    n_txt = txt.shape[1] if torch.is_tensor(txt) else 0
+    if kind.text == "before":
+        return Layout(prefix, n_txt + prefix, n_txt + n_stream)
+    if kind.text == "after":
+        return Layout(prefix, prefix, n_stream + n_txt)
+    if kind.text == "stream_before":
+        span = options.get("img_slice")
+        text = int(span[0]) if span else call.data.get("txt_len")
+        if text is None:
+            return None
+        return Layout(text + prefix, text + prefix, n_stream)
+    return Layout(prefix, prefix, n_stream)
+
+
+def token_axis(pe: torch.Tensor, seq_len: int) -> int | None:
+    """The token axis of positional rows over a `seq_len`-token sequence: [B, 1, L, ...] (Flux,
+    Qwen, HunyuanVideo), [B, L, 1, ...] (Wan, Lumina, Qwen before ComfyUI 0.8), [B, L, D]
+    (LTX's interleaved rows), [B, H, L, D/2] (LTX's split rows on ComfyUI 0.8: heads first) or
+    [B, L, H, ...] (LTX's split rows later): where neither of axes 1 and 2 has size 1, the one
+    of length `seq_len`. None when that cannot tell (H = L), and the block runs unmerged."""
+    if pe.dim() > 2 and pe.shape[1] == 1:
+        return 2
+    if pe.dim() <= 3 or pe.shape[2] == 1:
+        return 1
+    axes = [axis for axis in (1, 2) if pe.shape[axis] == seq_len]
+    return axes[0] if len(axes) == 1 else None
+
+
+def position_tensors(value: object) -> list[torch.Tensor]:
+    """The tensors of a positional-rows argument: itself, or those in a tuple (LTX's
+    (rotation, split) pair, (cos, sin) before ComfyUI 0.8)."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [v for v in value if torch.is_tensor(v)]
+    return []
+
+
+def map_positions(value: object, fn: Callable[[torch.Tensor], torch.Tensor]) -> object:
+    """A positional-rows argument with fn applied to each of its tensors."""
+    if torch.is_tensor(value):
+        return fn(value)
+    return type(value)(fn(v) if torch.is_tensor(v) else v for v in value)
+
+
+def merged_options(options: dict, start: int, plan: MergePlan,
+                   grid: tuple[int, ...]) -> dict:
+    """transformer_options for a block running on a merged sequence: MERGED_FLAG with where the
+    merged grid is, and `img_slice` (the image part of the sequence, [start, end)) shortened by
+    the tokens merged away when it holds the grid that starts at `start`."""
+    out = {**options, MERGED_FLAG: {"start": start, "tokens": plan.tokens,
+                                    "merged_tokens": plan.merged_tokens, "grid": grid}}
+    span = options.get("img_slice")
+    if span is not None and len(span) == 2 and span[0] <= start < span[1]:
+        out["img_slice"] = [span[0], span[1] - (plan.tokens - plan.merged_tokens)]
+    return out
+
+
+def merged_rows_of(kind: BlockKind, plan: MergePlan, pe: torch.Tensor,
+                   lay: Layout) -> torch.Tensor:
+    """Positional rows for the merged sequence (plan.merge_positions along their token axis);
+    rows a block broadcasts over its heads (kind.pe_heads) get the head axis back when the
+    batch's items merged apart: [1, L, D] -> [B, 1, L', D]."""
+    merged = plan.merge_positions(pe, token_axis(pe, lay.seq_len), lay.seq_start)
+    if kind.pe_heads and pe.dim() == 3 and merged.shape[0] > 1:
+        return merged.unsqueeze(1)
+    return merged
+
+
+def mask_fits(mask: torch.Tensor | None, dims: tuple[int, ...], length: int) -> bool:
+    """Whether an attention mask can be merged: each of its token dims spans the sequence of
+    `length` tokens or broadcasts (size 1)."""
+    if mask is None:
+        return True
+    return mask.dim() >= len(dims) and all(mask.shape[d] in (1, length) for d in dims)
+
+
+def merge_mask(plan: MergePlan, mask: torch.Tensor | None, dims: tuple[int, ...], start: int,
+               length: int) -> torch.Tensor | None:
+    """The mask's token dims gathered at the merged positions ([..., L|1, L|1] ->
+    [..., L'|1, L'|1]); a 2-D query x key mask gets a leading batch dim first."""
+    if mask is None:
+        return None
+    out = mask.unsqueeze(0) if mask.dim() == 2 and len(dims) == 2 else mask
+    for dim in dims:
+        if out.shape[dim] == length:
+            out = plan.merge_positions(out, dim % out.dim(), start)
+    return out
+
+
+def gcd(a: int, b: int) -> int:
+    """Greatest common divisor by Euclid's steps: torch.compile traces these on symbolic sizes
+    (after a change of resolution), where math.gcd breaks the graph."""
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def regroup_frame_rows(rows: torch.Tensor, kept: int, per_kept: int, per_frame: int,
+                       frames: int | None = None) -> tuple[torch.Tensor, int]:
+    """Per-frame modulation rows [B, F, ...] for a sequence whose first `kept` frames hold
+    `per_kept` tokens each, the next `frames` (default: all the others) `per_frame` each and
+    any after those `per_kept` each again: (every frame's row repeated count / g times, g), g
+    = gcd of the counts, so that a model spreading R rows evenly over the sequence (Wan's
+    repeat_e, LTX-2's compressed timesteps: g tokens per row) gives each token its own
+    frame's row. Integer repeats only: no repeat count is read back from the device."""
+    frames = rows.shape[1] - kept if frames is None else frames
+    after = rows.shape[1] - kept - frames
+    g = gcd(per_kept, per_frame) if kept or after else per_frame
+    parts = [rows[:, kept:kept + frames].repeat_interleave(per_frame // g, dim=1)]
+    if kept:
+        parts.insert(0, rows[:, :kept].repeat_interleave(per_kept // g, dim=1))
+    if after:
+        parts.append(rows[:, kept + frames:].repeat_interleave(per_kept // g, dim=1))
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), g
+
+
+@dataclass(frozen=True)
+class RowForm:
+    """How one modulation-rows argument lines up with the stream: `mode` "token" (a row per
+    token: merged like positional rows) or "frame" (a row per frame of the grid: regrouped);
+    `rows` [B, R, ...] the rows, `held` whether they came out of an object (Family.held_rows)."""
+
+    mode: str
+    rows: torch.Tensor
+    held: bool
+
+
+# The patch ---------------------------------------------------------------------------------------
