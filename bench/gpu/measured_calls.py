@@ -25,7 +25,7 @@ repetition): median, minimum and spread of each, speedup with the range of the s
 ratios (bench.shared.common). Peak memory: torch.cuda.max_memory_allocated over one warm-up call,
 with
 the weights (peak_gib) and above what was allocated before the call (act_gib). Plan builds: one
-more ToMA call with every plan build (ToMAState.plan's build) bracketed by events, their sum
+more ToMA call with every plan build (ModelCall.plan's build) bracketed by events, their sum
 against the same call's time (plan_share). Then, if the budget allows, the default setting and
 the unmerged model under ComfyUI's TorchCompileModel wrapper (comfy_api.torch_helpers.
 set_torch_compile_wrapper, backend inductor, the node's guard filter): each compiled on its own
@@ -223,9 +223,9 @@ def install_timer(patcher, device: torch.device, timer: Timer | None = None) -> 
 def timed_plans(watch: Stopwatch) -> Iterator[list[tuple[Any, Any]]]:
     """Every ToMA plan build while inside, bracketed by marks of `watch`: yields the list of
     (start, end) pairs it fills. It wraps the build function the pack's patches hand to
-    ToMAState.plan (the one place a plan is built), and puts ToMAState.plan back after."""
-    state_type = load_pack().nodes.run_state.ToMAState
-    original = state_type.__dict__["plan"]
+    ModelCall.plan (the one place a plan is built), and puts ModelCall.plan back after."""
+    call_type = load_pack().nodes.model_call.ModelCall
+    original = call_type.__dict__["plan"]
     pairs: list[tuple[Any, Any]] = []
 
     def plan(call, key, build):
@@ -236,13 +236,13 @@ def timed_plans(watch: Stopwatch) -> Iterator[list[tuple[Any, Any]]]:
             finally:
                 pairs.append((start, watch.mark()))
 
-        return original.__func__(call, key, timed_build)
+        return original(call, key, timed_build)
 
-    state_type.plan = staticmethod(plan)
+    call_type.plan = plan
     try:
         yield pairs
     finally:
-        state_type.plan = original
+        call_type.plan = original
 
 
 # Models -----------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import urllib.parse
 import zipfile
 from pathlib import Path
 
@@ -77,7 +78,8 @@ def archived(archive: Path) -> list[str]:
 
 
 def readme_pictures() -> set[str]:
-    return set(README_PICTURE.findall((ROOT / "README.md").read_text(encoding="utf-8")))
+    return {urllib.parse.unquote(name) for name in
+            README_PICTURE.findall((ROOT / "README.md").read_text(encoding="utf-8"))}
 
 
 def test_the_archive_holds_only_the_product(archive: Path) -> None:
