@@ -132,12 +132,14 @@ def loaded(name: str, build: Callable[[], Any], folder: Path) -> list[Group]:
     """The loader pairs of model `name`: GGUF (Flux only), GGUF with a LoRA, and a LoRA on the
     fp32 model; their files written to `folder` (one of ComfyUI's model folders). None on Wan,
     which is here for the video caches."""
-    if name == "wan":
-        return []
-    peers_module()
+    gguf_labels = ("ComfyUI-GGUF UnetLoaderGGUF Q8_0",
+                   "ComfyUI-GGUF UnetLoaderGGUF Q8_0 + LoraLoaderModelOnly")
+    lora_labels = ("ComfyUI LoraLoaderModelOnly", gguf_labels[1])
+    if name == "wan" or not any(chosen(label) for label in (*lora_labels, *gguf_labels)):
+        return []   # nothing to write: building the model and its files takes a while
+    peers = peers_module()
     import model_files
 
-    peers = sys.modules["peers"]
     lora = folder / f"{name}-lora.safetensors"
     model_files.write_lora(build(), lora)
     loader = peers.comfy_node("nodes", "LoraLoaderModelOnly")
@@ -145,9 +147,9 @@ def loaded(name: str, build: Callable[[], Any], folder: Path) -> list[Group]:
     def with_lora(model):
         return peers.run_node(loader, model=model, lora_name=lora.name, strength_model=1.0)[0]
 
-    out: list[Group] = [("ComfyUI LoraLoaderModelOnly", build, with_lora)]
+    out: list[Group] = [(lora_labels[0], build, with_lora)]
     gguf = peers.load("ComfyUI-GGUF")
-    if name == "flux" and gguf.loaded:
+    if name == "flux" and gguf.loaded and any(chosen(label) for label in gguf_labels):
         sd = build().model.diffusion_model.state_dict()
         path = model_files.write_gguf("flux", folder / "flux-Q8_0.gguf", "Q8_0", tensors=sd)
         unet = gguf.node("UnetLoaderGGUF")
@@ -155,15 +157,14 @@ def loaded(name: str, build: Callable[[], Any], folder: Path) -> list[Group]:
         def from_gguf():
             return peers.run_node(unet, unet_name=path.name)[0]
 
-        out += [("ComfyUI-GGUF UnetLoaderGGUF Q8_0", from_gguf, lambda m: m),
-                ("ComfyUI-GGUF UnetLoaderGGUF Q8_0 + LoraLoaderModelOnly", from_gguf, with_lora)]
+        out += [(gguf_labels[0], from_gguf, lambda m: m), (gguf_labels[1], from_gguf, with_lora)]
     return out
 
 
 @contextlib.contextmanager
 def model_folder() -> Iterator[Path]:
     """A temporary folder that ComfyUI's loaders read model files from."""
-    peers_module()
+    peers_module()   # puts tests/integration, where model_files lives, on the path
     import model_files
 
     with tempfile.TemporaryDirectory() as tmp, model_files.model_folders(Path(tmp)) as folder:
