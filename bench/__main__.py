@@ -115,10 +115,22 @@ def _whole_call(cfg: BenchConfig) -> dict[str, Any]:
     return whole_call.run(cfg)
 
 
+def _host(cfg: BenchConfig) -> dict[str, Any]:
+    from .speed import host_cost
+
+    return host_cost.run(cfg)
+
+
 def _peers(cfg: BenchConfig) -> dict[str, Any]:
     from .speed import peers
 
     return peers.run(cfg)
+
+
+def _ceilings(cfg: BenchConfig) -> dict[str, Any]:
+    from .gpu import ceilings
+
+    return ceilings.run(cfg)
 
 
 def _gpu_call(cfg: BenchConfig) -> dict[str, Any]:
@@ -174,6 +186,10 @@ SECTIONS: dict[str, Section] = {
                      "reduced width) at 1024x1024: unmerged, ToMA, an older checkout's ToMA "
                      "(TOMA_BASELINE), both compiled (TOMA_BENCH_COMPILE)",
         comfy_only=True, quick=False),
+    "host": Section(
+        _host, "bench/speed/host_cost.py: per steady model call of SDXL (70 blocks) and Flux "
+               "(19 + 38) with every merged block active and small tensors: kernel launches, "
+               "Python function calls and CPU time, unmerged vs ToMA", comfy_only=True),
     "peers": Section(
         _peers, "bench/speed/peers.py: whole 512x512 runs of SDXL and Flux (real layers, reduced "
                 "width) with TeaCache, MagCache and First Block Cache (../shared/peers), alone "
@@ -184,6 +200,10 @@ SECTIONS: dict[str, Section] = {
                     "computing nothing "
                     "(meta tensors; about 1.5 min on 2 cores, the same with --quick)",
         comfy_only=True),
+    "ceilings": Section(
+        _ceilings, "bench/gpu/ceilings.py: versions, copy bandwidth, a bf16 GEMM, the SDPA "
+                   "backend at SDXL's and Flux's shapes, the plan kernel against the reference "
+                   "at real shapes (small sizes on a CPU)", quick=False),
     "gpu-call": Section(
         _gpu_call, "bench/gpu/measured_calls.py: the same model calls measured on the GPU (CUDA "
                    "events, real size, bf16, random weights), unmerged, ToMA and under "

@@ -168,28 +168,29 @@ class DiTToMA:
         stream = stream_of(kind, args.get(kind.stream))
         call = self.state.block_call_of(options, None if stream is None else stream.device)
         txt = args.get(kind.txt) if kind.txt else None
-        if call is not None and torch.is_tensor(txt):
+        if call is not None and isinstance(txt, torch.Tensor):
             call.data["txt_len"] = txt.shape[1]     # for single-stream blocks after these
-        found = self.plan_for(kind, index, args, options, call, layer)
+        found = self.plan_for(kind, index, args, stream, options, call, layer)
         if found is None:
             return run(args)
         plan, lay, forms, key = found
-        merged_args, base = self.merged_args(kind, plan, lay, args, options, call, forms, key)
-        if self.attention is not None and kind.letter == "d":
+        merged_args, merged, base = self.merged_args(kind, plan, lay, args, stream, options,
+                                                     call, forms, key)
+        if merged is None:
             return self.attention.run(index, plan, merged_args, run)
         out = run(merged_args)
         got = stream_of(kind, out[kind.stream])
-        restored = self.restore(call, plan, got, stream_of(kind, merged_args[kind.stream]), base,
-                                lay.offset)
+        restored = self.restore(call, plan, got, merged, base, lay.offset)
         if restored is got:
             return out
-        return {**out, kind.stream: with_stream(kind, out[kind.stream], restored)}
+        return {**out, kind.stream: restored if kind.stream_item is None
+                else with_stream(kind, out[kind.stream], restored)}
 
-    def plan_for(self, kind: BlockKind, index: int, args: dict, options: dict,
-                 call: ModelCall | None, layer: str
+    def plan_for(self, kind: BlockKind, index: int, args: dict, stream: torch.Tensor | None,
+                 options: dict, call: ModelCall | None, layer: str
                  ) -> tuple[MergePlan, Layout, dict, tuple] | None:
         """(plan, layout, modulation rows by argument name (RowForm), plan key) for this block
-        call, or None to run it unchanged."""
+        call (its grid tensor `stream`), or None to run it unchanged."""
         grid = call.grid if call is not None and call.mergeable else None
         tokens_n = math.prod(grid) if grid else 0
         level = call.data.get("level", "?") if grid else "?"
@@ -198,21 +199,22 @@ class DiTToMA:
             if call is not None:
                 call.record(layer, level, tokens_n, None)
 
-        stream = stream_of(kind, args.get(kind.stream))
         group = self.groups.get((kind.key, index))
         if (group is None or not tokens_n or not call.active or options.get(MERGED_FLAG)
                 or stream is None or stream.dim() != 3
                 or (kind.key, index) in call.data.get(FOREIGN_ATTENTION, ())):
             return unmerged()
-        lay = layout(kind, args, call, options)
+        lay = layout(kind, args, stream, call, options)
         if (lay is None or stream.shape[1] < lay.offset + tokens_n
                 or not self.fits(call, kind, args, lay, layer, options)):
             return unmerged()
         forms = self.row_forms(call, kind, args, stream, lay, layer)
         if forms is None:
             return unmerged()
-        frames = 1 if any(f.mode == "frame" for f in forms.values()) else (
-            self.family.frames_per_region)
+        frames = self.family.frames_per_region
+        for form in forms.values():      # a loop, not any(): no generator call per block
+            if form.mode == "frame":
+                frames = 1
         key = (kind.key, group, grid, lay.offset, stream.shape[0], frames, call.pass_of(layer))
         plan = call.plan(key, lambda: self.build(call, stream, lay.offset, grid, frames))
         call.record(layer, level, tokens_n, plan)
@@ -246,17 +248,17 @@ class DiTToMA:
                               f"others like it run unmerged")
                     return False
         mask = args.get(kind.mask) if kind.mask else None
-        if torch.is_tensor(mask) and not mask_fits(mask, kind.mask_dims, lay.seq_len):
+        if isinstance(mask, torch.Tensor) and not mask_fits(mask, kind.mask_dims, lay.seq_len):
             call.note(f"attention mask {tuple(mask.shape)} does not span the "
                       f"{lay.seq_len}-token sequence; block {layer} and others like "
                       f"it run unmerged")
             return False
-        opaque = [name for name in kind.opaque if args.get(name) is not None]
+        opaque = kind.opaque and [name for name in kind.opaque if args.get(name) is not None]
         if opaque:
             call.note(f"{self.family.label} blocks get {', '.join(opaque)}, which "
                       f"addresses fixed token spans; those blocks run unmerged")
             return False
-        foreign = in_block_patches(options)
+        foreign = options.get("patches") and in_block_patches(options)
         if foreign:
             call.note(f"other nodes patch inside {self.family.label} blocks "
                       f"({', '.join(foreign)}); such patches may read tokens by "
@@ -273,7 +275,7 @@ class DiTToMA:
         if held is not None:
             rows, per_row = held
             return None if rows.shape[1] == 1 else (rows, per_row, True)
-        if (not torch.is_tensor(value) or value.dim() < 3 or value.shape[1] == 1
+        if (not isinstance(value, torch.Tensor) or value.dim() < 3 or value.shape[1] == 1
                 or kind.rows_dims not in (None, value.dim())):
             return None
         per_row = length // value.shape[1] if length % value.shape[1] == 0 else 0
@@ -310,24 +312,26 @@ class DiTToMA:
         return forms
 
     def merged_args(self, kind: BlockKind, plan: MergePlan, lay: Layout, args: dict,
-                    options: dict, call: ModelCall, forms: dict[str, RowForm],
-                    key: tuple) -> tuple[dict, Pending | None]:
-        """The block's arguments for the merged sequence, and plan.begin's base for the
-        stream's unmerge (None, and the stream whole, when only the attention merges: the
-        attention helper merges it inside the block). Positional rows, masks and modulation
-        rows are the same for every block of a group in a call: merged once, kept in
-        call.data."""
-        out, base = dict(args), None
+                    stream: torch.Tensor, options: dict, call: ModelCall,
+                    forms: dict[str, RowForm], key: tuple
+                    ) -> tuple[dict, torch.Tensor | None, Pending | None]:
+        """The block's arguments for the merged sequence, its merged grid tensor and
+        plan.begin's base for the stream's unmerge (both None, and the stream whole, when only
+        the attention merges: the attention helper merges it inside the block). Positional
+        rows, masks and modulation rows are the same for every block of a group in a call:
+        merged once, kept in call.data."""
+        out, merged, base = dict(args), None, None
         if self.attention is None or kind.letter != "d":
-            merged, base = plan.begin(stream_of(kind, args[kind.stream]), lay.offset)
-            out[kind.stream] = with_stream(kind, args[kind.stream], merged)
+            merged, base = plan.begin(stream, lay.offset)
+            out[kind.stream] = merged if kind.stream_item is None else with_stream(
+                kind, args[kind.stream], merged)      # a bare tensor without a further call
         for name in (kind.pe, *kind.more_pe) if kind.pe else kind.more_pe:
             value = args.get(name)
             if position_tensors(value):
                 out[name] = self.once(call, ("pe", name, key), value, lambda v=value: (
                     map_positions(v, lambda pe: merged_rows_of(kind, plan, pe, lay))))
         mask = args.get(kind.mask) if kind.mask else None
-        if torch.is_tensor(mask):
+        if isinstance(mask, torch.Tensor):
             out[kind.mask] = self.once(call, ("mask", key), mask, lambda: merge_mask(
                 plan, mask, kind.mask_dims, lay.seq_start, lay.seq_len))
         for name, form in forms.items():
@@ -335,7 +339,7 @@ class DiTToMA:
             out[name] = self.once(call, ("rows", name, key), value,
                                   lambda v=value, f=form: self.merged_rows(call, plan, lay, v, f))
         out["transformer_options"] = merged_options(options, lay.seq_start, plan, call.grid)
-        return out, base
+        return out, merged, base
 
     def merged_rows(self, call: ModelCall, plan: MergePlan, lay: Layout, value: object,
                     form: RowForm) -> object:

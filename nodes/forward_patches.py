@@ -37,20 +37,29 @@ class ForwardPatches:
     the first one's object patches, and a patch bound to the first copy's modules would run
     those modules (another device's weights) from every device's thread.
 
-    make(module, original) -> the patched forward of `module`; `original` is another pack's
-    object patch of that forward where there was one (it keeps running, inside ToMA's), else
-    the module's own forward."""
+    make(module, original[, after]) -> the patched forward of `module`; `original` is another
+    pack's object patch of that forward where there was one (it keeps running, inside ToMA's),
+    else the module's own forward; `after`, where the patch was added with one, the module at
+    that path in the same copy of the model (the block that runs next)."""
 
     def __init__(self) -> None:
-        self.entries: list[tuple[str, Callable | None, Callable]] = []
+        self.entries: list[tuple[str, Callable | None, Callable, str | None]] = []
 
-    def add(self, model, path: str, make: Callable[[torch.nn.Module, Callable], Callable]) -> None:
+    def add(self, model, path: str, make: Callable[..., Callable],
+            after: str | None = None) -> None:
         """Patch the forward of diffusion_model.<path> on ModelPatcher `model`."""
         key = f"diffusion_model.{path}.forward"
         previous = model.object_patches.get(key)
-        self.entries.append((path, previous, make))
-        module = module_at(model.model.diffusion_model, path)
-        model.add_object_patch(key, make(module, previous or own_forward(module)))
+        self.entries.append((path, previous, make, after))
+        model.add_object_patch(key, self._made(model.model.diffusion_model, path, previous,
+                                               make, after))
+
+    @staticmethod
+    def _made(root: torch.nn.Module, path: str, previous: Callable | None, make: Callable,
+              after: str | None) -> Callable:
+        module = module_at(root, path)
+        extra = () if after is None else (module_at(root, after),)
+        return make(module, previous or own_forward(module), *extra)
 
     def rebind(self, source, clone) -> None:
         """ComfyUI's multi-GPU callback (ON_MATCH_MULTIGPU_CLONES, ON_DEEPCLONE_MULTIGPU):
@@ -58,10 +67,10 @@ class ForwardPatches:
         modules."""
         if clone.model is source.model:
             return
-        for path, previous, make in self.entries:
-            module = module_at(clone.model.diffusion_model, path)
+        for path, previous, make, after in self.entries:
             clone.add_object_patch(f"diffusion_model.{path}.forward",
-                                   make(module, previous or own_forward(module)))
+                                   self._made(clone.model.diffusion_model, path, previous, make,
+                                              after))
 
     def install_callbacks(self, model) -> None:
         """Have ComfyUI rebind these patches on each multi-GPU copy of `model` (callback kinds

@@ -98,7 +98,9 @@ class ModelCall:
     pass_index / pass_layers: the pass over the model's blocks the call is in, and the layers
     that pass has run (see pass_of);
     traced: (node key, device) of its entries in compile_guards' globals while a compiled model
-    runs it, else None.
+    runs it, else None;
+    region_order: (output, plan) of the last UNet block that left its grid in the plan's region
+    order for the next block of its transformer (MergePlan.finish's keep_order), else None.
 
     Blocks call its methods; the host reads what they recorded after the call.
     """
@@ -120,6 +122,7 @@ class ModelCall:
     pass_index: int = 0
     pass_layers: set = field(default_factory=set)
     traced: tuple[str, str] | None = None
+    region_order: tuple[torch.Tensor, MergePlan] | None = None
 
     @property
     def active(self) -> bool:

@@ -258,7 +258,8 @@ class ToMAState:
         Traced by torch.compile, the graph is also guarded on the call's decisions
         (TRACED_DECISIONS), so a later call that decides otherwise at equal shapes is traced
         anew rather than replaying this one's decisions."""
-        call = self.call_of(options)
+        call = options.get(self.call_key)      # call_of's lookup, without a call per block
+        call = call if isinstance(call, ModelCall) else None
         if compiling():
             if traced_decisions(self.key, device) is None and call is None:
                 return None

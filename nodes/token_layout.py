@@ -36,7 +36,7 @@ def stream_of(kind: BlockKind, value: object) -> torch.Tensor | None:
         if not isinstance(value, (tuple, list)) or len(value) <= kind.stream_item:
             return None
         value = value[kind.stream_item]
-    return value if torch.is_tensor(value) else None
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def with_stream(kind: BlockKind, value: object, tensor: torch.Tensor) -> object:
@@ -48,13 +48,15 @@ def with_stream(kind: BlockKind, value: object, tensor: torch.Tensor) -> object:
     return type(value)(items)
 
 
-def layout(kind: BlockKind, args: dict, call: ModelCall, options: dict) -> Layout | None:
-    """The grid's place in this call (dit_families' module docstring), None when the text
-    length a single-stream block needs is unknown."""
-    n_stream = stream_of(kind, args[kind.stream]).shape[1]
+def layout(kind: BlockKind, args: dict, stream: torch.Tensor, call: ModelCall,
+           options: dict) -> Layout | None:
+    """The grid's place in this call of a block whose grid tensor is `stream` [B, L, C]
+    (dit_families' module docstring), None when the text length a single-stream block needs
+    is unknown."""
+    n_stream = stream.shape[1]
     prefix = call.data.get("prefix", 0)
     txt = args.get(kind.txt) if kind.txt else None
-    n_txt = txt.shape[1] if torch.is_tensor(txt) else 0
+    n_txt = txt.shape[1] if isinstance(txt, torch.Tensor) else 0
     if kind.text == "before":
         return Layout(prefix, n_txt + prefix, n_txt + n_stream)
     if kind.text == "after":
@@ -85,18 +87,18 @@ def token_axis(pe: torch.Tensor, seq_len: int) -> int | None:
 def position_tensors(value: object) -> list[torch.Tensor]:
     """The tensors of a positional-rows argument: itself, or those in a tuple (LTX's
     (rotation, split) pair, (cos, sin) before ComfyUI 0.8)."""
-    if torch.is_tensor(value):
+    if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [v for v in value if torch.is_tensor(v)]
+        return [v for v in value if isinstance(v, torch.Tensor)]
     return []
 
 
 def map_positions(value: object, fn: Callable[[torch.Tensor], torch.Tensor]) -> object:
     """A positional-rows argument with fn applied to each of its tensors."""
-    if torch.is_tensor(value):
+    if isinstance(value, torch.Tensor):
         return fn(value)
-    return type(value)(fn(v) if torch.is_tensor(v) else v for v in value)
+    return type(value)(fn(v) if isinstance(v, torch.Tensor) else v for v in value)
 
 
 def merged_options(options: dict, start: int, plan: MergePlan,

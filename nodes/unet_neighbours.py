@@ -55,8 +55,13 @@ def in_block_patches(options: dict) -> list[str]:
     """Kinds of other nodes' patches that ComfyUI runs inside a block in this call (ToMA's own
     and ComfyUI's TomePatchModel aside), from the block's transformer_options."""
     patches = options.get("patches") or {}
-    return [kind for kind in IN_BLOCK_PATCHES
-            if any(not (is_toma(p) or is_comfy_tome(p)) for p in patches.get(kind, ()))]
+    kinds = []
+    for kind in IN_BLOCK_PATCHES:
+        for p in patches.get(kind, ()):     # loops, not generators: this runs for every block
+            if not (is_toma(p) or is_comfy_tome(p)):
+                kinds.append(kind)
+                break
+    return kinds
 
 
 def _name(fn: object) -> str:
@@ -76,12 +81,20 @@ class Neighbours:
         return bool(self.patches)
 
 
+NONE = Neighbours()
+
+
 def neighbours(options: dict, foreign_forward: bool) -> Neighbours:
     """Other nodes' patches in this block call's transformer_options.
 
     foreign_forward: another pack's patch of this block's forward runs inside ToMA's.
     """
     patches = options.get("patches") or {}
+    busy = foreign_forward or bool(options.get("patches_replace"))
+    for kind in IN_BLOCK_PATCHES:
+        busy = busy or bool(patches.get(kind))
+    if not busy:
+        return NONE       # the usual block: decided without a further Python call
     # ComfyUI's ToMe is known: it acts only where the sequence is longer than half the latent's
     # pixels, i.e. at full resolution, which ToMA leaves to it; elsewhere merged tokens are fine.
     kinds = in_block_patches(options)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from ..toma_core import MergePlan, build_plan, make_regions
+from ..toma_core.regions import compiling
 from .forward_patches import ForwardPatches
 from .model_call import ModelCall
 from .run_state import ToMAState
@@ -42,6 +43,9 @@ TOKENS_PER_TILE = 64
 AUTO_MIN_TOKENS = 1024
 # Below this even "all" skips a level: a few tokens per tile leave nothing to merge.
 MIN_TOKENS = 16
+# On ToMA's block forwards: the UNetToMA they belong to (a block hands its grid on in region
+# order only to a forward of its own node).
+OWNER = "_toma_unet"
 
 
 class UNetToMA:
@@ -114,10 +118,10 @@ class UNetToMA:
                 call.record(layer, level, h * w, None)
             return None
         o = self.state.options
-        tiles = o.tile_count or max(1, round(h * w / TOKENS_PER_TILE))
-        regions = make_regions(h, w, o.region, tiles)
 
         def build() -> MergePlan | None:
+            tiles = o.tile_count or max(1, round(h * w / TOKENS_PER_TILE))
+            regions = make_regions(h, w, o.region, tiles)
             return build_plan(features(), h, w, o.ratio, regions=regions, tau=o.tau,
                               unmerge=o.unmerge, batch=o.batch_policy,
                               tables=call.tables(regions, x.device))
@@ -168,30 +172,51 @@ class UNetToMA:
         return {**options, "patches": patches}
 
     # The block's forward --------------------------------------------------------------------------
-    def block_forward(self, block: torch.nn.Module, original: Callable,
-                      foreign_forward: bool) -> Callable:
+    def block_forward(self, block: torch.nn.Module, original: Callable, foreign_forward: bool,
+                      after: torch.nn.Module | None = None) -> Callable:
         """A replacement for block.forward(x, context=None, transformer_options={}, ...) that runs
         `original` merged in the call's scope; other arguments pass through untouched.
-        foreign_forward: `original` is another pack's patch of this forward."""
+        foreign_forward: `original` is another pack's patch of this forward; after: the block
+        its output goes to (None for a transformer's last block): while that runs this patch,
+        merged blocks hand it the grid in their plan's region order (one gather less in each)."""
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             options = _call_options(args, kwargs)
             call = self.state.block_call_of(options, x.device)
+            held = None if call is None else call.region_order
+            if held is not None:
+                call.region_order = None
+                if held[0] is not x:       # not the grid the block before handed on
+                    held = None
             scope = self.scope_for(call, options, neighbours(options, foreign_forward))
             if scope == "block":
-                plan = self.plan_for(x, options, call, lambda: block.norm1(x))
+                plan = self.plan_for(x, options, call, lambda: block.norm1(
+                    x if held is None else held[1].grid_order(x)))
                 if plan is not None:
+                    ordered = held is not None and held[1] is plan
+                    if held is not None and not ordered:
+                        x = held[1].grid_order(x)
+                    keep = (after is not None and not foreign_forward and plan.regions.even
+                            and not compiling()
+                            and getattr(after.__dict__.get("forward"), OWNER, None) is self)
                     # ComfyUI's block never updates its input in place (x = n + x); another
                     # pack's patch of the forward might
-                    return plan.around(lambda t: original(t, *args, **kwargs), x,
-                                       block_keeps_input=not foreign_forward)
-            elif scope == "attention":
+                    out = plan.around(lambda t: original(t, *args, **kwargs), x,
+                                      block_keeps_input=not foreign_forward, ordered=ordered,
+                                      keep_order=keep)
+                    if keep:
+                        call.region_order = (out, plan)
+                    return out
+            if held is not None:
+                x = held[1].grid_order(x)
+            if scope == "attention":
                 args, kwargs = _with_call_options(args, kwargs,
                                                   self.with_attention_pair(options, call))
-            else:
+            elif scope is None:
                 self.leave(options, call)
             return original(x, *args, **kwargs)
 
+        setattr(forward, OWNER, self)
         return mark(forward)
 
 
@@ -231,6 +256,20 @@ def transformer_blocks(diffusion_model: torch.nn.Module) -> list[tuple[str, torc
     return found
 
 
+def handed_on(diffusion_model: torch.nn.Module) -> dict[str, str]:
+    """Dotted path of each transformer block -> that of the block its output goes to next, in
+    transformers whose own forward runs their blocks one after another (SpatialTransformer's;
+    a video transformer's interleaves time blocks, which see the grid's order)."""
+    from comfy.ldm.modules.attention import SpatialTransformer
+
+    found = {}
+    for name, module in diffusion_model.named_modules():
+        if type(module).forward is SpatialTransformer.forward:
+            for i in range(len(module.transformer_blocks) - 1):
+                found[f"{name}.transformer_blocks.{i}"] = f"{name}.transformer_blocks.{i + 1}"
+    return found
+
+
 def largest_level_downsample(diffusion_model: torch.nn.Module) -> int:
     """Downsampling factor of the highest-resolution UNet level that has attention (SDXL: 2)."""
     from comfy.ldm.modules.attention import SpatialTransformer
@@ -253,7 +292,8 @@ def patch_unet(model, state: ToMAState, scope: str, patches: ForwardPatches) -> 
     if not blocks:
         raise ValueError("ToMA: this UNet has no transformer blocks to merge")
     toma = UNetToMA(state, scope, largest_level_downsample(diffusion_model))
+    following = handed_on(diffusion_model)
     for name, _ in blocks:
-        patches.add(model, name, lambda block, original: toma.block_forward(
-            block, original, foreign_forward=not _own_forward(original, block)))
+        patches.add(model, name, lambda block, original, *after: toma.block_forward(
+            block, original, not _own_forward(original, block), *after), following.get(name))
     log.debug("ToMA: patched %d UNet transformer blocks", len(blocks))

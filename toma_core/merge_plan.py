@@ -17,6 +17,9 @@ and for a block run on merged tokens ("block scope", `begin` / `finish`):
 A block that updates its input in place (Flux's `img +=`) would overwrite `merged` first: for
 those, begin takes base = xr - U @ merged before the block (one baddbmm more) and finish adds
 U @ block(merged) to it.
+Blocks in a row on one plan (a UNet transformer's blocks) can hand the grid on in region order
+(`finish(keep_order=True)`, then `begin(ordered=True)`): with even regions region layout is a
+view of it, so only the first block gathers in and the last gathers out.
 The products are dense over the region (destination columns included): k*S*C multiply-adds per
 region, noise next to the block, for one op each and shapes that never depend on the data.
 
@@ -40,15 +43,19 @@ UnmergeMethod = Literal["transpose", "pinv"]
 BatchPolicy = Literal["per_item", "shared"]
 UNMERGE_METHODS: tuple[str, ...] = ("transpose", "pinv")
 BATCH_POLICIES: tuple[str, ...] = ("per_item", "shared")
+ORDER_NEEDS = "region order needs even regions and a stream that is only the grid"
 
 
 class Pending(NamedTuple):
     """What `MergePlan.begin` hands `finish`: the grid in region layout [B*R, S, C] (xr, or
     xr - U @ merged when the block may update its input in place) and the merged grid
-    [B*R, k, C] to subtract from the block's output (None in the in-place case)."""
+    [B*R, k, C] to subtract from the block's output (None in the in-place case); shared: base
+    is the caller's own tensor (an input already in region order), which finish never writes
+    into."""
 
     base: torch.Tensor
     merged: torch.Tensor | None
+    shared: bool = False
 
 
 def destinations_per_region(ratio: float, regions: Regions) -> int:
@@ -79,21 +86,15 @@ class MergePlan:
     unmerge_w: torch.Tensor
     _cast: dict = field(default_factory=dict, repr=False)
     _rows: dict = field(default_factory=dict, repr=False)
+    # derived once: blocks read them on every call, where a property is a Python call each
+    tokens: int = field(init=False, repr=False)          # N, grid tokens before merging
+    merged_tokens: int = field(init=False, repr=False)   # grid tokens after merging (R * k)
+    items: int = field(init=False, repr=False)           # B, the batch the plan was built for
 
-    @property
-    def tokens(self) -> int:
-        """N, grid tokens before merging."""
-        return self.regions.tokens
-
-    @property
-    def merged_tokens(self) -> int:
-        """Grid tokens after merging (R * k)."""
-        return self.regions.count * self.k
-
-    @property
-    def items(self) -> int:
-        """B, the batch the plan was built for."""
-        return self.dest_tokens.shape[0]
+    def __post_init__(self) -> None:
+        self.tokens = self.regions.tokens
+        self.merged_tokens = self.regions.count * self.k
+        self.items = self.dest_tokens.shape[0]
 
     def weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(M, U) in `dtype` (the built ones when it is theirs, else cast once and kept)."""
@@ -142,45 +143,68 @@ class MergePlan:
         full = self._in_grid_order(torch.bmm(unmerge_w, self._grid_of(y, prefix)))
         return self.splice(y, full, prefix, self.merged_tokens)
 
-    def begin(self, x: torch.Tensor, prefix: int = 0,
-              block_keeps_input: bool = False) -> tuple[torch.Tensor, Pending]:
+    def begin(self, x: torch.Tensor, prefix: int = 0, block_keeps_input: bool = False,
+              ordered: bool = False) -> tuple[torch.Tensor, Pending]:
         """Block scope, before the block: (merged stream [B, prefix + R*k + suffix, C], what
         `finish` needs). block_keeps_input: the block leaves its input tensor alone (ComfyUI's
         UNet blocks); otherwise (Flux's `img +=`) U @ merged is subtracted from the grid now,
-        while merged is still what merge made."""
+        while merged is still what merge made. ordered: x [B, N, C] is already in region
+        order (a `finish` with keep_order), so no gather."""
         self._check(x, self.tokens, prefix)
         merge_w, unmerge_w = self.weights(x.dtype)
-        xr = self._regions_of(x, prefix)
+        xr = self._ordered_regions(x, prefix) if ordered else self._regions_of(x, prefix)
         merged = torch.bmm(merge_w, xr)
         stream = self.splice(x, merged.view(x.shape[0], -1, x.shape[-1]), prefix, self.tokens)
         if block_keeps_input:
-            return stream, Pending(xr, merged)
+            return stream, Pending(xr, merged, ordered)
+        if ordered:
+            return stream, Pending(torch.baddbmm(xr, unmerge_w, merged, alpha=-1), None)
         return stream, Pending(xr.baddbmm_(unmerge_w, merged, alpha=-1), None)
 
-    def finish(self, out: torch.Tensor, pending: Pending, prefix: int = 0) -> torch.Tensor:
+    def finish(self, out: torch.Tensor, pending: Pending, prefix: int = 0,
+               keep_order: bool = False) -> torch.Tensor:
         """Block scope, after the block: its output on the merged stream
         out [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C], the grid being
-        x + U (out - merged) and every other token out's own."""
+        x + U (out - merged) and every other token out's own. keep_order: return the grid in
+        region order instead, for the next block's `begin(ordered=True)` (even regions and a
+        stream that is only the grid), saving a gather here and one there."""
         self._check(out, self.merged_tokens, prefix)
         grid = self._grid_of(out, prefix)
-        base, merged = pending
+        base, merged, shared = pending
         if merged is not None:
             grid = grid - merged
         if grid.dtype != base.dtype:   # e.g. a low-precision update onto a float32 stream
             dtype = torch.promote_types(base.dtype, grid.dtype)
-            base, grid = base.to(dtype), grid.to(dtype)
+            base, grid, shared = base.to(dtype), grid.to(dtype), False
         _, unmerge_w = self.weights(base.dtype)
-        full = self._in_grid_order(base.baddbmm_(unmerge_w, grid))
-        return self.splice(out, full, prefix, self.merged_tokens)
+        full = torch.baddbmm(base, unmerge_w, grid) if shared else base.baddbmm_(unmerge_w, grid)
+        if keep_order:
+            if not self.regions.even or prefix or out.shape[1] != self.merged_tokens:
+                raise ValueError(ORDER_NEEDS)
+            return full.view(self.items, self.tokens, full.shape[-1])
+        return self.splice(out, self._in_grid_order(full), prefix, self.merged_tokens)
 
     def around(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
-               prefix: int = 0, block_keeps_input: bool = False) -> torch.Tensor:
+               prefix: int = 0, block_keeps_input: bool = False, ordered: bool = False,
+               keep_order: bool = False) -> torch.Tensor:
         """Run a residual block `fn` on merged tokens and unmerge only its update:
         x + unmerge(fn(merge(x)) - merge(x)), so every token keeps its own residual stream.
         x [B, prefix + N + suffix, C]; fn maps the merged sequence to one of the same shape
-        (block_keeps_input: see `begin`)."""
-        merged, pending = self.begin(x, prefix, block_keeps_input)
-        return self.finish(fn(merged), pending, prefix)
+        (block_keeps_input, ordered: see `begin`; keep_order: see `finish`)."""
+        merged, pending = self.begin(x, prefix, block_keeps_input, ordered)
+        return self.finish(fn(merged), pending, prefix, keep_order)
+
+    def grid_order(self, x: torch.Tensor) -> torch.Tensor:
+        """A grid kept in region order by `finish(keep_order=True)` back in grid order:
+        x [B, N, C] -> [B, N, C], one gather."""
+        return self._in_grid_order(self._ordered_regions(x, 0))
+
+    def _ordered_regions(self, x: torch.Tensor, prefix: int) -> torch.Tensor:
+        """A grid in region order as region layout: x [B, N, C] -> [B*R, S, C], a view (region
+        order holds no pad slots: even regions, and nothing around the grid)."""
+        if not self.regions.even or prefix or x.shape[1] != self.tokens:
+            raise ValueError(ORDER_NEEDS)
+        return x.view(-1, self.regions.size, x.shape[-1])
 
     @staticmethod
     def splice(x: torch.Tensor, grid: torch.Tensor, prefix: int, n: int) -> torch.Tensor:

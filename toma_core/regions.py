@@ -16,7 +16,7 @@ device from those ints with device ops (no host-to-device copy, no host sync), s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -38,31 +38,23 @@ class Regions:
     slab_sizes: tuple[int, ...]
     row_sizes: tuple[int, ...]
     col_sizes: tuple[int, ...]
+    # derived once: blocks read them on every call, where a property is a Python call each
+    tokens: int = field(init=False, compare=False, repr=False)     # N, the grid's tokens
+    count: int = field(init=False, compare=False, repr=False)      # regions R
+    size: int = field(init=False, compare=False, repr=False)       # slots per region S
+    min_size: int = field(init=False, compare=False, repr=False)   # tokens in the smallest
+    even: bool = field(init=False, compare=False, repr=False)      # no pad slots
 
-    @property
-    def tokens(self) -> int:
-        """N, the grid's tokens."""
-        return self.t * self.h * self.w
-
-    @property
-    def count(self) -> int:
-        """Number of regions R."""
-        return len(self.slab_sizes) * len(self.row_sizes) * len(self.col_sizes)
-
-    @property
-    def size(self) -> int:
-        """Slots per region S (the largest region)."""
-        return max(self.slab_sizes) * max(self.row_sizes) * max(self.col_sizes)
-
-    @property
-    def min_size(self) -> int:
-        """Tokens in the smallest region."""
-        return min(self.slab_sizes) * min(self.row_sizes) * min(self.col_sizes)
-
-    @property
-    def even(self) -> bool:
-        """True when all regions have the same shape (no pad slots)."""
-        return self.size == self.min_size
+    def __post_init__(self) -> None:
+        derived = {
+            "tokens": self.t * self.h * self.w,
+            "count": len(self.slab_sizes) * len(self.row_sizes) * len(self.col_sizes),
+            "size": max(self.slab_sizes) * max(self.row_sizes) * max(self.col_sizes),
+            "min_size": min(self.slab_sizes) * min(self.row_sizes) * min(self.col_sizes),
+        }
+        derived["even"] = derived["size"] == derived["min_size"]
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     def tables(self, device: torch.device | str | None = None) -> RegionTables:
         """The index tensors of this partition on `device` (see RegionTables)."""
@@ -188,12 +180,11 @@ def _along(per_part: torch.Tensor, offsets: torch.Tensor, axis: int,
     return a < p if test else p + a
 
 
-def compiling() -> bool:
-    """Whether torch.compile is tracing: then host-only work is left out, and index tensors are
-    rebuilt in the graph (inductor folds them) instead of cached in a Python dict the compiled
-    code would guard on."""
-    check = getattr(torch.compiler, "is_compiling", None)
-    return bool(check()) if check is not None else False
+# Whether torch.compile's dynamo is tracing: then host-only work is left out, and index tensors
+# are rebuilt in the graph (inductor folds them) instead of cached in a Python dict the compiled
+# code would guard on. Bound once, and dynamo's own flag (one Python call where is_compiling
+# makes two): blocks ask on every call.
+compiling = torch.compiler.is_dynamo_compiling
 
 
 def even_sizes(total: int, parts: int) -> tuple[int, ...]:

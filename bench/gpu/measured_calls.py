@@ -18,8 +18,10 @@ its first model call, so the call goes through the ModelPatcher as a workflow's 
 ToMA's OUTER_SAMPLE / SAMPLER_SAMPLE / APPLY_MODEL wrappers running and a fresh run (plans built
 inside the call, as at every step with recompute_every 1). An APPLY_MODEL wrapper of our own, the
 outermost, times that call: CUDA events around it on the GPU's timeline (the device synchronised
-first, so nothing queued before is counted), the host's perf_counter beside them; on a CPU only
-the host clock. Warm-up calls first (cuBLAS/cuDNN handles, attention kernel choice, Triton's
+first, so nothing queued before is counted), the host's perf_counter beside them: host_ms until
+the call returned on the host (issuing its kernels; "bound" says host where that nearly fills
+the GPU's time, so the GPU waited for the host), wall_ms after the sync; on a CPU only the host
+clock. Warm-up calls first (cuBLAS/cuDNN handles, attention kernel choice, Triton's
 compilation of the pack's kernels), then the variants interleaved (order reversed every other
 repetition): median, minimum and spread of each, speedup with the range of the side-by-side
 ratios (bench.shared.common). Peak memory: torch.cuda.max_memory_allocated over one warm-up call,
@@ -74,7 +76,8 @@ WRAPPER_KEY = "bench_gpu_call"
 BUDGET_S = 260.0            # the whole section when $TOMA_GPU_CALL_BUDGET_S is unset
 MARGIN_S = 5.0              # kept free at the end of the budget (writing results)
 COLUMNS = ("model", "setting", "ratio", "scope", "batch", "tokens", "ms", "ms_toma", "speedup",
-           "speedup_lo", "speedup_hi", "spread", "spread_toma", "reps", "plan_ms", "plan_share",
+           "speedup_lo", "speedup_hi", "host_ms", "host_ms_toma", "bound", "spread",
+           "spread_toma", "reps", "plan_ms", "plan_share",
            "peak_gib", "peak_gib_toma", "act_gib", "act_gib_toma", "first_call_s",
            "first_call_s_toma", "graphs", "graphs_toma", "flag")
 
@@ -95,11 +98,12 @@ class Case:
     min_s: float
 
 
-# Limits: assumptions sized from the gpu-model projection of one call (SDXL 31 ms, Flux 116 ms,
-# Wan 4.5 s, HiDream-O1 99 ms (three calls a repetition) unmerged, at the H200's measured peaks:
-# real calls are slower) with room for the sampler's setup around each call and the model
-# build; inductor's compile time is not known for these models on that machine: what is left of
-# the budget goes to it, SDXL first.
+# The eager cases run in bench/gpu/run.sh's first command, the compiled ones in its second
+# (TOMA_GPU_CALL_CASES). Limits: assumptions sized from the gpu-model projection of one call
+# (SDXL 31 ms, Flux 116 ms, Wan 4.5 s, HiDream-O1 99 ms (three calls a repetition) unmerged, at
+# the H200's measured peaks: real calls are slower) with room for the sampler's setup around
+# each call and the model build; inductor's compile time is not known for these models on that
+# machine: what is left of the budget goes to it, SDXL first.
 CASES: tuple[Case, ...] = (
     Case("sdxl", False, warmup=2, reps=10, limit_s=40, min_s=15),
     Case("flux", False, warmup=2, reps=10, limit_s=50, min_s=20),
@@ -151,11 +155,14 @@ class Stopwatch:
 
 @dataclass
 class CallTime:
-    """One timed model call: device ms (events), host ms, batch, the token counts ToMA merged
-    ("" unmerged), and peak memory when asked for."""
+    """One timed model call: device ms (events), wall ms (to the end of the GPU's work), host ms
+    (issuing it: until the model call returned on the host, before the sync), batch, the token
+    counts ToMA merged ("" unmerged), and peak memory when asked for. Where host_ms reaches ms
+    the GPU waited for the host: the call is host-bound."""
 
     ms: float
     wall_ms: float
+    host_ms: float
     batch: int
     levels: str = ""
     peak_bytes: int | None = None
@@ -205,10 +212,11 @@ def install_timer(patcher, device: torch.device, timer: Timer | None = None) -> 
         start = watch.mark()
         executor(*args, **kwargs)
         end = watch.mark()
+        host_ms = 1e3 * (time.perf_counter() - wall)
         watch.finish()
         wall_ms = 1e3 * (time.perf_counter() - wall)
         run = next((v for v in options.values() if isinstance(v, timer.run_type)), None)
-        timer.result = CallTime(watch.elapsed_ms(start, end), wall_ms, int(x.shape[0]),
+        timer.result = CallTime(watch.elapsed_ms(start, end), wall_ms, host_ms, int(x.shape[0]),
                                 levels_of(run))
         if before is not None:
             peak = torch.cuda.max_memory_allocated(device)
@@ -409,6 +417,7 @@ class Collected:
     peaks: dict[str, CallTime] = field(default_factory=dict)    # last warm-up call (memory)
     times: dict[str, list[float]] = field(default_factory=dict)
     walls: dict[str, list[float]] = field(default_factory=dict)
+    hosts: dict[str, list[float]] = field(default_factory=dict)
     plan: dict[str, tuple[float, float]] = field(default_factory=dict)   # (plan ms, call ms)
     graphs: dict[str, tuple[int, int]] = field(default_factory=dict)  # compiled: graphs, breaks
     status: str = "complete"
@@ -440,7 +449,7 @@ def collect(variants: dict[str, Any], timer: Timer, spec: gpu_model.ModelSpec, s
                 into.first.setdefault(name, result)
                 into.peaks[name] = result
         for name in group:
-            into.times[name], into.walls[name] = [], []
+            into.times[name], into.walls[name], into.hosts[name] = [], [], []
         round_s = 0.0
         for rep in range(reps):
             if rep >= MIN_REPS and time.perf_counter() + 1.5 * round_s > deadline:
@@ -451,6 +460,7 @@ def collect(variants: dict[str, Any], timer: Timer, spec: gpu_model.ModelSpec, s
                 result = one_call(variants[name], timer, spec, sizes)
                 into.times[name].append(result.ms)
                 into.walls[name].append(result.wall_ms)
+                into.hosts[name].append(result.host_ms)
             round_s = time.perf_counter() - started
         if compiled_run:
             into.graphs[group[0]] = (int(counters["stats"]["unique_graphs"]),
@@ -533,6 +543,9 @@ def case_row(label: str, case: Case, s: gpu_model.Setting, got: Collected) -> di
                     **speedup(a, b), "spread": a.spread, "spread_toma": b.spread,
                     "wall_ms": statistics.median(got.walls["unmerged"][:n]),
                     "wall_ms_toma": statistics.median(got.walls[s.name][:n]),
+                    "host_ms": statistics.median(got.hosts["unmerged"][:n]),
+                    "host_ms_toma": statistics.median(got.hosts[s.name][:n]),
+                    "bound": bound(statistics.median(got.hosts[s.name][:n]), b.median),
                     "runs_ms": [round(t, 3) for t in unmerged[:n]],
                     "runs_ms_toma": [round(t, 3) for t in merged[:n]]})
     if n < MIN_REPS:
@@ -554,6 +567,16 @@ def case_row(label: str, case: Case, s: gpu_model.Setting, got: Collected) -> di
     return row
 
 
+# The host issued the call in at least this share of the GPU's time for it: the GPU waited.
+HOST_BOUND = 0.9
+
+
+def bound(host_ms: float, gpu_ms: float) -> str:
+    """"host" where issuing a call took nearly as long as the GPU's work on it (the GPU waited
+    for the host: fewer FLOPs would not make it faster), else "GPU"."""
+    return "host" if host_ms >= HOST_BOUND * gpu_ms else "GPU"
+
+
 def release(built: Built) -> None:
     """Drop a case's model from ComfyUI's loaded models and free its memory."""
     import comfy.model_management as mm
@@ -565,6 +588,15 @@ def release(built: Built) -> None:
 
 
 # The section -------------------------------------------------------------------------------------
+def selected_cases() -> tuple[Case, ...]:
+    """CASES, or only the eager or only the compiled ones ($TOMA_GPU_CALL_CASES "eager" or
+    "compiled": bench/gpu/run.sh's first command and its second)."""
+    which = os.environ.get("TOMA_GPU_CALL_CASES", "all")
+    if which not in ("all", "eager", "compiled"):
+        raise ValueError(f"TOMA_GPU_CALL_CASES must be all, eager or compiled; got {which!r}")
+    return tuple(c for c in CASES if which == "all" or c.compiled == (which == "compiled"))
+
+
 def budget_s() -> float:
     """The section's time budget: $TOMA_GPU_CALL_BUDGET_S, else BUDGET_S."""
     value = os.environ.get("TOMA_GPU_CALL_BUDGET_S")
@@ -578,11 +610,13 @@ def write_partial(result: dict[str, Any]) -> None:
         Path(path).write_text(json.dumps(result, indent=1, default=str))
 
 
-def run(cfg: BenchConfig, cases: tuple[Case, ...] = CASES,
+def run(cfg: BenchConfig, cases: tuple[Case, ...] | None = None,
         budget: float | None = None) -> dict[str, Any]:
-    """The section: every case that fits the budget, in order (see the module docstring)."""
+    """The section: every case (default: selected_cases()) that fits the budget, in order (see
+    the module docstring)."""
     cfg.apply_threads()
     load_pack()
+    cases = selected_cases() if cases is None else cases
     started = time.perf_counter()
     budget = budget_s() if budget is None else budget
     rows: list[dict[str, Any]] = []

@@ -35,9 +35,8 @@ WHEELS=(
 PURE=(comfy-kitchen)
 # Not carried, though ComfyUI's requirements name them: av (PyAV: its wheel is 35 MB, which with
 # the tree and the pack's own 22 MiB is over the limit; only comfy_api.latest imports it, for its
-# video types, so on the device comfy_extras' V3 nodes do not import: the quality section runs
-# without its EasyCache rows, and the compiled case re-states TorchCompileModel's guard filter),
-# kornia and spandrel (no module the bench imports uses them), alembic, SQLAlchemy, blake3,
+# video types: run.sh puts the stand-in in bench/gpu/stubs on the path instead, so that
+# comfy_extras' V3 nodes, EasyCache and TorchCompileModel among them, import), kornia and spandrel (no module the bench imports uses them), alembic, SQLAlchemy, blake3,
 # simpleeval, pydantic and the frontend packages (server only).
 
 echo "== ComfyUI tree: $COMFY_TREE -> .device/comfyui"

@@ -3,8 +3,8 @@
 # a CPU allows: a venv of Python 3.12 holding torch 2.11.0 (PyPI's build, the device's
 # 2.11.0+cu130 with its CUDA libraries, which imports and runs on a CPU) and ONLY packages
 # that bench/gpu/device_packages.txt lists for that machine (at its versions where it gives them),
-# then gpu.sh run on the CPU at reduced sizes, installing the carried wheels (.whl) into
-# /tmp/site and importing the carried ComfyUI tree exactly as on the device.
+# then gpu.sh run on the CPU at reduced sizes, installing the carried wheels (.whl) into a
+# folder of its own and importing the carried ComfyUI tree exactly as on the device.
 #
 #   bash bench/gpu/prepare.sh          # first: fills .device/comfyui and .whl
 #   bash bench/gpu/rehearsal.sh        # builds the venv if missing, then runs gpu.sh
@@ -12,7 +12,8 @@
 #
 # The venv: .cache/venvs/device-rehearsal (ignored by git; rebuilt when this script's package
 # list changes). Python: $REHEARSAL_PYTHON (default /root/.pyenv/versions/3.12.1/bin/python,
-# this workplace's nearest to the device's 3.12.3). Results: $OUT (default /tmp/gpu-rehearsal).
+# this workplace's nearest to the device's 3.12.3). Results: $OUT (default: a new folder
+# /tmp/gpu-rehearsal.XXXXXX).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${REHEARSAL_PYTHON:-/root/.pyenv/versions/3.12.1/bin/python}
@@ -67,7 +68,11 @@ print(f"device_rehearsal: every package in the venv is on the device's list ({le
 EOF
 [ -z "${REHEARSAL_BUILD_ONLY:-}" ] || exit 0
 
-export OUT=${OUT:-/tmp/gpu-rehearsal}
-rm -rf "$OUT" /tmp/site
+# Results in $OUT (default: a new folder) and the wheels in a folder of this run's own: nothing
+# outside them is written or deleted.
+export OUT=${OUT:-$(mktemp -d /tmp/gpu-rehearsal.XXXXXX)}
 mkdir -p "$OUT"
+TOMA_SITE=$(mktemp -d /tmp/gpu-rehearsal-site.XXXXXX)
+export TOMA_SITE
+trap 'rm -rf "$TOMA_SITE"' EXIT
 PATH="$PWD/$VENV/bin:$PATH" PYTHON=python3 bash bench/gpu/run.sh --device cpu

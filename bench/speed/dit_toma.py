@@ -106,11 +106,15 @@ class MergedBlock:
 
     def build_plan(self):
         """Forget the plan and build it again from the case's inputs; returns the MergePlan."""
+        from toma_pack.nodes.token_layout import stream_of
+
         self.call.plans.clear()
         args = self._in_call(self.case.args())
         with torch.inference_mode():
-            found = self.toma.plan_for(self.kind, 0, args, args["transformer_options"],
-                                       self.call, f"{self.kind.letter}0")
+            found = self.toma.plan_for(self.kind, 0, args,
+                                       stream_of(self.kind, args[self.kind.stream]),
+                                       args["transformer_options"], self.call,
+                                       f"{self.kind.letter}0")
         if found is None:
             raise RuntimeError(f"{self.case.family}: ToMA left the block unmerged "
                                f"(see its notes: {self.state.setup_notes + self.call.notes})")

@@ -178,11 +178,15 @@ class _Toma:
 
     def build(self, inputs: dict) -> Any:
         """Build this block's plan afresh (it is kept for the timed calls)."""
+        from toma_pack.nodes.token_layout import stream_of
+
         self.call.plans.clear()
         args = self._in_call(_args(inputs, self.kind))
         with torch.inference_mode():
-            found = self.toma.plan_for(self.spec, 0, args, args["transformer_options"],
-                                       self.call, f"{self.spec.letter}0")
+            found = self.toma.plan_for(self.spec, 0, args,
+                                       stream_of(self.spec, args[self.spec.stream]),
+                                       args["transformer_options"], self.call,
+                                       f"{self.spec.letter}0")
             return None if found is None else found[0]
 
 

@@ -157,6 +157,7 @@ def toma_calls(lay: Layer, ratio: float) -> tuple[Callable[[], Any], Callable[[]
     from toma_pack.nodes.options import make_options
     from toma_pack.nodes.prefix_cache import OPEN, PrefixEntry
     from toma_pack.nodes.run_state import ToMAState
+    from toma_pack.nodes.token_layout import stream_of
 
     spec = description()
     kind = spec.kinds[0]
@@ -180,7 +181,8 @@ def toma_calls(lay: Layer, ratio: float) -> tuple[Callable[[], Any], Callable[[]
     def build() -> Any:
         call.plans.clear()
         a = args()
-        return toma.plan_for(kind, 0, a, a["transformer_options"], call, "0")
+        return toma.plan_for(kind, 0, a, stream_of(kind, a[kind.stream]),
+                             a["transformer_options"], call, "0")
 
     with torch.inference_mode():
         plan = build()[0]

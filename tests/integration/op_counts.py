@@ -1,4 +1,5 @@
-"""Counting what a GPU would pay for, on the CPU: aten ops and host syncs per model call.
+"""Counting what a GPU would pay for, on the CPU: aten ops, kernel launches and host syncs per
+model call.
 
 A TorchDispatchMode sees every aten op a model call dispatches (views included: each is a
 Python-to-C++ round trip in eager mode; kernels launch for the others). `OpCounter.install`
@@ -13,6 +14,9 @@ output size), `equal`, and tensors made from Python data (`lift_fresh`: torch.te
 GPU is a host-to-device copy that waits for the stream). `.tolist()` and device copies are not
 visible to a dispatch mode on the CPU; torch.compile's graph-break check catches .tolist() and
 .item() in code it traces.
+
+Kernel launches: bench/shared/host_counts.py says which ops launch one; it also counts Python
+function calls (PerCall).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench.shared.host_counts import launches
 
 SYNC_OPS = ("_local_scalar_dense", "nonzero", "equal", "is_nonzero", "item", "_unique",
             "_unique2", "unique_dim", "unique_consecutive", "masked_select", "lift_fresh")
@@ -47,10 +53,12 @@ class _Count(TorchDispatchMode):
         super().__init__()
         self.ops: Counter = Counter()
         self.syncs: Counter = Counter()
+        self.launches = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops[func.overloadpacket.__name__] += 1
+        self.launches += launches(func)
         sync = is_sync(func, args, kwargs)
         if sync is not None:
             self.syncs[sync] += 1
@@ -65,6 +73,7 @@ class OpCounter:
     def __init__(self) -> None:
         self.ops: list[Counter] = []
         self.syncs: list[Counter] = []
+        self.launches: list[int] = []
 
     def install(self, patcher) -> None:
         """Count every model call of `patcher` (and of clones made from it afterwards)."""
@@ -73,7 +82,7 @@ class OpCounter:
         patcher.add_wrapper_with_key(WrappersMP.APPLY_MODEL, self.KEY, self._wrapper())
 
     def _wrapper(self) -> Callable:
-        ops, syncs = self.ops, self.syncs
+        ops, syncs, launched = self.ops, self.syncs, self.launches
 
         def count(executor, *args, **kwargs):
             mode = _Count()
@@ -81,6 +90,7 @@ class OpCounter:
                 out = executor(*args, **kwargs)
             ops.append(mode.ops)
             syncs.append(mode.syncs)
+            launched.append(mode.launches)
             return out
 
         return count
@@ -88,3 +98,4 @@ class OpCounter:
     def totals(self) -> list[int]:
         """Aten ops of each model call."""
         return [sum(c.values()) for c in self.ops]
+

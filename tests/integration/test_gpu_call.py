@@ -93,3 +93,25 @@ def test_compiled_case_compiles_each_variant_with_toma_inside(monkeypatch) -> No
     assert row["graphs"] == row["graphs_toma"] == 1
     assert row["graph_breaks_toma"] == 0
     assert row["first_call_s"] > 0 and row["first_call_s_toma"] > 0
+
+
+def test_pyav_stand_in_lets_comfyuis_v3_nodes_import(tmp_path) -> None:
+    """Where PyAV is missing (the lent GPU machine), bench/gpu/stubs stands in for it: with it
+    first on the path, comfy_api.latest, EasyCache and TorchCompileModel import, in a fresh
+    interpreter whose `av` is the stand-in."""
+    import subprocess
+    import sys
+
+    from bench.shared.config import ROOT
+
+    code = ("import comfy.cli_args; comfy.cli_args.args.cpu = True\n"
+            "import av, comfy_api.latest, comfy_extras.nodes_easycache, "
+            "comfy_extras.nodes_torch_compile\n"
+            "print(av.__file__)\n")
+    stubs = ROOT / "bench" / "gpu" / "stubs"
+    path = [str(stubs), str(ch.ensure_comfy()), *sys.path]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, env={"PYTHONPATH": ":".join(path), "PATH": "/usr/bin"},
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().startswith(str(stubs))

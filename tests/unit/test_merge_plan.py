@@ -339,6 +339,50 @@ def test_around_is_the_residual_update_unmerged(h: int, w: int, mode: str, tile_
     assert torch.equal(same[:, prefix + n:], x[:, prefix + n:])
 
 
+@pytest.mark.parametrize("keeps_input", [True, False])
+def test_blocks_in_a_row_hand_the_grid_on_in_region_order(keeps_input: bool) -> None:
+    """Three blocks on one plan: handing the grid on in region order (finish keep_order, then
+    begin ordered) gives bit for bit what three separate around() calls give, with one gather
+    in and one out instead of one each per block; the block's input is never written into."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 16 * 16, 8, generator=g)
+    plan = build_plan(x, 16, 16, 0.5, tile_count=16)
+    weights = [torch.randn(8, 8, generator=g) / 3 for _ in range(3)]
+
+    def block(i: int):
+        return lambda t: t + torch.tanh(t @ weights[i])
+
+    want = x
+    for i in range(3):
+        want = plan.around(block(i), want, block_keeps_input=keeps_input)
+    with Ops() as ops:
+        first = plan.around(block(0), x, block_keeps_input=keeps_input, keep_order=True)
+        before = first.clone()
+        second = plan.around(block(1), first, block_keeps_input=keeps_input, ordered=True,
+                             keep_order=True)
+        got = plan.around(block(2), second, block_keeps_input=keeps_input, ordered=True)
+    assert torch.equal(got, want)
+    assert torch.equal(first, before)
+    assert ops.names.count("index") == 2, ops.names
+    assert torch.equal(plan.grid_order(plan.around(block(0), x, keep_order=True)),
+                       plan.around(block(0), x))
+
+
+def test_region_order_needs_even_regions() -> None:
+    """Ragged regions have pad slots, so region order would not be a [B, N, C] tensor: asked
+    for, it is refused, as it is for a stream holding more than the grid."""
+    x = _x(2, 15 * 22, 8)
+    ragged = build_plan(x, 15, 22, 0.5, tile_count=16)
+    with pytest.raises(ValueError, match="even regions"):
+        ragged.around(lambda t: t, x, keep_order=True)
+    with pytest.raises(ValueError, match="even regions"):
+        ragged.grid_order(x)
+    even = build_plan(_x(2, 16 * 16, 8), 16, 16, 0.5, tile_count=16)
+    longer = _x(2, 3 + 16 * 16, 8)
+    with pytest.raises(ValueError, match="even regions"):
+        even.around(lambda t: t, longer, 3, keep_order=True)
+
+
 def test_finish_promotes_a_low_precision_update_onto_a_float32_stream() -> None:
     """A float32 stream with a bfloat16 block output comes back float32 (the sum in float32,
     not an in-place add that keeps bfloat16): base + U @ out."""

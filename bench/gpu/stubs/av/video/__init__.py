@@ -1,0 +1,1 @@
+"""Part of the PyAV stand-in (see av/__init__.py)."""
