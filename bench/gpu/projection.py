@@ -56,7 +56,10 @@ attention at `attention_efficiency` of the FLOP peak on top) plus `launch_s`, su
 and the same ops on an
 asynchronous queue ("queued"), where the host issues a launch every `launch_s`, the GPU runs
 each kernel once it is issued and the previous one is done, and the host waits for the GPU at
-every sync.
+every sync. `project_bounded(ops, calibration)` is the calibrated projection: each kernel at what
+its kind and size reach (matrix products at their wave quantization, fused attention at a
+measured share of the peak, no kernel under a floor, a gap between kernels), the host's issue
+time from the launch count, and the call as the larger of the two, saying which bound wins.
 """
 
 from __future__ import annotations
@@ -215,6 +218,92 @@ def project(ops: Iterable[Op], gpu: GPU) -> Projection:
             host_clock = max(host_clock, gpu_clock)
     return Projection(serial, max(host_clock, gpu_clock), device, toma, launches, syncs,
                       flops, moved, by_kind)
+
+
+# Calibrated: each kernel at what its kind and size reach, and the host issuing them --------------
+@dataclass(frozen=True)
+class Calibration:
+    """What a real GPU and its host reach below `gpu`'s peaks (projected_calls.py names the
+    source of each value).
+
+    sms: streaming multiprocessors; tile: a matrix product's output tile per SM (M, N), so a
+    product of T tiles runs in ceil(T / sms) waves and reaches T / (waves * sms) of the peak
+    (wave quantization); attention_efficiency: fused attention's share of the FLOP peak;
+    kernel_floor_s: the shortest a kernel runs; gap_s: the GPU idle between two kernels;
+    host_launch_s: the host's time to issue one kernel (PyTorch's eager dispatch and the launch
+    itself, the Python around it included on average)."""
+
+    gpu: GPU
+    sms: int
+    tile: tuple[int, int]
+    attention_efficiency: float
+    kernel_floor_s: float
+    gap_s: float
+    host_launch_s: float
+
+
+def wave_efficiency(shape: tuple[int, ...], kind: str, cal: Calibration) -> float:
+    """The share of the SMs a matrix product's output tiles keep busy over its waves: output
+    [..., M, N] (a convolution's [B, C, H, W] as the implicit GEMM's M = B*H*W, N = C)."""
+    if len(shape) < 2:
+        return 1.0
+    if kind == "conv" and len(shape) >= 3:
+        m, n, batch = shape[0] * _prod(shape[2:]), shape[1], 1
+    else:
+        m, n, batch = shape[-2], shape[-1], _prod(shape[:-2])
+    tiles = batch * -(-m // cal.tile[0]) * -(-n // cal.tile[1])
+    waves = -(-tiles // cal.sms)
+    return tiles / (waves * cal.sms) if tiles else 1.0
+
+
+def _prod(dims: Sequence[int]) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+def calibrated_seconds(op: Op, cal: Calibration) -> float:
+    """One launching op's GPU time: matrix products at their wave efficiency, fused attention
+    at attention_efficiency of the FLOP peak, every op at least its bytes over the bandwidth
+    and the kernel floor; 0 for an op that launches nothing."""
+    if not op.launches or op.host:
+        return 0.0
+    peak = cal.gpu.peak(op.dtype)
+    if op.kind in ("matmul", "conv"):
+        peak *= wave_efficiency(op.shape, op.kind, cal)
+    elif op.kind == "attention":
+        peak *= cal.attention_efficiency
+    compute = op.flops / peak if op.flops else 0.0
+    return max(compute, (op.read + op.written) / cal.gpu.bandwidth, cal.kernel_floor_s)
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """A call as max(host, GPU): gpu: the kernels and the gaps between them; host: issuing
+    them; seconds: the larger; bound: which one ("host" or "GPU")."""
+
+    gpu: float
+    host: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.gpu, self.host)
+
+    @property
+    def bound(self) -> str:
+        return "host" if self.host > self.gpu else "GPU"
+
+
+def project_bounded(ops: Iterable[Op], cal: Calibration) -> Bounded:
+    """The device ops of `ops` as a Bounded call under `cal`."""
+    gpu = host = 0.0
+    for op in ops:
+        if op.host or not op.launches:
+            continue
+        gpu += calibrated_seconds(op, cal) + op.launches * cal.gap_s
+        host += op.launches * cal.host_launch_s
+    return Bounded(gpu, host)
 
 
 # Recording ----------------------------------------------------------------------------------
