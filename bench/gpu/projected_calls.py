@@ -111,10 +111,10 @@ SDXL_TARGET = 1.2        # the paper's measured GPU gain on SDXL at ratio 0.5 (5
 FLUX_TARGET = 1.3        # on Flux.1 dev at ratio 0.75 (16.12 vs 21.03 s)
 FLOP_TOLERANCE = 0.005   # relative: recorded FLOPs against FlopCounterMode and hand counts
 COLUMNS = ("model", "setting", "ratio", "scope", "batch", "attn_len", "ms", "ms_toma",
-           "speedup", "ms_cal", "ms_cal_toma", "speedup_cal", "bound", "bound_toma", "launches",
-           "launches_toma", "syncs", "syncs_toma", "toma_share", "peak_gib", "extra_mib",
-           "kept_mib", "ms_queued", "ms_toma_queued", "speedup_queued", "tflop", "tflop_toma",
-           "assumed_toma", "flag")
+           "speedup", "ms_cal", "ms_cal_toma", "speedup_cal", "bound", "bound_toma",
+           "host_bound_us", "launches", "launches_toma", "syncs", "syncs_toma", "toma_share",
+           "peak_gib", "extra_mib", "kept_mib", "ms_queued", "ms_toma_queued", "speedup_queued",
+           "tflop", "tflop_toma", "assumed_toma", "flag")
 
 
 # Models ------------------------------------------------------------------------------------------
@@ -643,7 +643,10 @@ def calibrated(plain: list[Op], merged: list[Op]) -> dict[str, Any]:
     out = {"ms_cal": 1e3 * a.seconds, "ms_cal_toma": 1e3 * b.seconds,
            "speedup_cal": a.seconds / b.seconds, "bound": a.bound, "bound_toma": b.bound,
            "gpu_ms_cal": 1e3 * a.gpu, "gpu_ms_cal_toma": 1e3 * b.gpu,
-           "host_ms_cal": 1e3 * a.host, "host_ms_cal_toma": 1e3 * b.host}
+           "host_ms_cal": 1e3 * a.host, "host_ms_cal_toma": 1e3 * b.host,
+           # the host's time per launch above which the ToMA call waits for the host
+           "host_bound_us": 1e6 * b.gpu / max(1, sum(op.launches for op in merged
+                                                     if not op.host))}
     changed = {}
     for label, change in CALIBRATED_SENSITIVITY.items():
         cal = dataclasses.replace(CALIBRATED, **change)
@@ -817,7 +820,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "the datasheet's); no kernel under "
         f"{CALIBRATED.kernel_floor_s * 1e6:.0f} us; {CALIBRATED.gap_s * 1e6:.0f} us between "
         f"kernels), host: {CALIBRATED.host_launch_s * 1e6:.0f} us to issue each kernel; bound: "
-        "which of the two is longer (sources and assumptions: bench/gpu/projected_calls.py)",
+        "which of the two is longer; host_bound_us: the host's time per launch above which the "
+        "ToMA call would wait for the host (sources and assumptions: "
+        "bench/gpu/projected_calls.py)",
         "calibrated speedup with one assumption changed: " + "; ".join(
             f"{r['model']} {r['setting']}: " + ", ".join(
                 f"{k} {v:.2f}x" for k, v in r["sensitivity_cal"].items()) for r in rows),

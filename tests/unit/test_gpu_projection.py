@@ -361,6 +361,7 @@ def test_row_compares_the_unmerged_and_the_toma_call() -> None:
     assert math.isclose(r["gpu_ms_cal_toma"], 1e3 * (7e-3 + 3 * cal.gap_s))
     assert (r["bound"], r["bound_toma"]) == ("GPU", "GPU")
     assert math.isclose(r["speedup_cal"], (10e-3 + cal.gap_s) / (7e-3 + 3 * cal.gap_s))
+    assert math.isclose(r["host_bound_us"], 1e6 * (7e-3 + 3 * cal.gap_s) / 3)
 
 
 # 4 SMs, 2x2 output tiles; the toy's 100 FLOP/s and 10 bytes/s; attention at half the peak.
