@@ -51,7 +51,14 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
     from comfy.patcher_extension import WrappersMP
 
     depth = len(model.get_wrappers(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY))   # ToMA nodes before
-    state = ToMAState(options, family if family == "unet" else family.name, node_id, depth)
+    if family == "unet":
+        reading = None
+        state = ToMAState(options, "unet", node_id, depth)
+    else:
+        from .dit_reading import read_model
+
+        reading = read_model(patched, options, family)
+        state = ToMAState(options, family.name, node_id, depth, describe=reading)
     outer = plain_function(state.outer_sample_wrapper)
     outer.toma_state = state        # what the speed check reads: settings and the model patched
     state.source = weakref.ref(model)
@@ -68,6 +75,6 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
     else:
         from .dit_patch import patch_dit
 
-        patch_dit(patched, state, family, patches)
+        patch_dit(patched, state, reading, patches)
     patches.install_callbacks(patched)
     return patched

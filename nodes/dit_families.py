@@ -108,7 +108,7 @@ class Family:
     held_rows: how its blocks hold modulation rows that are not plain tensors, if they do;
     prefix_cache: its one kind of block attends over a causal prompt first in the sequence,
     whose keys and values ToMA keeps across steps (prefix_cache.py; describe puts the prompt's
-    length in call.data[prefix_cache.LENGTH]).
+    length in call.prompt_length).
     """
 
     name: str
@@ -151,9 +151,9 @@ def set_grid(call: ModelCall, grid: tuple[int, int, int] | None, prefix: int = 0
         return
     t, h, w = grid
     call.grid = (t - protect_frames, h, w)
-    call.data["prefix"] = prefix + protect_frames * h * w
-    call.data["protected_frames"] = protect_frames
-    call.data["level"] = "x".join(map(str, call.grid[1:] if call.grid[0] == 1 else call.grid))
+    call.prefix = prefix + protect_frames * h * w
+    call.protected_frames = protect_frames
+    call.level = "x".join(map(str, call.grid[1:] if call.grid[0] == 1 else call.grid))
 
 
 def describe_plain(patch: tuple[int, int, int]) -> Callable[[ModelCall, object, dict], None]:

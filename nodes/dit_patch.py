@@ -49,10 +49,10 @@ import torch
 from ..toma_core import MergePlan, build_plan, make_regions
 from ..toma_core.merge_plan import Pending
 from .dit_families import BlockKind, Family
-from .dit_neighbours import patched_self_attention, replaced_blocks, unwrapped
-from .forward_patches import ForwardPatches, module_at
+from .dit_reading import DiTReading, existing_replace
+from .forward_patches import ForwardPatches
 from .model_call import ModelCall
-from .prefix_cache import open_prefix, prefix_run
+from .prefix_cache import prefix_run
 from .run_state import ToMAState
 from .token_layout import (
     MERGED_FLAG,
@@ -74,11 +74,6 @@ from .unet_neighbours import in_block_patches
 
 log = logging.getLogger("ToMA")
 
-# call.data key: the (kind key, index) of merged blocks whose self-attention another pack
-# patched (dit_neighbours): they run unmerged.
-FOREIGN_ATTENTION = "foreign_attention"
-
-
 class DiTToMA:
     """The patch functions for one ToMA node on one diffusion transformer.
 
@@ -87,75 +82,14 @@ class DiTToMA:
     """
 
     def __init__(self, state: ToMAState, family: Family, groups: dict[tuple[str, int], int],
-                 attention=None, blocks: dict[str, tuple[int, type]] | None = None) -> None:
+                 attention=None) -> None:
         self.state = state
         self.family = family
         self.groups = groups
         self.attention = attention
-        # kind key -> (depth, block class) when the patch was made (what neighbours checks);
-        # none for a patch a benchmark calls on one block
-        self.blocks = blocks or {}
-        # the layers whose prompt keys and values this patch keeps (family.prefix_cache), and
-        # its own patch of each: None where another pack's patch is in the way
+        # the layers whose prompt keys and values this patch keeps (family.prefix_cache; see
+        # DiTReading), None where it keeps none
         self.prefix_layers: list[torch.nn.Module] | None = None
-        self.prefix_patches: dict[tuple[str, int], Callable] = {}
-
-    def describe(self, call: ModelCall, base_model, arguments: dict) -> str | None:
-        """The family's describe, then what other nodes do to the blocks (dit_neighbours), then
-        (families with a prompt cache) whether this call keeps the prompt's keys and values:
-        only while this patch is still in every layer."""
-        why = self.family.describe(call, base_model, arguments) if self.family.describe else None
-        replaced, patched = self.neighbours(call, getattr(base_model, "diffusion_model", None))
-        if replaced:
-            call.mergeable = False
-            return (f"{replaced} replaces {self.family.label}'s blocks with its own while it "
-                    f"runs, so ToMA's block patches cannot merge them: those model calls run "
-                    f"unmerged")
-        if patched:
-            call.data[FOREIGN_ATTENTION] = tuple(sorted(patched))
-            self.state.run_note(call.run, (
-                f"{', '.join(sorted(set(patched.values())))} patches the self-attention of "
-                f"{self.family.label} blocks, which may read their tokens as whole frames or by "
-                f"position: those {len(patched)} blocks run unmerged"))
-        if not self.family.prefix_cache:
-            return why
-        label = self.family.label
-        replaced = ((arguments.get("transformer_options") or {}).get("patches_replace") or {}
-                    ).get("dit") or {}
-        if self.prefix_layers is None or any(replaced.get(key) is not patch for key, patch
-                                             in self.prefix_patches.items()):
-            return why or (f"another node patches {label}'s blocks too, so ToMA cannot keep the "
-                           f"prompt's keys and values across steps: {label} recomputes them "
-                           f"at every step")
-        if call.run.compiled_without_guards:
-            return why or (f"under TorchCompileModel ToMA cannot keep {label}'s prompt keys and "
-                           f"values across steps (the compiled model would replay the first "
-                           f"step's way): {label} recomputes them at every step")
-        open_prefix(call, len(self.prefix_layers))
-        return why
-
-    def neighbours(self, call: ModelCall, diffusion_model) -> tuple[str | None, dict]:
-        """(who replaced the model's blocks, or None; {(kind key, index): who patched that
-        merged block's self-attention}), read once per run and model object."""
-        key = ("dit_neighbours", id(diffusion_model))
-        found = call.run.host_reads.get(key)
-        if found is None:
-            found = (None, {})
-            if diffusion_model is not None:
-                for kind in (k for k in self.family.kinds if k.key in self.blocks):
-                    depth, block_type = self.blocks[kind.key]
-                    blocks = blocks_of(diffusion_model, kind)
-                    replaced = replaced_blocks(blocks, depth, block_type)
-                    if replaced:
-                        found = (replaced, {})
-                        break
-                    for i, block in enumerate(blocks):
-                        who = patched_self_attention(block) if (kind.key, i) in self.groups \
-                            else None
-                        if who:
-                            found[1][(kind.key, i)] = who
-            call.run.host_reads[key] = found
-        return found
 
     # One block call ------------------------------------------------------------------------------
     def block_call(self, kind: BlockKind, index: int, args: dict,
@@ -169,7 +103,7 @@ class DiTToMA:
         call = self.state.block_call_of(options, None if stream is None else stream.device)
         txt = args.get(kind.txt) if kind.txt else None
         if call is not None and isinstance(txt, torch.Tensor):
-            call.data["txt_len"] = txt.shape[1]     # for single-stream blocks after these
+            call.txt_len = txt.shape[1]     # for single-stream blocks after these
         found = self.plan_for(kind, index, args, stream, options, call, layer)
         if found is None:
             return run(args)
@@ -193,7 +127,7 @@ class DiTToMA:
         call (its grid tensor `stream`), or None to run it unchanged."""
         grid = call.grid if call is not None and call.mergeable else None
         tokens_n = math.prod(grid) if grid else 0
-        level = call.data.get("level", "?") if grid else "?"
+        level = call.level if grid else "?"
 
         def unmerged() -> None:
             if call is not None:
@@ -202,7 +136,7 @@ class DiTToMA:
         group = self.groups.get((kind.key, index))
         if (group is None or not tokens_n or not call.active or options.get(MERGED_FLAG)
                 or stream is None or stream.dim() != 3
-                or (kind.key, index) in call.data.get(FOREIGN_ATTENTION, ())):
+                or (kind.key, index) in call.foreign_attention):
             return unmerged()
         lay = layout(kind, args, stream, call, options)
         if (lay is None or stream.shape[1] < lay.offset + tokens_n
@@ -319,7 +253,7 @@ class DiTToMA:
         plan.begin's base for the stream's unmerge (both None, and the stream whole, when only
         the attention merges: the attention helper merges it inside the block). Positional
         rows, masks and modulation rows are the same for every block of a group in a call:
-        merged once, kept in call.data."""
+        merged once, kept in call.merged_rows."""
         out, merged, base = dict(args), None, None
         if self.attention is None or kind.letter != "d":
             merged, base = plan.begin(stream, lay.offset)
@@ -359,10 +293,10 @@ class DiTToMA:
              make: Callable[[], torch.Tensor]) -> torch.Tensor:
         """make() for this source tensor, made once per call and key (the blocks of a group get
         the same positional rows, mask and modulation rows) and again if the source differs."""
-        kept = call.data.get(key)
+        kept = call.merged_rows.get(key)
         if kept is None or not same_object(kept[0], source):
             kept = (source, make())
-            call.data[key] = kept
+            call.merged_rows[key] = kept
         return kept[1]
 
     def restore(self, call: ModelCall, plan: MergePlan, out: torch.Tensor | None,
@@ -483,45 +417,12 @@ class Parameters:
 
 
 # Installation ----------------------------------------------------------------------------------
-def group_starts(depth: int, skipped: frozenset[int] | set[int]) -> dict[int, int]:
-    """Merged block index -> first index of its run of consecutive merged blocks."""
-    groups: dict[int, int] = {}
-    start = None
-    for i in range(depth):
-        if i in skipped:
-            start = None
-            continue
-        start = i if start is None else start
-        groups[i] = start
-    return groups
-
-
-def existing_replace(model, block_kind: str, index: int) -> Callable | None:
-    """Another pack's "dit" replace patch for (block_kind, index) on this ModelPatcher, if any."""
-    to = model.model_options.get("transformer_options", {})
-    return to.get("patches_replace", {}).get("dit", {}).get((block_kind, index))
-
-
-def blocks_of(diffusion_model, kind: BlockKind) -> torch.nn.ModuleList:
-    """The diffusion model's blocks of `kind` (its `modules` attribute path, dotted where the
-    blocks sit in a submodule: HiDream-O1's language_model.layers)."""
-    return module_at(diffusion_model, kind.modules)
-
-
-def patch_dit(model, state: ToMAState, family: Family, patches: ForwardPatches) -> DiTToMA:
-    """Install ToMA on a cloned ModelPatcher `model` of `family` (changes only its options).
-
-    Raises ValueError (shown by the node) for skip_blocks past the model's depth.
-    """
-    diffusion_model = model.get_model_object("diffusion_model")
-    depths = {kind.key: len(blocks_of(diffusion_model, kind)) for kind in family.kinds}
-    skipped = state.options.skip_blocks.for_kinds([(k.letter, depths[k.key])
-                                                   for k in family.kinds])
-    groups = {(kind.key, i): g for kind, skip in zip(family.kinds, skipped, strict=True)
-              for i, g in group_starts(depths[kind.key], skip).items()}
+def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatches) -> DiTToMA:
+    """Install ToMA on a cloned ModelPatcher `model` (changes only its options), on what
+    `reading` (dit_reading.read_model, the hook `state` was built with) found."""
+    family, groups = reading.family, reading.groups
     attention = None
-    scope = state.options.merge_scope
-    if scope == "attention":
+    if state.options.merge_scope == "attention":
         if family.attention_scope:
             from .flux_patch import AttentionScope
 
@@ -529,27 +430,21 @@ def patch_dit(model, state: ToMAState, family: Family, patches: ForwardPatches) 
             attention.install(model, patches, [i for (key, i) in groups if key == "double_block"])
         else:
             state.setup_note(f"merge_scope attention: {family.label} has no attention-only "
-                         f"variant; whole blocks merge")
-    blocks = {kind.key: (depths[kind.key], type(unwrapped(blocks_of(diffusion_model, kind)[0]))
-                         if depths[kind.key] else type(None)) for kind in family.kinds}
-    toma = DiTToMA(state, family, groups, attention, blocks)
-    state.describe = toma.describe
-    if family.prefix_cache:
-        kind = family.kinds[0]
-        if all(existing_replace(model, kind.key, i) is None for i in range(depths[kind.key])):
-            toma.prefix_layers = list(blocks_of(diffusion_model, kind))
+                             f"variant; whole blocks merge")
+    toma = DiTToMA(state, family, groups, attention)
+    toma.prefix_layers = reading.prefix_layers
     # Skipped blocks get a patch too: it records text lengths and counts them in the stats.
     for kind in family.kinds:
-        for i in range(depths[kind.key]):
+        for i in range(reading.depths[kind.key]):
             if kind.hook == "dit":
                 patch = toma.replace_patch(kind, i, existing_replace(model, kind.key, i))
                 model.set_model_patch_replace(patch, "dit", kind.key, i)
                 if toma.prefix_layers is not None:
-                    toma.prefix_patches[(kind.key, i)] = patch
+                    reading.prefix_patches[(kind.key, i)] = patch
             else:
                 patches.add(model, f"{kind.modules}.{i}",
                             lambda module, original, k=kind, j=i:
                             toma.forward_patch(k, j, module, original))
     log.debug("ToMA: %s patched, %d of %d blocks merged", family.label, len(groups),
-              sum(depths.values()))
+              sum(reading.depths.values()))
     return toma

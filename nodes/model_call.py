@@ -91,7 +91,17 @@ class ModelCall:
     is guarded on, and a step would recompile the model every step;
     plans: key -> plan (or None: nothing to merge) for this identity; empty when the plans are
     due, so the first block of each level or group builds one;
-    data: what the family's patches share within the call (e.g. text length, merged positions);
+    prefix, protected_frames, level: set with the grid by the family (dit_families.set_grid):
+    tokens before the mergeable grid in the stream (text, protected frames), the leading frames
+    that never merge, the grid's name in the stats;
+    txt_len: text tokens in front of the image where single-stream blocks need it (read by the
+    family on the host, or recorded by the double-stream blocks before them);
+    foreign_attention: (kind key, index) of merged blocks whose self-attention another pack
+    patches (those run unmerged);
+    prompt_length / prompt: HiDream-O1's causal prompt length, and the call's kept prompt entry
+    with whether it is complete (prefix_cache.py);
+    merged_rows: positional, mask and modulation rows merged once per call for a group of
+    blocks (DiTToMA.once: key -> (source, merged));
     records: layer -> (level, tokens, merged tokens or None), set by blocks (a dict: where the
     graph breaks inside blocks, dynamo replays a dict's new items, but rewrites a list whole);
     notes: appended by blocks; both added to the run after the call;
@@ -113,7 +123,14 @@ class ModelCall:
     step: int = 0
     merging: bool = False
     plans: dict = field(default_factory=dict)
-    data: dict = field(default_factory=dict)
+    prefix: int = 0
+    protected_frames: int = 0
+    level: str = "?"
+    txt_len: int | None = None
+    foreign_attention: tuple = ()
+    prompt_length: int | None = None
+    prompt: tuple | None = None
+    merged_rows: dict = field(default_factory=dict)
     records: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     timed: bool = False          # plan builds are timed (eager CPU: free and accurate there)
@@ -131,11 +148,12 @@ class ModelCall:
 
     def decisions(self) -> str:
         """What the host decided for this call that its blocks read and that can change at
-        equal tensor shapes (merging on or off, the grid's mergeable part and the plain values
-        a family read into `data`: protected frames, prefix and text lengths), as one text."""
-        plain = sorted((str(k), v) for k, v in self.data.items()
-                       if isinstance(v, (int, float, str, bool, tuple, type(None))))
-        return repr((self.active, self.grid, plain))
+        equal tensor shapes (merging on or off, the grid's mergeable part, what the family read:
+        prefix, protected frames, text and prompt lengths, blocks left to other packs, whether
+        the kept prompt is complete), as one text."""
+        return repr((self.active, self.grid, self.prefix, self.protected_frames, self.level,
+                     self.txt_len, self.foreign_attention, self.prompt_length,
+                     None if self.prompt is None else self.prompt[1]))
 
     # What the blocks call -------------------------------------------------------------------------
     def plan(self, key: Hashable, build: Callable[[], MergePlan | None]) -> MergePlan | None:
@@ -186,6 +204,7 @@ class ModelCall:
         self.notes.append(message)
 
 
-# family hook: fills call.grid / data / mergeable from apply_model's arguments; returns why the
-# call cannot merge when the user should know
-Describe = Callable[[ModelCall, object, dict], str | None]
+# The per-call hook a node's state is built with (dit_reading.DiTReading): reads one model call
+# (apply_model's arguments by name) on the host before its blocks run, fills in what the blocks
+# read (grid, mergeable, prefix, ...), and returns what the run's notes should say.
+Describe = Callable[[ModelCall, object, dict], list[str]]

@@ -21,7 +21,7 @@ prompts: bench/speed/hidream_o1_cache.py). ToMA keeps them instead, per run and 
   layer reads the prompt's rows but to make the keys and values kept here.
 
 It is all or nothing over the model's layers (the prompt rows a hot layer hands on are stale,
-so every layer must take them from the cache): DiTToMA.describe keeps the cache only while
+so every layer must take them from the cache): DiTReading keeps the cache only while
 ToMA's own patch is in every layer with no other pack's replace patch inside it, and not under
 ComfyUI's TorchCompileModel, which compiles without guards on transformer_options: the
 compiled model would replay one call's way, cold or hot, on every call. Entries live in the
@@ -37,10 +37,6 @@ import torch
 
 from .model_call import ModelCall
 
-# call.data keys: the prompt length a family's describe read, and the call's (entry, hot)
-LENGTH = "prefix_length"
-OPEN = "prefix_cache"
-
 
 @dataclass
 class PrefixEntry:
@@ -54,8 +50,8 @@ def open_prefix(call: ModelCall, depth: int) -> None:
     """Host side, before the model call: hand its blocks this cond batch's entry and whether it
     is complete (all `depth` layers kept: "hot"). A call without cond uuids (not from
     ComfyUI's sampler) or without a causal prompt keeps nothing."""
-    length = call.data.get(LENGTH)
-    if not isinstance(length, int) or length <= 0 or not call.identity or not call.identity[0]:
+    length = call.prompt_length
+    if length is None or length <= 0 or not call.identity or not call.identity[0]:
         return
     key = ("prefix_cache", call.identity, length)
     with call.run.lock:
@@ -63,7 +59,7 @@ def open_prefix(call: ModelCall, depth: int) -> None:
         hot = entry is not None and len(entry.kv) == depth
         if not hot:
             entry = call.run.prefix_entries[key] = PrefixEntry(length)
-    call.data[OPEN] = (entry, hot)
+    call.prompt = (entry, hot)
 
 
 def prefix_run(call: ModelCall | None, layer: torch.nn.Module, index: int,
@@ -72,7 +68,7 @@ def prefix_run(call: ModelCall | None, layer: torch.nn.Module, index: int,
     arguments of ComfyUI's HiDream-O1 block patch (x [B, L, C], freqs_cis rows [.., L, D],
     attention_mask, optimized_attention) -> {"x": [B, L, C]}. `run` (ComfyUI's own block) where
     the call keeps no prompt."""
-    opened = call.data.get(OPEN) if call is not None else None
+    opened = call.prompt if call is not None else None
     if opened is None:
         return run
     entry, hot = opened

@@ -63,7 +63,7 @@ class ToMAState:
     """Options and setup notes of one ToMA node; runs and calls live in transformer_options."""
 
     def __init__(self, options: ToMAOptions, family: str, node_id: str | None = None,
-                 depth: int = 0) -> None:
+                 depth: int = 0, describe: Describe | None = None) -> None:
         self.options = options
         self.family = family
         self.node_id = node_id
@@ -74,7 +74,9 @@ class ToMAState:
         # on a LoRA strength change say, made the replay look up a key no longer there)
         self.key = "toma_run" if depth == 0 else f"toma_run_{depth + 1}"
         self.call_key = f"{self.key}_call"
-        self.describe: Describe | None = None
+        # the per-call hook (model_call.Describe): a transformer family's reading; none for a
+        # UNet, whose blocks read everything they need from their own options
+        self.describe = describe
         # said when the node patched the model: true of every run of the patched model
         self.setup_notes: list[str] = []
         # the model call in flight on each thread (for blocks another pack's forward calls
@@ -187,9 +189,8 @@ class ToMAState:
         run = options.get(self.key)
         call = self.open_call(run if isinstance(run, RunState) else self.new_run(), x, options)
         if self.describe is not None:
-            why = self.describe(call, executor.class_obj, arguments)
-            if why:
-                self.run_note(call.run, why)
+            for note in self.describe(call, executor.class_obj, arguments):
+                self.run_note(call.run, note)
         args, kwargs = with_argument(executor, args, kwargs, "transformer_options",
                                      {**options, self.call_key: call})
         traced = call.traced = (self.key, str(call.device)) if call.run.compiled else None

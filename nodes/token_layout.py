@@ -54,7 +54,7 @@ def layout(kind: BlockKind, args: dict, stream: torch.Tensor, call: ModelCall,
     (dit_families' module docstring), None when the text length a single-stream block needs
     is unknown."""
     n_stream = stream.shape[1]
-    prefix = call.data.get("prefix", 0)
+    prefix = call.prefix
     txt = args.get(kind.txt) if kind.txt else None
     n_txt = txt.shape[1] if isinstance(txt, torch.Tensor) else 0
     if kind.text == "before":
@@ -63,7 +63,7 @@ def layout(kind: BlockKind, args: dict, stream: torch.Tensor, call: ModelCall,
         return Layout(prefix, prefix, n_stream + n_txt)
     if kind.text == "stream_before":
         span = options.get("img_slice")
-        text = int(span[0]) if span else call.data.get("txt_len")
+        text = int(span[0]) if span else call.txt_len
         if text is None:
             return None
         return Layout(text + prefix, text + prefix, n_stream)

@@ -89,7 +89,7 @@ class MergedBlock:
         self.patch = self.toma.replace_patch(kind, 0, None)
         self.extra = {"original_block": case.original_block}
         # the tokens the block runs on: the merged grid and the protected ones before it
-        self.merged_tokens = self.build_plan().merged_tokens + self.call.data.get("prefix", 0)
+        self.merged_tokens = self.build_plan().merged_tokens + self.call.prefix
 
     def __call__(self, args: dict) -> dict:
         if self.forward is None:

@@ -155,7 +155,7 @@ def toma_calls(lay: Layer, ratio: float) -> tuple[Callable[[], Any], Callable[[]
     from toma_pack.nodes.families.hidream_o1 import description
     from toma_pack.nodes.model_call import ModelCall
     from toma_pack.nodes.options import make_options
-    from toma_pack.nodes.prefix_cache import OPEN, PrefixEntry
+    from toma_pack.nodes.prefix_cache import PrefixEntry
     from toma_pack.nodes.run_state import ToMAState
     from toma_pack.nodes.token_layout import stream_of
 
@@ -163,8 +163,8 @@ def toma_calls(lay: Layer, ratio: float) -> tuple[Callable[[], Any], Callable[[]
     kind = spec.kinds[0]
     state = ToMAState(make_options(ratio, skip_blocks="none", recompute_every=1000), spec.name)
     k, v, n = lay.hot["past_key_value"]
-    call = ModelCall(state.new_run(), grid=lay.grid, merging=True,
-                     data={"txt_len": lay.image_start, OPEN: (PrefixEntry(n, {0: (k, v)}), True)})
+    call = ModelCall(state.new_run(), grid=lay.grid, merging=True, txt_len=lay.image_start,
+                     prompt=(PrefixEntry(n, {0: (k, v)}), True))
     toma = DiTToMA(state, spec, {(kind.key, 0): 0})
     toma.prefix_layers = [lay.layer]
     patch = toma.replace_patch(kind, 0, None)

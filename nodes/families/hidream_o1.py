@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from ..dit_families import BlockKind, Family, set_grid
-from ..prefix_cache import LENGTH
 
 # the models of this family, as the node's error and the README name them
 MODELS = "HiDream-O1"
@@ -40,8 +39,9 @@ def family(diffusion_model) -> Family | None:
             call.mergeable = False
             return
         set_grid(call, (1, x.shape[-2] // PATCH[1], x.shape[-1] // PATCH[2]))
-        call.data["txt_len"] = ids.shape[1]
-        call.data[LENGTH] = arguments.get("ar_len")
+        call.txt_len = ids.shape[1]
+        length = arguments.get("ar_len")
+        call.prompt_length = length if isinstance(length, int) else None
 
     return description(describe)
 

@@ -44,7 +44,7 @@ def family(diffusion_model) -> Family | None:
             call.mergeable = False
             return ("the items of a batch have texts of different lengths (ComfyUI before 0.8 "
                     "lays them out one by one): those model calls run unmerged")
-        call.data["txt_len"] = text
+        call.txt_len = text
         return None
 
     return description(patch, describe)

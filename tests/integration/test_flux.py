@@ -439,10 +439,12 @@ def test_unfit_mask_leaves_blocks_unmerged_with_one_warning(flux, caplog):
 def patch_flux(model, state) -> None:
     """ToMA's block patches on a Flux-family ModelPatcher (what apply_toma installs)."""
     from toma_pack.nodes.dit_patch import patch_dit
+    from toma_pack.nodes.dit_reading import read_model
     from toma_pack.nodes.families import family_of
     from toma_pack.nodes.forward_patches import ForwardPatches
 
-    patch_dit(model, state, family_of(model.model.diffusion_model), ForwardPatches())
+    reading = read_model(model, state.options, family_of(model.model.diffusion_model))
+    patch_dit(model, state, reading, ForwardPatches())
 
 
 @contextlib.contextmanager
@@ -456,7 +458,7 @@ def _direct(flux, scope: str = "block", grid: tuple[int, int] = (8, 10)):
     state = ToMAState(make_options(RATIO, skip_blocks="none", merge_scope=scope), "flux")
     model = flux.clone()
     patch_flux(model, state)
-    call = ModelCall(RunState(5), grid=(1, *grid), merging=True, data={"txt_len": TEXT_TOKENS})
+    call = ModelCall(RunState(5), grid=(1, *grid), merging=True, txt_len=TEXT_TOKENS)
     yield model, call, {state.call_key: call}
 
 
@@ -547,7 +549,10 @@ def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
     # both scopes stay near the plain block on these row-smooth tokens: measured 0.300 (block),
     # 0.296 (attention) relative to the block's update, on all three versions, x1.1
     assert float((out["img"] - plain_img).norm() / (plain_img - img).norm()) < 0.33
-    assert not call.data.get("attention")             # no hook state left behind
+    if scope == "attention":                          # no hook state left behind
+        owner = next(c.cell_contents for c in hooks["qkv"].__closure__
+                     if type(c.cell_contents).__name__ == "AttentionScope")
+        assert not owner.entries
 
 
 @pytest.mark.parametrize("grid", [(64, 64), (52, 76), (85, 48)],

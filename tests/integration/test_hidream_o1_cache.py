@@ -87,8 +87,7 @@ def test_toma_variant_is_the_pack_patch_after_the_kept_prompt(model, name):
 
     spec = description()
     state = ToMAState(make_options(0.5, skip_blocks="none"), spec.name)
-    call = ModelCall(state.new_run(), grid=layer.grid, merging=True,
-                     data={"txt_len": layer.image_start})
+    call = ModelCall(state.new_run(), grid=layer.grid, merging=True, txt_len=layer.image_start)
     toma = DiTToMA(state, spec, {("double_block", 0): 0})      # keeps no prompt
     args = {name: layer.cold[name] for name in ("attention_mask", "freqs_cis",
                                                 "optimized_attention")}

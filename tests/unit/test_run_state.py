@@ -179,7 +179,7 @@ def test_a_model_call_made_by_hand_keeps_its_plans() -> None:
     """The benchmarks' way to run a block outside sampling: a ModelCall of their own with
     merging on; its plans dict keeps a plan across blocks and calls until cleared."""
     state = ToMAState(make_options(0.5), "flux")
-    call = ModelCall(state.new_run(), grid=(1, 8, 8), merging=True, data={"txt_len": 4})
+    call = ModelCall(state.new_run(), grid=(1, 8, 8), merging=True, txt_len=4)
     assert call.active
     built = []
     call.plan("k", lambda: built.append(1) or "plan")

@@ -1,0 +1,148 @@
+"""What one ToMA node reads of a diffusion transformer: once, when the node patches the model
+(its blocks, which of them merge and in which groups, whose prompt keys and values it may keep:
+`read_model`), and on the host before every model call (`DiTReading`, the per-call hook the
+node's state is built with: the family's reading of the call's inputs, what other nodes do to
+the blocks, whether this call keeps the prompt). dit_patch.py installs and runs the blocks'
+patches on what these decided."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .dit_families import BlockKind, Family
+from .dit_neighbours import patched_self_attention, replaced_blocks, unwrapped
+from .forward_patches import module_at
+from .model_call import ModelCall
+from .options import ToMAOptions
+from .prefix_cache import open_prefix
+
+
+def group_starts(depth: int, skipped: frozenset[int] | set[int]) -> dict[int, int]:
+    """Merged block index -> first index of its run of consecutive merged blocks."""
+    groups: dict[int, int] = {}
+    start = None
+    for i in range(depth):
+        if i in skipped:
+            start = None
+            continue
+        start = i if start is None else start
+        groups[i] = start
+    return groups
+
+
+def existing_replace(model, block_kind: str, index: int) -> Callable | None:
+    """Another pack's "dit" replace patch for (block_kind, index) on this ModelPatcher, if any."""
+    to = model.model_options.get("transformer_options", {})
+    return to.get("patches_replace", {}).get("dit", {}).get((block_kind, index))
+
+
+def blocks_of(diffusion_model, kind: BlockKind) -> torch.nn.ModuleList:
+    """The diffusion model's blocks of `kind` (its `modules` attribute path, dotted where the
+    blocks sit in a submodule: HiDream-O1's language_model.layers)."""
+    return module_at(diffusion_model, kind.modules)
+
+
+@dataclass
+class DiTReading:
+    """One ToMA node's reading of a diffusion transformer, and its per-call hook (__call__).
+
+    depths: kind key -> its blocks; groups: (kind key, block index) -> first index of its group,
+    for merged blocks only; blocks: kind key -> (depth, block class) when the node ran (what
+    `neighbours` checks); prefix_layers: the layers whose prompt keys and values the node keeps
+    (family.prefix_cache), None where another pack's patch is in the way; prefix_patches: the
+    node's own patch of each of those layers (filled when the patches are installed)."""
+
+    family: Family
+    depths: dict[str, int]
+    groups: dict[tuple[str, int], int]
+    blocks: dict[str, tuple[int, type]]
+    prefix_layers: list[torch.nn.Module] | None = None
+    prefix_patches: dict[tuple[str, int], Callable] = field(default_factory=dict)
+
+    def __call__(self, call: ModelCall, base_model, arguments: dict) -> list[str]:
+        """The family's describe, then what other nodes do to the blocks (dit_neighbours), then
+        (families with a prompt cache) whether this call keeps the prompt's keys and values:
+        only while the node's patch is still in every layer. Returns what the run's notes
+        should say."""
+        family = self.family
+        why = family.describe(call, base_model, arguments) if family.describe else None
+        replaced, patched = self.neighbours(call, getattr(base_model, "diffusion_model", None))
+        if replaced:
+            call.mergeable = False
+            return [f"{replaced} replaces {family.label}'s blocks with its own while it runs, "
+                    f"so ToMA's block patches cannot merge them: those model calls run unmerged"]
+        notes = []
+        if patched:
+            call.foreign_attention = tuple(sorted(patched))
+            notes.append(f"{', '.join(sorted(set(patched.values())))} patches the "
+                         f"self-attention of {family.label} blocks, which may read their tokens "
+                         f"as whole frames or by position: those {len(patched)} blocks run "
+                         f"unmerged")
+        if family.prefix_cache:
+            why_not = self.keeps_prompt(call, arguments)
+            why = why or why_not
+        return [*notes, why] if why else notes
+
+    def keeps_prompt(self, call: ModelCall, arguments: dict) -> str | None:
+        """Open this call's kept prompt (prefix_cache.open_prefix) while the node's patch is
+        still in every layer and the model is not compiled without guards; else why not."""
+        label = self.family.label
+        replaced = ((arguments.get("transformer_options") or {}).get("patches_replace")
+                    or {}).get("dit") or {}
+        if self.prefix_layers is None or any(replaced.get(key) is not patch for key, patch
+                                             in self.prefix_patches.items()):
+            return (f"another node patches {label}'s blocks too, so ToMA cannot keep the "
+                    f"prompt's keys and values across steps: {label} recomputes them at every "
+                    f"step")
+        if call.run.compiled_without_guards:
+            return (f"under TorchCompileModel ToMA cannot keep {label}'s prompt keys and values "
+                    f"across steps (the compiled model would replay the first step's way): "
+                    f"{label} recomputes them at every step")
+        open_prefix(call, len(self.prefix_layers))
+        return None
+
+    def neighbours(self, call: ModelCall, diffusion_model) -> tuple[str | None, dict]:
+        """(who replaced the model's blocks, or None; {(kind key, index): who patched that
+        merged block's self-attention}), read once per run and model object."""
+        key = ("dit_neighbours", id(diffusion_model))
+        found = call.run.host_reads.get(key)
+        if found is None:
+            found = (None, {})
+            if diffusion_model is not None:
+                for kind in (k for k in self.family.kinds if k.key in self.blocks):
+                    depth, block_type = self.blocks[kind.key]
+                    blocks = blocks_of(diffusion_model, kind)
+                    replaced = replaced_blocks(blocks, depth, block_type)
+                    if replaced:
+                        found = (replaced, {})
+                        break
+                    for i, block in enumerate(blocks):
+                        who = patched_self_attention(block) if (kind.key, i) in self.groups \
+                            else None
+                        if who:
+                            found[1][(kind.key, i)] = who
+            call.run.host_reads[key] = found
+        return found
+
+
+def read_model(model, options: ToMAOptions, family: Family) -> DiTReading:
+    """The reading of a cloned ModelPatcher `model` of `family` for a node with `options`.
+
+    Raises ValueError (shown by the node) for skip_blocks past the model's depth.
+    """
+    diffusion_model = model.get_model_object("diffusion_model")
+    depths = {kind.key: len(blocks_of(diffusion_model, kind)) for kind in family.kinds}
+    skipped = options.skip_blocks.for_kinds([(k.letter, depths[k.key]) for k in family.kinds])
+    groups = {(kind.key, i): g for kind, skip in zip(family.kinds, skipped, strict=True)
+              for i, g in group_starts(depths[kind.key], skip).items()}
+    blocks = {kind.key: (depths[kind.key], type(unwrapped(blocks_of(diffusion_model, kind)[0]))
+                         if depths[kind.key] else type(None)) for kind in family.kinds}
+    reading = DiTReading(family, depths, groups, blocks)
+    if family.prefix_cache:
+        kind = family.kinds[0]
+        if all(existing_replace(model, kind.key, i) is None for i in range(depths[kind.key])):
+            reading.prefix_layers = list(blocks_of(diffusion_model, kind))
+    return reading
