@@ -112,7 +112,8 @@ def test_a_failing_model_costs_only_its_own_rows(monkeypatch) -> None:
             raise AssertionError("refused")
         rows.append({"model": gpu_model.MODELS[name].label, "setting": "default",
                      "ratio": 0.5, "scope": "auto", "speedup": 1.5, "kept_mib_plain": 0.0,
-                     "sensitivity": {}, "toma_sites": [], "sync_sites": []})
+                     "sensitivity": {}, "sensitivity_cal": {}, "toma_sites": [],
+                     "sync_sites": []})
         return f"{name} recorded"
 
     monkeypatch.setattr(gpu_model, "project_model", project_model)
