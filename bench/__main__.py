@@ -133,6 +133,12 @@ def _ceilings(cfg: BenchConfig) -> dict[str, Any]:
     return ceilings.run(cfg)
 
 
+def _gpu_runs(cfg: BenchConfig) -> dict[str, Any]:
+    from .gpu import whole_runs
+
+    return whole_runs.run(cfg)
+
+
 def _gpu_call(cfg: BenchConfig) -> dict[str, Any]:
     from .gpu import measured_calls as gpu_call
 
@@ -204,6 +210,10 @@ SECTIONS: dict[str, Section] = {
         _ceilings, "bench/gpu/ceilings.py: versions, copy bandwidth, a bf16 GEMM, the SDPA "
                    "backend at SDXL's and Flux's shapes, the plan kernel against the reference "
                    "at real shapes (small sizes on a CPU)", quick=False),
+    "gpu-runs": Section(
+        _gpu_runs, "bench/gpu/whole_runs.py: whole 20-step SDXL runs on the GPU: unmerged, "
+                   "ToMA, EasyCache, ToMA + EasyCache (reduced sizes on a CPU)",
+        comfy_only=True, quick=False),
     "gpu-call": Section(
         _gpu_call, "bench/gpu/measured_calls.py: the same model calls measured on the GPU (CUDA "
                    "events, real size, bf16, random weights), unmerged, ToMA and under "

@@ -27,7 +27,8 @@
 #     left of the command's budget. First command: ceilings (versions, bandwidth, GEMM, SDPA
 #     backend, the plan kernel at real shapes), gpu-call's eager cases (the measurement that
 #     matters; it stops its own cases inside its budget and keeps the finished ones if it is
-#     killed), then quality (on the trained fixtures that travelled, --quick). Second command
+#     killed), whole 20-step SDXL runs (unmerged, ToMA, EasyCache, both), then quality (on the
+#     trained fixtures that travelled, --quick). Second command
 #     (--second): gpu-call's compiled cases, then kernels, unet and flux (--quick);
 #  3. prints a summary table (bench/gpu/summary.py: the measured calls beside the projection)
 #     and leaves in $OUT, flat: gpu.log (all output), summary.md, one JSON per section, and
@@ -51,8 +52,9 @@ done
 FIRST_TOTAL_S=300
 FIRST_SECTIONS=(
   "ceilings:30"
-  "gpu-call:210"
-  "quality:60"
+  "gpu-call:180"
+  "gpu-runs:50"
+  "quality:40"
 )
 SECOND_TOTAL_S=465
 SECOND_SECTIONS=(
@@ -116,6 +118,7 @@ for spec in "${SECTIONS[@]}"; do
   echo "== $name (limit ${limit}s) -> $file.json"
   # gpu-call keeps 15 s of its limit for its start (imports, CUDA) and the report
   export TOMA_GPU_CALL_BUDGET_S=$((limit - 15)) TOMA_GPU_CALL_PARTIAL=$RES/$file.partial.json
+  export TOMA_GPU_RUNS_BUDGET_S=$((limit - 20))   # gpu-runs: its start and the model build
   t0=$SECONDS
   # shellcheck disable=SC2046  # command_for prints whole arguments
   timeout -k 5 "$limit" "$PY" -m $(command_for "$name") --device "$DEVICE" \

@@ -115,3 +115,29 @@ def test_pyav_stand_in_lets_comfyuis_v3_nodes_import(tmp_path) -> None:
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().startswith(str(stubs))
+
+
+def test_whole_runs_time_unmerged_toma_easycache_and_both(monkeypatch) -> None:
+    """Section gpu-runs at the CPU's reduced size: the four variants, side by side, at least
+    MIN_REPS runs each even when the budget is spent, and ToMA merges in both of its
+    variants."""
+    from bench.gpu import whole_runs
+    from bench.shared.common import MIN_REPS
+    from bench.shared.config import default_config
+    from toma_pack.nodes.run_state import ToMAState
+
+    monkeypatch.setenv("TOMA_GPU_RUNS_BUDGET_S", "1")
+    merged = []
+    report = ToMAState._report
+
+    def counting(self, run):
+        merged.append(len(run.layers_merged))
+        return report(self, run)
+
+    monkeypatch.setattr(ToMAState, "_report", counting)
+    out = whole_runs.run(default_config(quick=True, comfy=True, device="cpu"))
+    rows = {r["variant"]: r for r in out["rows"]}
+    assert list(rows) == ["unmerged", "ToMA", "EasyCache", "ToMA + EasyCache"]
+    assert all(r["reps"] >= MIN_REPS and r["steps"] == whole_runs.STEPS for r in rows.values())
+    assert "speedup" in rows["ToMA + EasyCache"] and "speedup" not in rows["unmerged"]
+    assert merged and all(n > 0 for n in merged)
