@@ -6,9 +6,9 @@ CPU time, unmerged against ToMA, side by side.
 On a fast GPU the host issues every kernel and runs every block patch's Python; where that
 takes longer than the GPU's work, the saved FLOPs are lost. Here every merged block is active
 and the tensors are small (the call is mostly host work): ComfyUI's SDXL UNet with its 70
-transformer blocks (unet_levels "all" on a 32x32 latent: the 16x16 and 8x8 levels) and Flux
-with Flux.1's 19 + 38 blocks at the node defaults (16x16 image tokens), both at
-bench/speed/whole_call.py's reduced widths. A steady call is one after the first of a
+transformer blocks (unet_levels "all" on a 32x32 latent: the 16x16 and 8x8 levels) at 32
+channels, and Flux with Flux.1's 19 + 38 blocks at the node defaults (16x16 image tokens) 64
+wide, both built by bench/speed/whole_call.py. A steady call is one after the first of a
 sampling run (the first builds the run's index tables); with recompute_every 1 it builds its
 plans. Counts come from bench/shared/host_counts.py; times are the process's CPU time of the
 model calls (APPLY_MODEL), the runs of both variants interleaved.
@@ -38,8 +38,9 @@ LATENT = 32
 STEPS = 3
 # model -> (patcher, ToMA's options besides the defaults, transformer blocks)
 MODELS: dict[str, tuple[Callable, dict, int]] = {
-    "sdxl": (whole_call.sdxl_patcher, {"unet_levels": "all"}, 70),
-    "flux": (whole_call.flux_patcher, {}, 19 + 38),
+    "sdxl": (lambda: whole_call.sdxl_patcher(channels=32, head_channels=16),
+             {"unet_levels": "all"}, 70),
+    "flux": (lambda: whole_call.flux_patcher(hidden=64, heads=4, axes=(4, 6, 6)), {}, 19 + 38),
 }
 # The issue's budgets: ToMA's extra share per steady call (launches, Python calls).
 BUDGETS = {"sdxl": (0.10, 0.15), "flux": (0.15, 0.20)}
@@ -176,7 +177,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                  "out); python_calls: the interpreter's call events; *_extra: ToMA's extra as "
                  "a share of unmerged's; python_per_block: ToMA's extra Python calls per "
                  "transformer block call (SDXL 70, Flux 57)")
-    notes.append(f"SDXL: unet_levels all (every block merged), model_channels "
-                 f"{whole_call.SDXL_CHANNELS}, CFG 2 batched; Flux: node defaults (d0-4 and "
-                 f"s0-4 unmerged), hidden {whole_call.FLUX_HIDDEN}, cfg 1")
+    notes.append("SDXL: unet_levels all (every block merged), model_channels 32 (heads of 16), "
+                 "CFG 2 batched; Flux: node defaults (d0-4 and s0-4 unmerged), hidden 64 (4 "
+                 "heads), 512 text tokens, cfg 1")
     return {"rows": rows, "columns": list(COLUMNS), "notes": notes, "targets": targets(rows)}

@@ -46,29 +46,32 @@ FLUX_HIDDEN, FLUX_HEADS = 768, 6          # heads of 128, as Flux's RoPE axes (1
 LATENT = 128                               # 1024x1024 pixels
 
 
-def sdxl_patcher():
-    """ComfyUI's SDXL UNet with SDXL's levels, depths and head size at SDXL_CHANNELS, fp32,
-    weights from bench.shared.weights."""
+def sdxl_patcher(channels: int = SDXL_CHANNELS, head_channels: int = 64):
+    """ComfyUI's SDXL UNet with SDXL's levels and depths at `channels` (heads of
+    `head_channels`: SDXL's 64 by default), fp32, weights from bench.shared.weights."""
     import comfy.model_patcher
     import comfy.supported_models
 
     from ..shared.weights import fill_weights
 
     unet = {"use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4,
-            "model_channels": SDXL_CHANNELS, "num_res_blocks": [2, 2, 2],
+            "model_channels": channels, "num_res_blocks": [2, 2, 2],
             "channel_mult": [1, 2, 4], "transformer_depth": [0, 0, 2, 2, 10, 10],
             "transformer_depth_middle": 10,
             "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10], "context_dim": 2048,
-            "num_head_channels": 64, "adm_in_channels": 2816, "use_linear_in_transformer": True,
+            "num_head_channels": head_channels, "adm_in_channels": 2816,
+            "use_linear_in_transformer": True,
             "legacy": False, "num_classes": "sequential", "use_spatial_transformer": True,
             "use_temporal_attention": False, "use_temporal_resblock": False}
     config = comfy.supported_models.SDXL(unet)
-    config.unet_config["num_head_channels"] = 64
+    config.unet_config["num_head_channels"] = head_channels
     return _patcher(config, comfy, fill_weights)
 
 
-def flux_patcher():
-    """ComfyUI's Flux with Flux.1's 19 + 38 blocks and heads of 128 at FLUX_HIDDEN, fp32."""
+def flux_patcher(hidden: int = FLUX_HIDDEN, heads: int = FLUX_HEADS,
+                 axes: tuple[int, int, int] = (16, 56, 56)):
+    """ComfyUI's Flux with Flux.1's 19 + 38 blocks at `hidden` in `heads` heads (of 128 by
+    default, as Flux's RoPE `axes` need: they sum to the head size), fp32."""
     import comfy.ldm.flux.model
     import comfy.model_patcher
     import comfy.supported_models
@@ -77,8 +80,8 @@ def flux_patcher():
 
     fields = {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)}
     params = {"in_channels": 16, "out_channels": 16, "vec_in_dim": 768, "context_in_dim": 4096,
-              "hidden_size": FLUX_HIDDEN, "mlp_ratio": 4.0, "num_heads": FLUX_HEADS, "depth": 19,
-              "depth_single_blocks": 38, "axes_dim": [16, 56, 56], "theta": 10000,
+              "hidden_size": hidden, "mlp_ratio": 4.0, "num_heads": heads, "depth": 19,
+              "depth_single_blocks": 38, "axes_dim": list(axes), "theta": 10000,
               "patch_size": 2, "qkv_bias": True, "guidance_embed": True, "txt_ids_dims": []}
     config = comfy.supported_models.Flux(
         {"image_model": "flux", **{k: v for k, v in params.items() if k in fields}})
