@@ -171,6 +171,19 @@ def test_case_row_pairs_the_repetitions() -> None:
     assert gpu_call.case_row("SDXL", case, setting, got)["flag"].startswith("2 repetition(s)")
 
 
+def test_gpu_sizes_are_real_but_for_wans_frames() -> None:
+    """On a GPU every model samples at its real size, Wan at 33 frames (9 latent frames of the
+    832x480 grid) so that its repetitions fit the first command, named so in its rows; on a
+    CPU the reduced configurations."""
+    cuda = torch.device("cuda")
+    assert gpu_call.sizes_for("sdxl", cuda) == gpu_call.Sizes()
+    wan = gpu_call.sizes_for("wan", cuda)
+    real = gpu_call.gpu_model.MODELS["wan"].latent
+    assert wan.latent == (*real[:2], 9, *real[3:]) and wan.label.endswith("832x480x33")
+    assert wan.unet_config is None and wan.options == {}
+    assert gpu_call.sizes_for("wan", torch.device("cpu")).label is None
+
+
 def test_run_keeps_every_case_within_the_budget(monkeypatch, tmp_path) -> None:
     """Cases run in order with the budget's remainder as their limit; one that no longer fits
     is not started; a failing case costs only its own rows; rows so far are written after
