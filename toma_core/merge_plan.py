@@ -92,17 +92,19 @@ class MergePlan:
     items: int = field(init=False, repr=False)           # B, the batch the plan was built for
 
     def __post_init__(self) -> None:
+        self._cast[self.merge_w.dtype] = (self.merge_w, self.unmerge_w)
         self.tokens = self.regions.tokens
         self.merged_tokens = self.regions.count * self.k
         self.items = self.dest_tokens.shape[0]
 
     def weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(M, U) in `dtype` (the built ones when it is theirs, else cast once and kept)."""
-        if dtype == self.merge_w.dtype:
-            return self.merge_w, self.unmerge_w
-        if dtype not in self._cast:
-            self._cast[dtype] = (self.merge_w.to(dtype), self.unmerge_w.to(dtype))
-        return self._cast[dtype]
+        """(M, U) in `dtype` (the built ones when it is theirs, else cast once and kept). The
+        hot path reads `_cast` first (`_cast.get(dtype) or weights(dtype)`): no call per block
+        when the dtype is at hand."""
+        found = self._cast.get(dtype)
+        if found is None:
+            found = self._cast[dtype] = (self.merge_w.to(dtype), self.unmerge_w.to(dtype))
+        return found
 
     def _check(self, x: torch.Tensor, length: int, prefix: int) -> None:
         if x.dim() != 3:
@@ -132,14 +134,14 @@ class MergePlan:
     def merge(self, x: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """x [B, prefix + N + suffix, C] -> [B, prefix + R*k + suffix, C]."""
         self._check(x, self.tokens, prefix)
-        merge_w, _ = self.weights(x.dtype)
+        merge_w, _ = self._cast.get(x.dtype) or self.weights(x.dtype)
         merged = torch.bmm(merge_w, self._regions_of(x, prefix))
         return self.splice(x, merged.view(x.shape[0], -1, x.shape[-1]), prefix, self.tokens)
 
     def unmerge(self, y: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """Inverse of merge: y [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C]."""
         self._check(y, self.merged_tokens, prefix)
-        _, unmerge_w = self.weights(y.dtype)
+        _, unmerge_w = self._cast.get(y.dtype) or self.weights(y.dtype)
         full = self._in_grid_order(torch.bmm(unmerge_w, self._grid_of(y, prefix)))
         return self.splice(y, full, prefix, self.merged_tokens)
 
@@ -151,7 +153,7 @@ class MergePlan:
         while merged is still what merge made. ordered: x [B, N, C] is already in region
         order (a `finish` with keep_order), so no gather."""
         self._check(x, self.tokens, prefix)
-        merge_w, unmerge_w = self.weights(x.dtype)
+        merge_w, unmerge_w = self._cast.get(x.dtype) or self.weights(x.dtype)
         xr = self._ordered_regions(x, prefix) if ordered else self._regions_of(x, prefix)
         merged = torch.bmm(merge_w, xr)
         stream = self.splice(x, merged.view(x.shape[0], -1, x.shape[-1]), prefix, self.tokens)
@@ -176,7 +178,7 @@ class MergePlan:
         if grid.dtype != base.dtype:   # e.g. a low-precision update onto a float32 stream
             dtype = torch.promote_types(base.dtype, grid.dtype)
             base, grid, shared = base.to(dtype), grid.to(dtype), False
-        _, unmerge_w = self.weights(base.dtype)
+        _, unmerge_w = self._cast.get(base.dtype) or self.weights(base.dtype)
         full = torch.baddbmm(base, unmerge_w, grid) if shared else base.baddbmm_(unmerge_w, grid)
         if keep_order:
             if not self.regions.even or prefix or out.shape[1] != self.merged_tokens:

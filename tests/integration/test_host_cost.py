@@ -28,9 +28,9 @@ from toma_pack.nodes.options import make_options
 # Measured on v0.8.0 and v0.33.0: SDXL 1692 -> 1928 (+13.9%), Flux 2448 -> 2759 (+12.7%).
 LAUNCH_BUDGET = {"sdxl": 0.15, "flux": 0.15}
 # ToMA's extra Python function calls per block call (the unmerged calls' own count differs by
-# ComfyUI version; ToMA's does not). Measured on all three trees: SDXL 29.4-29.5 (2057-2065
-# over 70 blocks), Flux 37.2 (2120 over 57).
-PYTHON_BUDGET = {"sdxl": 31, "flux": 39}
+# ComfyUI version; ToMA's does not). Measured on all three trees: SDXL 27.4-27.5 (1917-1925
+# over 70 blocks), Flux 35.5 (2026 over 57).
+PYTHON_BUDGET = {"sdxl": 29, "flux": 37}
 BLOCKS = {"sdxl": 70, "flux": 19 + 38}
 OPTIONS = {"sdxl": {"unet_levels": "all"}, "flux": {}}
 SIDE = 32       # latent side: SDXL's 16x16 and 8x8 attention levels, Flux's 16x16 tokens
