@@ -84,8 +84,8 @@ ADVANCED_INPUTS: dict[str, InputSpec] = {
     "unet_levels": (list(UNET_LEVELS), {
         "default": "auto",
         "tooltip": f"UNet models: which attention levels merge. auto = levels of at least "
-                   f"{AUTO_MIN_TOKENS} tokens, all = every level, largest = the highest "
-                   "resolution one."}),
+                   f"{AUTO_MIN_TOKENS} tokens (on a CUDA GPU, only those large enough to pay "
+                   "there), all = every level, largest = the highest resolution one."}),
     "merge_scope": (list(MERGE_SCOPES), {
         "default": "auto",
         "tooltip": "block = whole blocks run merged (fastest); attention = only self-attention "

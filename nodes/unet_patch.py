@@ -41,6 +41,13 @@ TOKENS_PER_TILE = 64
 # Levels below this many tokens are left alone by "auto": merging costs more than it saves there
 # (see bench/ and docs/benchmarks.md).
 AUTO_MIN_TOKENS = 1024
+# On a CUDA GPU "auto" also leaves a level alone below this much work per item (tokens x
+# channels): its kernels are too small for halving them to pay for ToMA's own (the projection,
+# docs/benchmarks.md "Where merging stops paying on a GPU").
+GPU_MIN_WORK = 2**20
+GPU_DEVICES = ("cuda",)
+GPU_FIGURE = ("SD1.5 at 512x512 on an H200, projected: 0.98x with its 32x32 level merged, "
+              "1.00x without")
 # Below this even "all" skips a level: a few tokens per tile leave nothing to merge.
 MIN_TOKENS = 16
 # On ToMA's block forwards: the UNetToMA they belong to (a block hands its grid on in region
@@ -55,14 +62,37 @@ class UNetToMA:
         self.state = state
         self.scope = scope   # the merge_scope widget: "auto", "block" or "attention"
         self.largest_level_ds = largest_level_ds
+        self.gpu_notes: dict[tuple, str] = {}   # gpu_note's texts, by level and option
 
     # Which calls merge ---------------------------------------------------------------------------
-    def merges_level(self, h: int, w: int, latent_w: int) -> bool:
-        """Whether the unet_levels option merges an h x w level of a latent latent_w wide."""
+    def merges_level(self, h: int, w: int, latent_w: int, x: torch.Tensor,
+                     call: ModelCall) -> bool:
+        """Whether the unet_levels option merges an h x w level of a latent latent_w wide, for
+        tokens x [B, h*w, C]; says so in `call` where a GPU makes the level too small to pay."""
         levels = self.state.options.unet_levels
         if levels == "largest":
-            return round(latent_w / w) <= self.largest_level_ds
-        return h * w >= (AUTO_MIN_TOKENS if levels == "auto" else MIN_TOKENS)
+            merges = round(latent_w / w) <= self.largest_level_ds
+        else:
+            merges = h * w >= (AUTO_MIN_TOKENS if levels == "auto" else MIN_TOKENS)
+        if (merges and x.device.type in GPU_DEVICES
+                and h * w * x.shape[-1] < GPU_MIN_WORK):
+            call.note(self.gpu_note(h, w, x.shape[-1], levels))
+            return levels != "auto"
+        return merges
+
+    def gpu_note(self, h: int, w: int, channels: int, levels: str) -> str:
+        """What the run's notes say of an h x w level too small to pay on a GPU (made once)."""
+        key = (h, w, channels, levels)
+        note = self.gpu_notes.get(key)
+        if note is None:
+            level = f"the {h}x{w} level ({channels} channels)"
+            note = self.gpu_notes[key] = (
+                f"unet_levels auto: {level} is left unmerged on a GPU, where a level this "
+                f"small merges at a loss ({GPU_FIGURE}); unet_levels all merges it"
+                if levels == "auto" else
+                f"unet_levels {levels}: {level} merges, though on a GPU a level this small "
+                f"merges at a loss ({GPU_FIGURE})")
+        return note
 
     def scope_for(self, call: ModelCall | None, options: dict,
                   near: Neighbours) -> str | None:
@@ -113,7 +143,7 @@ class UNetToMA:
         level = f"{h}x{w}"
         latent = options.get("original_shape") or shape
         if (call is None or not call.active or x.shape[1] != h * w
-                or not self.merges_level(h, w, int(latent[-1]))):
+                or not self.merges_level(h, w, int(latent[-1]), x, call)):
             if call is not None:
                 call.record(layer, level, h * w, None)
             return None

@@ -61,7 +61,7 @@ import torch
 
 from ..shared.common import goal
 from ..shared.config import ROOT, BenchConfig, load_pack
-from ..shared.model_configs import FLUX_DEV, SDXL_UNET, hidream_o1_prompt_ids
+from ..shared.model_configs import FLUX_DEV, SD15_UNET, SDXL_UNET, hidream_o1_prompt_ids
 from ..shared.weights import fill_weights
 from .projection import GPU, META, Calibration, CallRecorder, Op, project, project_bounded
 
@@ -170,6 +170,17 @@ MODELS: dict[str, ModelSpec] = {
                       (1, 77, 2048), lambda seed, text: {
                           "pooled_output": _randn(1, 1280, seed=seed), "width": 1024,
                           "height": 1024}),
+    # 512x512 (SDXL's smallest common size, its levels 1024 and 256 tokens) and SD1.5 at 512x512
+    # (levels 4096, 1024, 256 tokens; CLIP-L context 77 x 768) and 768x768: where merging
+    # stops paying on a GPU (unet_patch.GPU_MIN_WORK)
+    "sdxl_512": ModelSpec("sdxl_512", "SDXL base 512x512", "SDXL", SDXL_UNET, (1, 4, 64, 64),
+                          7.0, (1, 77, 2048), lambda seed, text: {
+                              "pooled_output": _randn(1, 1280, seed=seed), "width": 512,
+                              "height": 512}),
+    "sd15": ModelSpec("sd15", "SD1.5 512x512", "SD15", SD15_UNET, (1, 4, 64, 64), 7.0,
+                      (1, 77, 768)),
+    "sd15_768": ModelSpec("sd15_768", "SD1.5 768x768", "SD15", SD15_UNET, (1, 4, 96, 96), 7.0,
+                          (1, 77, 768)),
     # 1024x1024: latent 128x128 -> 64x64 = 4096 image tokens; 512 T5 tokens; distilled guidance,
     # cfg 1 (one cond per call)
     "flux": ModelSpec("flux", "Flux.1 dev 1024x1024", "Flux", FLUX_DEV, (1, 16, 128, 128), 1.0,
@@ -192,10 +203,13 @@ MODELS: dict[str, ModelSpec] = {
 
 @dataclass(frozen=True)
 class Setting:
-    """A ToMA node setting: make_options keyword arguments (everything else the default)."""
+    """A ToMA node setting: make_options keyword arguments (everything else the default).
+    cpu_rules: the node's choices as it makes them on a CPU (its GPU-only rule, a UNet's
+    smallest merged levels left alone, off), to show what that rule changes."""
 
     name: str
     options: dict[str, Any]
+    cpu_rules: bool = False
 
     @property
     def ratio(self) -> float:
@@ -215,6 +229,12 @@ SETTINGS: tuple[tuple[str, Setting], ...] = (
     ("sdxl", Setting("default", {"ratio": 0.5})),
     ("flux", Setting("paper", {"ratio": 0.75, "merge_scope": "attention"})),
     ("flux", Setting("default", {"ratio": 0.5})),
+    ("sdxl_512", Setting("default", {"ratio": 0.5})),
+    ("sdxl_512", Setting("default, as on a CPU", {"ratio": 0.5}, cpu_rules=True)),
+    ("sd15", Setting("default", {"ratio": 0.5})),
+    ("sd15", Setting("default, as on a CPU", {"ratio": 0.5}, cpu_rules=True)),
+    ("sd15", Setting("all levels", {"ratio": 0.5, "unet_levels": "all"})),
+    ("sd15_768", Setting("default", {"ratio": 0.5})),
     ("wan", Setting("default", {"ratio": 0.5})),
     ("hidream_o1", Setting("default", {"ratio": 0.5})),
 )
@@ -421,6 +441,19 @@ def owner_dirs() -> tuple[str, ...]:
     return (str(ROOT / "toma_core"), str(ROOT / "nodes"))
 
 
+@contextlib.contextmanager
+def device_rules(on_gpu: bool) -> Iterator[None]:
+    """The pack's GPU-only choices (unet_patch.GPU_DEVICES) made for the meta tensors a
+    projection runs on, as on the H200; on_gpu False: as on a CPU."""
+    unet = load_pack().nodes.unet_patch
+    saved = unet.GPU_DEVICES
+    unet.GPU_DEVICES = (*saved, "meta") if on_gpu else ()
+    try:
+        yield
+    finally:
+        unet.GPU_DEVICES = saved
+
+
 def toma(patcher, setting: Setting):
     """The pack applied as the ToMA node does: apply_toma(model, make_options(...))."""
     pack = load_pack()
@@ -509,6 +542,8 @@ SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[st
     "flux": ({**FLUX_DEV, "hidden_size": 64, "num_heads": 4, "depth": 2,
               "depth_single_blocks": 2, "axes_dim": [4, 6, 6], "context_in_dim": 4096},
              (1, 16, 32, 32), (1, 8, 4096), {"skip_blocks": "none"}),
+    "sd15": ({**SD15_UNET, "model_channels": 32, "num_heads": 2}, (1, 4, 32, 32), (1, 8, 768),
+             {"unet_levels": "all"}),
     "wan": ({**WAN21_14B, "dim": 64, "ffn_dim": 128, "num_heads": 4, "num_layers": 2},
             (1, 16, 5, 16, 20), (1, 8, 4096), {"skip_blocks": "none"}),
     "hidream_o1": ({"image_model": "hidream_o1",
@@ -523,6 +558,9 @@ SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[st
                    (1, 3, 128, 160), (1, 8, 1), {"skip_blocks": "none"}),
 }
 
+
+# the same classes at another size: the same small model
+SMALL["sdxl_512"], SMALL["sd15_768"] = SMALL["sdxl"], SMALL["sd15"]
 
 COPIES = ("aten::_to_copy", "aten::copy_")
 
@@ -760,7 +798,8 @@ def project_model(name: str, rows: list[dict[str, Any]], checks: list[dict[str, 
     for model, setting in SETTINGS:
         if model != name:
             continue
-        merged = record(toma(base, setting), window, spec)
+        with device_rules(on_gpu=not setting.cpu_rules):
+            merged = record(toma(base, setting), window, spec)
         rows.append(row(spec, setting, plain, merged))
         small_start = time.perf_counter()
         small = validate_small(name, setting)

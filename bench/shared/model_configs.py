@@ -17,6 +17,17 @@ SDXL_UNET: dict[str, Any] = {
     "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
     "use_temporal_attention": False, "use_temporal_resblock": False,
 }
+# SD1.5: comfy/supported_models.py SD15 plus what model_detection reads from the checkpoint
+# (320 channels, one transformer block at the three highest levels, 8 heads, context 768).
+SD15_UNET: dict[str, Any] = {
+    "use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True,
+    "legacy": False, "adm_in_channels": None, "in_channels": 4, "model_channels": 320,
+    "num_res_blocks": [2, 2, 2, 2], "transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0],
+    "channel_mult": [1, 2, 4, 4], "transformer_depth_middle": 1,
+    "use_linear_in_transformer": False, "context_dim": 768, "num_heads": 8,
+    "num_head_channels": -1, "transformer_depth_output": [0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+    "use_temporal_attention": False, "use_temporal_resblock": False,
+}
 # Flux.1 dev: model_detection's Flux branch (hidden 3072, 24 heads = 3072 / sum(axes_dim), 19
 # double and 38 single blocks in the checkpoint, patch 2 over 16 latent channels: img_in takes
 # 64, vec_in 768 = CLIP-L pooled, context 4096 = T5-XXL, guidance_in present in dev).

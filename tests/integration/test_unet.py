@@ -15,6 +15,7 @@ import torch
 
 import comfy_harness as ch
 from toma_pack.nodes import run_state as run_state_module
+from toma_pack.nodes import unet_patch
 from toma_pack.nodes.toma_node import patch_model
 
 LAYERS = 17
@@ -103,6 +104,32 @@ def test_auto_levels_leave_small_levels_alone(sdxl, self_attention_lengths, stat
     assert sorted(set(self_attention_lengths)) == [256, 512]
     assert stats[-1]["layers_merged"] == 5 and stats[-1]["layers_total"] == LAYERS
     assert stats[-1]["levels"] == [{"name": "32x32", "tokens": 1024, "merged_tokens": 512}]
+
+
+def test_on_a_gpu_auto_leaves_levels_too_small_to_pay(sdxl, self_attention_lengths, stats,
+                                                     monkeypatch):
+    """On a CUDA GPU auto also leaves a level of fewer than GPU_MIN_WORK tokens x channels
+    unmerged, and says so; unet_levels all merges it and says what that costs. The CPU stands
+    in for the GPU (GPU_DEVICES names it), and the bar is scaled to the tiny model's widths:
+    its 32x32 level (64 channels, 65,536 token-channels) is under it, a 48x48 one over it."""
+    monkeypatch.setattr(unet_patch, "GPU_DEVICES", ("cpu",))
+    monkeypatch.setattr(unet_patch, "GPU_MIN_WORK", 32 * 32 * 64 + 1)
+    patched = patch_model(sdxl, 0.5, 0, "d0-4, s0-4", 5, unique_id="3")
+    run(patched, steps=2, cfg=1.0)
+    assert stats[-1]["layers_merged"] == 0
+    assert "unet_levels auto: the 32x32 level (64 channels) is left unmerged on a GPU" \
+        in stats[-1]["note"]
+    assert sorted(set(self_attention_lengths)) == [256, 1024]
+
+    self_attention_lengths.clear()
+    run(patched, height=96, width=96, steps=2, cfg=1.0)
+    assert stats[-1]["levels"] == [{"name": "48x48", "tokens": 2304, "merged_tokens": 1152}]
+    assert "note" not in stats[-1]
+
+    run(advanced(sdxl), steps=2, cfg=1.0)
+    assert [lv["name"] for lv in stats[-1]["levels"]] == ["16x16", "32x32"]
+    assert "unet_levels all: the 32x32 level (64 channels) merges, though on a GPU" \
+        in stats[-1]["note"]
 
 
 # Relative L2 error of the sampled latent against the unpatched model's (2 steps at ratio 0.25,
