@@ -41,13 +41,14 @@ TOKENS_PER_TILE = 64
 # Levels below this many tokens are left alone by "auto": merging costs more than it saves there
 # (see bench/ and docs/benchmarks.md).
 AUTO_MIN_TOKENS = 1024
-# On a CUDA GPU "auto" also leaves a level alone below this much work per item (tokens x
-# channels): its kernels are too small for halving them to pay for ToMA's own (the projection,
-# docs/benchmarks.md "Where merging stops paying on a GPU").
-GPU_MIN_WORK = 2**20
+# On a CUDA GPU "auto" also leaves a level alone below this much work per item and block
+# (tokens x channels^2, what its linear layers scale with): its kernels are too small for halving
+# them to pay for ToMA's own (the projection, docs/benchmarks.md "Where merging stops paying on a
+# GPU").
+GPU_MIN_WORK = 2**29
 GPU_DEVICES = ("cuda",)
-GPU_FIGURE = ("SD1.5 at 512x512 on an H200, projected: 0.98x with its 32x32 level merged, "
-              "1.00x without")
+GPU_FIGURE = ("SD1.5 at 512x512 on an H200, projected: 0.98x with its two largest levels "
+              "merged, 0.995x with the largest alone")
 # Below this even "all" skips a level: a few tokens per tile leave nothing to merge.
 MIN_TOKENS = 16
 # On ToMA's block forwards: the UNetToMA they belong to (a block hands its grid on in region
@@ -68,14 +69,14 @@ class UNetToMA:
     def merges_level(self, h: int, w: int, latent_w: int, x: torch.Tensor,
                      call: ModelCall) -> bool:
         """Whether the unet_levels option merges an h x w level of a latent latent_w wide, for
-        tokens x [B, h*w, C]; says so in `call` where a GPU makes the level too small to pay."""
+        tokens x [B, h*w, C]; says so in `call` where the level is too small to pay on a GPU."""
         levels = self.state.options.unet_levels
         if levels == "largest":
             merges = round(latent_w / w) <= self.largest_level_ds
         else:
             merges = h * w >= (AUTO_MIN_TOKENS if levels == "auto" else MIN_TOKENS)
         if (merges and x.device.type in GPU_DEVICES
-                and h * w * x.shape[-1] < GPU_MIN_WORK):
+                and h * w * x.shape[-1] ** 2 < GPU_MIN_WORK):
             call.note(self.gpu_note(h, w, x.shape[-1], levels))
             return levels != "auto"
         return merges

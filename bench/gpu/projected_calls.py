@@ -233,7 +233,7 @@ SETTINGS: tuple[tuple[str, Setting], ...] = (
     ("sdxl_512", Setting("default, as on a CPU", {"ratio": 0.5}, cpu_rules=True)),
     ("sd15", Setting("default", {"ratio": 0.5})),
     ("sd15", Setting("default, as on a CPU", {"ratio": 0.5}, cpu_rules=True)),
-    ("sd15", Setting("all levels", {"ratio": 0.5, "unet_levels": "all"})),
+    ("sd15", Setting("largest level", {"ratio": 0.5, "unet_levels": "largest"})),
     ("sd15_768", Setting("default", {"ratio": 0.5})),
     ("wan", Setting("default", {"ratio": 0.5})),
     ("hidream_o1", Setting("default", {"ratio": 0.5})),

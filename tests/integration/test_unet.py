@@ -108,12 +108,12 @@ def test_auto_levels_leave_small_levels_alone(sdxl, self_attention_lengths, stat
 
 def test_on_a_gpu_auto_leaves_levels_too_small_to_pay(sdxl, self_attention_lengths, stats,
                                                      monkeypatch):
-    """On a CUDA GPU auto also leaves a level of fewer than GPU_MIN_WORK tokens x channels
+    """On a CUDA GPU auto also leaves a level under GPU_MIN_WORK (tokens x channels^2)
     unmerged, and says so; unet_levels all merges it and says what that costs. The CPU stands
     in for the GPU (GPU_DEVICES names it), and the bar is scaled to the tiny model's widths:
-    its 32x32 level (64 channels, 65,536 token-channels) is under it, a 48x48 one over it."""
+    its 32x32 level (64 channels) is under it, a 48x48 one over it."""
     monkeypatch.setattr(unet_patch, "GPU_DEVICES", ("cpu",))
-    monkeypatch.setattr(unet_patch, "GPU_MIN_WORK", 32 * 32 * 64 + 1)
+    monkeypatch.setattr(unet_patch, "GPU_MIN_WORK", 32 * 32 * 64**2 + 1)
     patched = patch_model(sdxl, 0.5, 0, "d0-4, s0-4", 5, unique_id="3")
     run(patched, steps=2, cfg=1.0)
     assert stats[-1]["layers_merged"] == 0
