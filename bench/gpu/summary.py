@@ -23,10 +23,11 @@ from ..shared.config import ROOT
 
 log = logging.getLogger(__name__)
 
-PROJECTION = ROOT / "bench" / "results" / "2026-12-02-projection-h200.json"
+PROJECTION = ROOT / "bench" / "results" / "2026-12-04-projection-h200-small-sizes.json"
 CALL_COLUMNS = ("model", "setting", "batch", "tokens", "ms", "ms_toma", "speedup", "range",
-                "spread", "plan_share", "peak_gib", "peak_gib_toma", "proj_ms", "proj_ms_toma",
-                "proj_speedup", "status")
+                "spread", "bound", "host_us_launch", "plan_share", "peak_gib", "peak_gib_toma",
+                "proj_ms_cal", "proj_ms_cal_toma", "proj_speedup_cal", "proj_speedup",
+                "host_bound_us", "status")
 
 
 def load(path: Path) -> dict[str, Any] | None:
@@ -69,7 +70,9 @@ def projection_rows(results: Path) -> tuple[list[dict[str, Any]], str]:
 
 def call_rows(calls: list[dict[str, Any]],
               projected: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The gpu-call rows with the projection of the same model and setting beside them."""
+    """The gpu-call rows with the projection of the same model and setting beside them, and the
+    host's measured issue time per projected kernel of the ToMA call (host_us_launch) beside
+    the projection's host_bound_us: above it, ToMA's call waits for the host."""
     out = []
     for r in calls:
         p = next((q for q in projected
@@ -79,8 +82,13 @@ def call_rows(calls: list[dict[str, Any]],
         out.append({**r, "range": f"{lo:.2f}-{hi:.2f}" if lo is not None else None,
                     "spread": max(r.get("spread") or 0.0, r.get("spread_toma") or 0.0)
                     if r.get("reps") else None,
-                    "proj_ms": p and p.get("ms"), "proj_ms_toma": p and p.get("ms_toma"),
-                    "proj_speedup": p and p.get("speedup")})
+                    "host_us_launch": 1e3 * r["host_ms_toma"] / p["launches_toma"]
+                    if p and r.get("host_ms_toma") and p.get("launches_toma") else None,
+                    "proj_ms_cal": p and p.get("ms_cal"),
+                    "proj_ms_cal_toma": p and p.get("ms_cal_toma"),
+                    "proj_speedup_cal": p and p.get("speedup_cal"),
+                    "proj_speedup": p and p.get("speedup"),
+                    "host_bound_us": p and p.get("host_bound_us")})
     return out
 
 
@@ -97,7 +105,11 @@ def summary(results: Path) -> str:
     if calls.get("rows"):
         lines += ["## Model calls, measured (gpu-call) and projected (gpu-model)", "",
                   f"projection: {source}; ms: median device time of one model call; range: the "
-                  "side-by-side speedups; spread: the larger (max - min) / median of the two",
+                  "side-by-side speedups; spread: the larger (max - min) / median of the two; "
+                  "bound: which of host and device took longer; host_us_launch: the host's "
+                  "issue time of the ToMA call per kernel the projection counts, against its "
+                  "host_bound_us; proj_*_cal: the calibrated projection, proj_speedup the "
+                  "roofline",
                   "", markdown_table(call_rows(calls["rows"], projected), CALL_COLUMNS), ""]
     if calls.get("notes"):
         lines += [f"- {n}" for n in calls["notes"]] + [""]

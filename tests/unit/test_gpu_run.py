@@ -218,9 +218,11 @@ def test_summary_puts_the_projection_beside_the_measurement(tmp_path) -> None:
                                          "gpu-call\tok\t100\t270\nquality\ttimed out\t75\t75\n")
     call = {"model": "SDXL base 1024x1024", "setting": "default", "batch": 2, "ms": 80.0,
             "ms_toma": 60.0, "speedup": 4 / 3, "speedup_lo": 1.2, "speedup_hi": 1.4,
-            "spread": 0.05, "spread_toma": 0.1, "reps": 10, "status": "complete"}
+            "spread": 0.05, "spread_toma": 0.1, "reps": 10, "status": "complete",
+            "host_ms_toma": 23.5, "bound": "GPU"}
     projected = {"model": "SDXL base 1024x1024", "setting": "default", "ms": 30.9,
-                 "ms_toma": 24.9, "speedup": 1.24}
+                 "ms_toma": 24.9, "speedup": 1.24, "ms_cal": 34.5, "ms_cal_toma": 28.0,
+                 "speedup_cal": 1.23, "host_bound_us": 11.9, "launches_toma": 2350}
     (tmp_path / "gpu-call.json").write_text(json.dumps(
         {"sections": {"gpu-call": {"rows": [call], "notes": ["a note"]}}}))
     text = gpu_summary.summary(tmp_path)
@@ -231,7 +233,8 @@ def test_summary_puts_the_projection_beside_the_measurement(tmp_path) -> None:
     text = gpu_summary.summary(tmp_path)
     row = next(line for line in text.splitlines() if line.startswith("| SDXL"))
     assert "this run's gpu-model section" in text
-    assert row.split(" | ")[-4:-1] == ["30.9", "24.9", "1.24"]
+    assert row.split(" | ")[-6:-1] == ["34.5", "28", "1.23", "1.24", "11.9"]
+    assert "| GPU | 10 |" in row                  # 23.5 ms over 2350 kernels: 10 us each
     assert "1.20-1.40" in row and "| 0.1 |" in row
 
 
