@@ -11,13 +11,17 @@
 #   bash bench/gpu/travel.sh restore    # right after it: the index as it was, nothing to commit
 #   bash bench/gpu/travel.sh size       # what a call would send now, against the limit
 #
-# While slim, `git status` shows the fixtures as deleted: commit nothing until restored.
+# A device call sends tracked files whatever the ignore rules say, so a tracked file stays behind
+# only out of the index. While slim, `git status` shows the fixtures as deleted, and a pre-commit
+# hook that slim installs (and restore removes) refuses every commit, so a forgotten restore
+# cannot commit their deletion.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 LIMIT_MIB=64
 TRAVEL_LEFT_OUT=(models/toma-sdxl-matched-fixture.safetensors
                  models/toma-flux-matched-fixture.safetensors)
 EXCLUDE=$(git rev-parse --git-path info/exclude)
+HOOK=$(git rev-parse --git-path hooks/pre-commit)
 MARK="# bench/gpu/travel.sh slim"
 
 size() {  # what a call sends: working tree (tracked + untracked-not-ignored) and the carried
@@ -34,7 +38,15 @@ size() {  # what a call sends: working tree (tracked + untracked-not-ignored) an
 
 case ${1:-} in
   slim)
-    mkdir -p "$(dirname "$EXCLUDE")"
+    if [ -e "$HOOK" ] && ! grep -qxF "$MARK" "$HOOK"; then
+      echo "travel.sh: $HOOK is another pre-commit hook; slim needs that place for its guard" >&2
+      exit 1
+    fi
+    mkdir -p "$(dirname "$EXCLUDE")" "$(dirname "$HOOK")"
+    printf '#!/bin/sh\n%s\necho "%s" >&2\nexit 1\n' "$MARK" \
+      "travel.sh slim is in effect: run 'bash bench/gpu/travel.sh restore' before committing" \
+      >"$HOOK"
+    chmod +x "$HOOK"
     for path in "${TRAVEL_LEFT_OUT[@]}"; do
       git rm -q --cached --ignore-unmatch -- "$path"
       # a pattern line can hold no comment: the mark goes on the line before it
@@ -45,6 +57,7 @@ case ${1:-} in
   restore)
     git reset -q -- "${TRAVEL_LEFT_OUT[@]}"
     [ ! -f "$EXCLUDE" ] || sed -i "\|^$MARK\$|{N;d}" "$EXCLUDE"
+    if [ -e "$HOOK" ] && grep -qxF "$MARK" "$HOOK"; then rm -f "$HOOK"; fi
     git status --short -- "${TRAVEL_LEFT_OUT[@]}"
     ;;
   size) size ;;

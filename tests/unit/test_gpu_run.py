@@ -249,8 +249,9 @@ def _git(repo, *args: str) -> str:
 def test_travel_slim_leaves_the_large_fixtures_behind_and_restore_puts_them_back(
         tmp_path) -> None:
     """In a scratch repository laid out as this one: `slim` takes TRAVEL_LEFT_OUT out of the
-    index and ignores them, so what a call sends shrinks by their size and they stay on disk;
-    `restore` leaves the index and .git/info/exclude as they were."""
+    index and ignores them, so what a call sends shrinks by their size and they stay on disk,
+    and no commit can be made until `restore`, which leaves the index, .git/info/exclude and
+    the hooks as they were."""
     text = TRAVEL.read_text()
     left_out = re.search(r"^TRAVEL_LEFT_OUT=\((.*?)\)", text, re.S | re.M).group(1).split()
     assert left_out and all((ROOT / p).is_file() for p in left_out)   # the real files
@@ -280,6 +281,10 @@ def test_travel_slim_leaves_the_large_fixtures_behind_and_restore_puts_them_back
     assert all((repo / p).stat().st_size == 40 * 2**20 for p in left_out)
     assert travel("slim").returncode == 0                              # twice: no harm
     assert exclude.read_text().count(left_out[0]) == 1
+    commit = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                             "commit", "-qm", "deletion"], capture_output=True, text=True)
+    assert commit.returncode != 0 and "travel.sh restore" in commit.stderr
     assert travel("restore").returncode == 0
     assert _git(repo, "status", "--porcelain") == ""
     assert exclude.read_text() == before
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
