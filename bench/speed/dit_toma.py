@@ -80,7 +80,7 @@ class MergedBlock:
         # the model call the block runs in (sampling opens it in the APPLY_MODEL wrapper and
         # hands it to the blocks in their transformer_options); its plans dict keeps the plan
         self.call = ModelCall(self.state.new_run(), grid=case.grid, merging=True,
-                              data={"txt_len": case.text_tokens})
+                              txt_len=case.text_tokens)
         if case.protect_frames:         # as the family's describe says it for the real model
             set_grid(self.call, case.grid, protect_frames=case.protect_frames)
         self.toma = DiTToMA(self.state, spec, {(kind.key, 0): 0})

@@ -143,7 +143,7 @@ class _Toma:
         # the model call the blocks run in (sampling opens it in the APPLY_MODEL wrapper and
         # hands it to the blocks in their transformer_options); its plans dict keeps the plan
         self.call = ModelCall(state.new_run(), grid=(1, GRID, GRID), merging=True,
-                              data={"txt_len": TEXT})
+                              txt_len=TEXT)
         self.kind, self.block = kind, block
         self.spec = flux.KINDS[0 if kind == "double" else 1]
         self.attention = AttentionScope(state) if scope == "attention" else None
