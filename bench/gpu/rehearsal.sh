@@ -8,6 +8,7 @@
 #
 #   bash bench/gpu/prepare.sh          # first: fills .device/comfyui and .whl
 #   bash bench/gpu/rehearsal.sh        # builds the venv if missing, then runs gpu.sh
+#   bash bench/gpu/rehearsal.sh --second   # the second command the same way
 #   REHEARSAL_BUILD_ONLY=1 bash bench/gpu/rehearsal.sh
 #
 # The venv: .cache/venvs/device-rehearsal (ignored by git; rebuilt when this script's package
@@ -75,4 +76,4 @@ mkdir -p "$OUT"
 TOMA_SITE=$(mktemp -d /tmp/gpu-rehearsal-site.XXXXXX)
 export TOMA_SITE
 trap 'rm -rf "$TOMA_SITE"' EXIT
-PATH="$PWD/$VENV/bin:$PATH" PYTHON=python3 bash bench/gpu/run.sh --device cpu
+PATH="$PWD/$VENV/bin:$PATH" PYTHON=python3 bash bench/gpu/run.sh --device cpu "$@"
