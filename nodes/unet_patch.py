@@ -63,7 +63,6 @@ class UNetToMA:
         self.state = state
         self.scope = scope   # the merge_scope widget: "auto", "block" or "attention"
         self.largest_level_ds = largest_level_ds
-        self.gpu_notes: dict[tuple, str] = {}   # gpu_note's texts, by level and option
 
     # Which calls merge ---------------------------------------------------------------------------
     def merges_level(self, h: int, w: int, latent_w: int, x: torch.Tensor,
@@ -81,19 +80,16 @@ class UNetToMA:
             return levels != "auto"
         return merges
 
-    def gpu_note(self, h: int, w: int, channels: int, levels: str) -> str:
-        """What the run's notes say of an h x w level too small to pay on a GPU (made once)."""
-        key = (h, w, channels, levels)
-        note = self.gpu_notes.get(key)
-        if note is None:
-            level = f"the {h}x{w} level ({channels} channels)"
-            note = self.gpu_notes[key] = (
-                f"unet_levels auto: {level} is left unmerged on a GPU, where a level this "
-                f"small merges at a loss ({GPU_FIGURE}); unet_levels all merges it"
-                if levels == "auto" else
-                f"unet_levels {levels}: {level} merges, though on a GPU a level this small "
+    @staticmethod
+    def gpu_note(h: int, w: int, channels: int, levels: str) -> str:
+        """What the run's notes say of an h x w level too small to pay on a GPU (made on each
+        such call: a kept text would be a dict torch.compile guards on, and recompiles for)."""
+        level = f"the {h}x{w} level ({channels} channels)"
+        if levels == "auto":
+            return (f"unet_levels auto: {level} is left unmerged on a GPU, where a level this "
+                    f"small merges at a loss ({GPU_FIGURE}); unet_levels all merges it")
+        return (f"unet_levels {levels}: {level} merges, though on a GPU a level this small "
                 f"merges at a loss ({GPU_FIGURE})")
-        return note
 
     def scope_for(self, call: ModelCall | None, options: dict,
                   near: Neighbours) -> str | None:

@@ -22,6 +22,7 @@ from test_tiny_models import assert_absent
 from tiny_models import available, inputs, tiny_patcher
 
 import comfy_harness as ch
+from toma_pack.nodes import unet_patch
 from toma_pack.nodes.apply import apply_toma
 from toma_pack.nodes.options import make_options
 
@@ -203,6 +204,20 @@ def test_torch_compile_one_graph_no_breaks(name, recompute_every, dynamo_counter
     run(model, 64, steps=5)
     assert graph_breaks(dynamo_counters) == {}
     assert dynamo_counters["stats"]["unique_graphs"] == (2 if recompute_every > 1 else 1)
+
+
+@pytest.mark.parametrize("levels", ["auto", "all"])
+def test_torch_compile_with_the_gpu_level_rule(levels, dynamo_counters, monkeypatch):
+    """The GPU's level rule (unet_patch.GPU_MIN_WORK; the CPU standing in for the GPU and the
+    bar scaled to the tiny model: auto then merges nothing, all merges both levels with a
+    note each) decides and notes inside the traced blocks without a break, in one graph."""
+    monkeypatch.setattr(unet_patch, "GPU_DEVICES", ("cpu",))
+    monkeypatch.setattr(unet_patch, "GPU_MIN_WORK", 32 * 32 * 64**2 + 1)
+    model = compiled(apply_toma(ch.tiny_sdxl_patcher(), make_options(unet_levels=levels)),
+                     guard_filter=node_guard_filter())
+    sample_sdxl(model, 64, steps=5)
+    assert graph_breaks(dynamo_counters) == {}
+    assert dynamo_counters["stats"]["unique_graphs"] == 1
 
 
 def compiled_run(name: str, toma: bool, sizes: tuple[tuple[int, int], ...] = ((8, 8),),
