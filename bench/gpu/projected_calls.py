@@ -164,19 +164,21 @@ WAN21_14B: dict[str, Any] = {
     "eps": 1e-6, "text_len": 512, "text_dim": 4096,
 }
 
+def sdxl_spec(name: str, side: int) -> ModelSpec:
+    """SDXL base at side x side pixels, cond and uncond batched (CFG 7)."""
+    return ModelSpec(name, f"SDXL base {side}x{side}", "SDXL", SDXL_UNET,
+                     (1, 4, side // 8, side // 8), 7.0, (1, 77, 2048), lambda seed, text: {
+                         "pooled_output": _randn(1, 1280, seed=seed), "width": side,
+                         "height": side})
+
+
 MODELS: dict[str, ModelSpec] = {
     # 1024x1024: latent 128x128; CLIP-L + bigG context 77 x 2048, pooled bigG 1280
-    "sdxl": ModelSpec("sdxl", "SDXL base 1024x1024", "SDXL", SDXL_UNET, (1, 4, 128, 128), 7.0,
-                      (1, 77, 2048), lambda seed, text: {
-                          "pooled_output": _randn(1, 1280, seed=seed), "width": 1024,
-                          "height": 1024}),
+    "sdxl": sdxl_spec("sdxl", 1024),
     # 512x512 (SDXL's smallest common size, its levels 1024 and 256 tokens) and SD1.5 at 512x512
     # (levels 4096, 1024, 256 tokens; CLIP-L context 77 x 768) and 768x768: where merging
     # stops paying on a GPU (unet_patch.GPU_MIN_WORK)
-    "sdxl_512": ModelSpec("sdxl_512", "SDXL base 512x512", "SDXL", SDXL_UNET, (1, 4, 64, 64),
-                          7.0, (1, 77, 2048), lambda seed, text: {
-                              "pooled_output": _randn(1, 1280, seed=seed), "width": 512,
-                              "height": 512}),
+    "sdxl_512": sdxl_spec("sdxl_512", 512),
     "sd15": ModelSpec("sd15", "SD1.5 512x512", "SD15", SD15_UNET, (1, 4, 64, 64), 7.0,
                       (1, 77, 768)),
     "sd15_768": ModelSpec("sd15_768", "SD1.5 768x768", "SD15", SD15_UNET, (1, 4, 96, 96), 7.0,
@@ -447,7 +449,7 @@ def device_rules(on_gpu: bool) -> Iterator[None]:
     projection runs on, as on the H200; on_gpu False: as on a CPU."""
     unet = load_pack().nodes.unet_patch
     saved = unet.GPU_DEVICES
-    unet.GPU_DEVICES = (*saved, "meta") if on_gpu else ()
+    unet.GPU_DEVICES = (*saved, "meta") if on_gpu else saved
     try:
         yield
     finally:
