@@ -46,14 +46,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ..toma_core import MergePlan, build_plan, make_regions
+from ..toma_core import MergePlan, Regions, build_plan, make_regions
 from ..toma_core.merge_plan import Pending
+from ..toma_core.shards import ShardGeometry, shard_regions
 from .dit_families import BlockKind, Family
 from .dit_reading import DiTReading, existing_replace
 from .forward_patches import ForwardPatches
 from .model_call import ModelCall
 from .prefix_cache import prefix_run
 from .run_state import ToMAState
+from .sequence_parallel import SHARD_KINDS
 from .token_layout import (
     MERGED_FLAG,
     Layout,
@@ -66,6 +68,7 @@ from .token_layout import (
     merged_rows_of,
     position_tensors,
     regroup_frame_rows,
+    sequence_positions,
     stream_of,
     token_axis,
     with_stream,
@@ -138,6 +141,9 @@ class DiTToMA:
                 or stream is None or stream.dim() != 3
                 or (kind.key, index) in call.foreign_attention):
             return unmerged()
+        if call.shard is not None:
+            return self.shard_plan_for(kind, group, args, stream, options, call, layer) \
+                or unmerged()
         lay = layout(kind, args, stream, call, options)
         if (lay is None or stream.shape[1] < lay.offset + tokens_n
                 or not self.fits(call, kind, args, lay, layer, options)):
@@ -154,19 +160,96 @@ class DiTToMA:
         call.record(layer, level, tokens_n, plan)
         return None if plan is None else (plan, lay, forms, key)
 
-    def build(self, call: ModelCall, stream: torch.Tensor, offset: int,
-              grid: tuple[int, int, int], frames: int) -> MergePlan | None:
-        """A plan for the t*h*w grid tokens of stream [B, L, C] from row `offset`, from their
-        layer-normed features; regions `frames` frames deep, tile_count tiles per frame (0: the
+    def regions_of(self, grid: tuple[int, int, int], frames: int) -> Regions:
+        """The t*h*w grid's regions: `frames` frames deep, tile_count tiles per frame (0: the
         family's default)."""
         o = self.state.options
         t, h, w = grid
         tiles = o.tile_count or max(
             1, round(h * w * min(frames, t) / self.family.tokens_per_region))
-        regions = make_regions(h, w, o.region, tiles, t=t, frames=frames)
+        return make_regions(h, w, o.region, tiles, t=t, frames=frames)
+
+    def build(self, call: ModelCall, stream: torch.Tensor, offset: int,
+              grid: tuple[int, int, int], frames: int) -> MergePlan | None:
+        """A plan for the t*h*w grid tokens of stream [B, L, C] from row `offset`, from their
+        layer-normed features."""
+        o = self.state.options
+        t, h, w = grid
+        regions = self.regions_of(grid, frames)
         return build_plan(stream, t * h, w, o.ratio, regions=regions, tau=o.tau,
                           unmerge=o.unmerge, batch=o.batch_policy, offset=offset, center=True,
                           tables=call.tables(regions, stream.device))
+
+    # Sequence parallelism: the block gets one shard of the sequence ------------------------------
+    def shard_plan_for(self, kind: BlockKind, group: int, args: dict, stream: torch.Tensor,
+                       options: dict, call: ModelCall, layer: str
+                       ) -> tuple[MergePlan, Layout, dict, tuple] | None:
+        """plan_for on a sequence shard [B, S, C] (sequence_parallel.py). Every decision here
+        comes from what is alike on every rank (shapes, options, the call's grid), never from
+        this rank's own tokens or offsets, so that every rank merges, or none does: the
+        attention's all-to-all needs equal lengths."""
+        shard, label = call.shard, self.family.label
+        spec = SHARD_KINDS.get((self.family.name, kind.key))
+        if spec is None:
+            call.note(f"ToMA does not merge {label} under raylight's sequence parallelism "
+                      f"({shard.forward}): those model calls run unmerged")
+            return None
+        text = 0
+        if spec.text_in_stream:
+            span = options.get("img_slice")
+            if not span:
+                call.note(f"{label}'s {kind.key} blocks under raylight's sequence parallelism "
+                          f"got no text length (img_slice): those blocks run unmerged")
+                return None
+            text = int(span[0])
+        geometry = ShardGeometry(shard.world, stream.shape[1], text + call.prefix,
+                                 self.regions_of(call.grid, self.family.frames_per_region))
+        if not geometry.fits():
+            call.note(f"a {shard.world} x {stream.shape[1]}-token split sequence cannot hold "
+                      f"{label}'s {geometry.base.tokens} grid tokens after "
+                      f"{geometry.grid_start} others: those blocks run unmerged")
+            return None
+        offset = geometry.offset(shard.rank)
+        lay = Layout(offset, offset, stream.shape[1], spec.pe_item)
+        mask = args.get(kind.mask) if kind.mask else None
+        if isinstance(mask, torch.Tensor) or not self.fits(call, kind, args, lay, layer, options):
+            if isinstance(mask, torch.Tensor):
+                call.note(f"raylight's sequence parallelism drops attention masks; ToMA leaves "
+                          f"{label} blocks with one unmerged")
+            return None
+        for name in kind.rows:
+            if self.read_rows(kind, args.get(name), stream.shape[1]) is not None:
+                call.note(f"under raylight's sequence parallelism {label}'s {name} rows (one per "
+                          f"frame or token) reach every GPU whole, not split with its tokens "
+                          f"(raylight's forward does not split them): those blocks run "
+                          f"unmerged")
+                return None
+        key = (kind.key, group, call.grid, geometry, shard.rank, stream.shape[0],
+               call.pass_of(layer))
+        plan = call.plan(key, lambda: self.build_shard(call, stream, offset, geometry))
+        # this rank's grid tokens and what they merge to: the stats of a rank are its own
+        call.record(layer, call.level, math.prod(call.grid) if plan is None else plan.tokens,
+                    plan)
+        return None if plan is None else (plan, lay, {}, key)
+
+    def build_shard(self, call: ModelCall, stream: torch.Tensor, offset: int,
+                    geometry: ShardGeometry) -> MergePlan | None:
+        """This rank's plan: its clipped regions (every rank's, computed alike on every rank and
+        kept for the run), built from its own shard's tokens [B, S, C] from row `offset`."""
+        o = self.state.options
+        spans = call.run.host_reads.get(("shard_regions", geometry, o.ratio))
+        if spans is None:
+            spans = call.run.host_reads.setdefault(("shard_regions", geometry, o.ratio),
+                                                   shard_regions(geometry, o.ratio))
+        if not spans:
+            call.note(f"some GPU of the {geometry.world} holds too few of the "
+                      f"{self.family.label} grid's tokens to drop any, and every GPU must "
+                      f"drop alike: those blocks run unmerged")
+            return None
+        span = spans[call.shard.rank]
+        return build_plan(stream, 1, span.tokens, o.ratio, regions=span, tau=o.tau,
+                          unmerge=o.unmerge, batch=o.batch_policy, offset=offset, center=True,
+                          tables=call.tables(span, stream.device))
 
     def fits(self, call: ModelCall, kind: BlockKind, args: dict, lay: Layout, layer: str,
              options: dict) -> bool:
@@ -174,7 +257,7 @@ class DiTToMA:
         set, and no other pack's in-block patch reads tokens by their grid position (else the
         block runs unmerged)."""
         for name in (kind.pe, *kind.more_pe) if kind.pe else kind.more_pe:
-            for pe in position_tensors(args.get(name)):
+            for pe in sequence_positions(args.get(name), lay.pe_item):
                 axis = token_axis(pe, lay.seq_len)
                 if axis is None or pe.shape[axis] != lay.seq_len:
                     call.note(f"positional rows {tuple(pe.shape)} do not match the "
@@ -255,7 +338,7 @@ class DiTToMA:
         rows, masks and modulation rows are the same for every block of a group in a call:
         merged once, kept in call.merged_rows."""
         out, merged, base = dict(args), None, None
-        if self.attention is None or kind.letter != "d":
+        if self.attention is None or kind.letter != "d" or call.shard is not None:
             merged, base = plan.begin(stream, lay.offset)
             out[kind.stream] = merged if kind.stream_item is None else with_stream(
                 kind, args[kind.stream], merged)      # a bare tensor without a further call
@@ -263,7 +346,8 @@ class DiTToMA:
             value = args.get(name)
             if position_tensors(value):
                 out[name] = self.once(call, ("pe", name, key), value, lambda v=value: (
-                    map_positions(v, lambda pe: merged_rows_of(kind, plan, pe, lay))))
+                    map_positions(v, lambda pe: merged_rows_of(kind, plan, pe, lay),
+                                  lay.pe_item)))
         mask = args.get(kind.mask) if kind.mask else None
         if isinstance(mask, torch.Tensor):
             out[kind.mask] = self.once(call, ("mask", key), mask, lambda: merge_mask(

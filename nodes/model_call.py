@@ -110,7 +110,9 @@ class ModelCall:
     traced: (node key, device) of its entries in compile_guards' globals while a compiled model
     runs it, else None;
     region_order: (output, plan) of the last UNet block that left its grid in the plan's region
-    order for the next block of its transformer (MergePlan.finish's keep_order), else None.
+    order for the next block of its transformer (MergePlan.finish's keep_order), else None;
+    shard: this process's part of a sequence-parallel call (sequence_parallel.Shard: the
+    blocks get one shard of the token sequence), None for a whole sequence.
 
     Blocks call its methods; the host reads what they recorded after the call.
     """
@@ -140,6 +142,7 @@ class ModelCall:
     pass_layers: set = field(default_factory=set)
     traced: tuple[str, str] | None = None
     region_order: tuple[torch.Tensor, MergePlan] | None = None
+    shard: object | None = None
 
     @property
     def active(self) -> bool:
@@ -153,7 +156,7 @@ class ModelCall:
         the kept prompt is complete), as one text."""
         return repr((self.active, self.grid, self.prefix, self.protected_frames, self.level,
                      self.txt_len, self.foreign_attention, self.prompt_length,
-                     None if self.prompt is None else self.prompt[1]))
+                     None if self.prompt is None else self.prompt[1], self.shard))
 
     # What the blocks call -------------------------------------------------------------------------
     def plan(self, key: Hashable, build: Callable[[], MergePlan | None]) -> MergePlan | None:

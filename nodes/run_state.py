@@ -39,6 +39,7 @@ from .arguments import call_arguments, with_argument
 from .compile_guards import TRACED_DECISIONS, TRACED_PLANS, traced_decisions, unguarded_compile
 from .model_call import Describe, ModelCall, RunState
 from .options import ToMAOptions
+from .sequence_parallel import sequence_shard
 from .ui_stats import send_stats
 
 log = logging.getLogger("ToMA")
@@ -191,6 +192,11 @@ class ToMAState:
         if self.describe is not None:
             for note in self.describe(call, executor.class_obj, arguments):
                 self.run_note(call.run, note)
+            model = getattr(executor.class_obj, "diffusion_model", None)
+            key = ("sequence_shard", id(model))    # read once per run and model object
+            if key not in call.run.host_reads:
+                call.run.host_reads[key] = sequence_shard(model)
+            call.shard = call.run.host_reads[key]
         args, kwargs = with_argument(executor, args, kwargs, "transformer_options",
                                      {**options, self.call_key: call})
         traced = call.traced = (self.key, str(call.device)) if call.run.compiled else None

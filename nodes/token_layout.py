@@ -22,11 +22,13 @@ MERGED_FLAG = "toma_merged"
 @dataclass(frozen=True)
 class Layout:
     """Where the grid sits in one block call: `offset` in the stream tensor, `seq_start` in the
-    attention sequence (positional rows, mask) of `seq_len` tokens."""
+    attention sequence (positional rows, mask) of `seq_len` tokens; pe_item: the positional-rows
+    argument is a list whose item `pe_item` alone follows that sequence (None: all of it)."""
 
     offset: int
     seq_start: int
     seq_len: int
+    pe_item: int | None = None
 
 
 def stream_of(kind: BlockKind, value: object) -> torch.Tensor | None:
@@ -94,11 +96,24 @@ def position_tensors(value: object) -> list[torch.Tensor]:
     return []
 
 
-def map_positions(value: object, fn: Callable[[torch.Tensor], torch.Tensor]) -> object:
-    """A positional-rows argument with fn applied to each of its tensors."""
+def map_positions(value: object, fn: Callable[[torch.Tensor], torch.Tensor],
+                  item: int | None = None) -> object:
+    """A positional-rows argument with fn applied to each of its tensors (only to its item
+    `item` where that is given)."""
     if isinstance(value, torch.Tensor):
         return fn(value)
-    return type(value)(fn(v) if isinstance(v, torch.Tensor) else v for v in value)
+    return type(value)(fn(v) if isinstance(v, torch.Tensor) and item in (None, i) else v
+                       for i, v in enumerate(value))
+
+
+def sequence_positions(value: object, item: int | None) -> list[torch.Tensor]:
+    """The tensors of a positional-rows argument that follow the attention sequence: all of
+    them, or its item `item` alone."""
+    found = position_tensors(value)
+    if item is None:
+        return found
+    picked = value[item] if isinstance(value, (tuple, list)) and len(value) > item else None
+    return [picked] if isinstance(picked, torch.Tensor) else []
 
 
 def merged_options(options: dict, start: int, plan: MergePlan,

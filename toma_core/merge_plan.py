@@ -36,8 +36,9 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from .plan_op import plan_weights
+from .plan_op import plan_weights, plan_weights_reference
 from .regions import REGION_MODES, RegionMode, Regions, RegionTables, make_regions
+from .shards import SpanRegions
 
 UnmergeMethod = Literal["transpose", "pinv"]
 BatchPolicy = Literal["per_item", "shared"]
@@ -75,9 +76,13 @@ class MergePlan:
     dest_slots [B, R, k]: the slot of each destination; dest_tokens [B, R*k]: its grid token
     (the merged sequence's order); merge_w [B*R, k, S] and unmerge_w [B*R, S, k]: M and U in
     the activations' dtype (pad slots have zero weight).
+    Regions of a sequence shard (SpanRegions) keep unequal numbers of destinations: k is the
+    most any keeps, the others' places are pads (zero weights), and the merged sequence holds
+    only the real ones: one gather from the padded R*k order (tables.compact) after the merge
+    and one back (tables.expand) before the unmerge; dest_tokens [B, M] the real ones' tokens.
     """
 
-    regions: Regions
+    regions: Regions | SpanRegions
     k: int
     tables: RegionTables
     dest_slots: torch.Tensor
@@ -90,12 +95,18 @@ class MergePlan:
     tokens: int = field(init=False, repr=False)          # N, grid tokens before merging
     merged_tokens: int = field(init=False, repr=False)   # grid tokens after merging (R * k)
     items: int = field(init=False, repr=False)           # B, the batch the plan was built for
+    compact: torch.Tensor | None = field(init=False, repr=False)
+    expand: torch.Tensor | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._cast[self.merge_w.dtype] = (self.merge_w, self.unmerge_w)
         self.tokens = self.regions.tokens
-        self.merged_tokens = self.regions.count * self.k
+        self.merged_tokens = self.dest_tokens.shape[1]
         self.items = self.dest_tokens.shape[0]
+        # the padded-order gathers of ragged regions, None where every region keeps k
+        ragged = isinstance(self.regions, SpanRegions)
+        self.compact = self.tables.compact if ragged else None
+        self.expand = self.tables.expand if ragged else None
 
     def weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(M, U) in `dtype` (the built ones when it is theirs, else cast once and kept). The
@@ -124,7 +135,14 @@ class MergePlan:
         """y's merged grid as [B*R, k, C] (a view where y holds only it)."""
         m = self.merged_tokens
         grid = y if prefix == 0 and y.shape[1] == m else y[:, prefix:prefix + m]
+        if self.expand is not None:
+            grid = grid.index_select(1, self.expand)
         return grid.reshape(-1, self.k, y.shape[-1])
+
+    def _sequence_of(self, merged: torch.Tensor, b: int) -> torch.Tensor:
+        """Merged grid [B*R, k, C] as the merged sequence's grid [B, R*k or M, C]."""
+        flat = merged.view(b, -1, merged.shape[-1])
+        return flat if self.compact is None else flat.index_select(1, self.compact)
 
     def _in_grid_order(self, full: torch.Tensor) -> torch.Tensor:
         """Region layout [B*R, S, C] back to grid order [B, N, C]: one gather."""
@@ -136,7 +154,7 @@ class MergePlan:
         self._check(x, self.tokens, prefix)
         merge_w, _ = self._cast.get(x.dtype) or self.weights(x.dtype)
         merged = torch.bmm(merge_w, self._regions_of(x, prefix))
-        return self.splice(x, merged.view(x.shape[0], -1, x.shape[-1]), prefix, self.tokens)
+        return self.splice(x, self._sequence_of(merged, x.shape[0]), prefix, self.tokens)
 
     def unmerge(self, y: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """Inverse of merge: y [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C]."""
@@ -156,7 +174,7 @@ class MergePlan:
         merge_w, unmerge_w = self._cast.get(x.dtype) or self.weights(x.dtype)
         xr = self._ordered_regions(x, prefix) if ordered else self._regions_of(x, prefix)
         merged = torch.bmm(merge_w, xr)
-        stream = self.splice(x, merged.view(x.shape[0], -1, x.shape[-1]), prefix, self.tokens)
+        stream = self.splice(x, self._sequence_of(merged, x.shape[0]), prefix, self.tokens)
         if block_keeps_input:
             return stream, Pending(xr, merged, ordered)
         if ordered:
@@ -257,7 +275,8 @@ class MergePlan:
 def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
                mode: RegionMode = "tile", tile_count: int = 64, tau: float = 1000.0,
                unmerge: UnmergeMethod = "transpose", batch: BatchPolicy = "per_item",
-               regions: Regions | None = None, tables: RegionTables | None = None,
+               regions: Regions | SpanRegions | None = None,
+               tables: RegionTables | None = None,
                offset: int = 0, center: bool = False,
                dtype: torch.dtype | None = None) -> MergePlan | None:
     """Plan merging for the grid in features [B, L, C]: N = h * w tokens from row `offset`
@@ -268,6 +287,7 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
 
     ratio: fraction of grid tokens merged away, in [0, 1). Returns None when nothing would merge
     (ratio 0, or regions too small to drop a token): callers then skip merging entirely.
+    SpanRegions (a sequence shard's, h * w their tokens) bring their own destination counts.
     batch "per_item": destinations and weights per batch item (cond and uncond never mix);
     "shared": one set from the batch's mean features, applied to every item (cheaper, coarser).
     """
@@ -279,16 +299,23 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
     if ratio == 0:
         return None
     regions = regions or make_regions(h, w, mode, tile_count)
-    k = destinations_per_region(ratio, regions)
-    if regions.count * k >= regions.tokens:
+    ragged = isinstance(regions, SpanRegions)
+    k = max(regions.counts) if ragged else destinations_per_region(ratio, regions)
+    if (sum(regions.counts) if ragged else regions.count * k) >= regions.tokens:
         return None
     tables = tables or regions.tables(features.device)
     dtype = features.dtype if dtype is None else dtype
     b = features.shape[0]
     source = features.float().mean(0, keepdim=True) if batch == "shared" else features
-    picks, dest, merge_w, unmerge_w = plan_weights(
-        source, offset, tables.slots, tables.valid, k, tau, center,
-        torch.float32 if unmerge == "pinv" else dtype)
+    weight_dtype = torch.float32 if unmerge == "pinv" else dtype
+    if ragged:
+        picks, dest, merge_w, unmerge_w = plan_weights_reference(
+            source, offset, tables.slots, tables.valid, k, tau, center, weight_dtype,
+            tables.dest_valid)
+        dest = dest.index_select(1, tables.compact)
+    else:
+        picks, dest, merge_w, unmerge_w = plan_weights(
+            source, offset, tables.slots, tables.valid, k, tau, center, weight_dtype)
     if unmerge == "pinv":
         merge_w, unmerge_w = merge_w.to(dtype), torch.linalg.pinv(merge_w).to(dtype)
     if batch == "shared" and b > 1:

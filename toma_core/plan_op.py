@@ -40,16 +40,27 @@ PlanTensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tensor,
                            valid: torch.Tensor | None, k: int, tau: float, center: bool,
-                           dtype: torch.dtype) -> PlanTensors:
-    """The operator in plain torch ops (shapes in the module docstring)."""
+                           dtype: torch.dtype, dest_valid: torch.Tensor | None = None
+                           ) -> PlanTensors:
+    """The operator in plain torch ops (shapes in the module docstring).
+
+    dest_valid [R, k]: regions keep unequal numbers of destinations, dest_valid[r].sum() each
+    (k the most any keeps; sequence shards, shards.py): the greedy runs k picks in every region
+    and each keeps its first ones, the greedy's choice for its own count. The other picks are
+    pads with zero merge and unmerge weights (dest holds their slots' tokens too: MergePlan
+    keeps only the real ones). Not behind the operator: it runs as these ops on every device.
+    """
     b, (r, s) = stream.shape[0], slots.shape
     x = stream.index_select(1, (slots + offset).flatten()).view(b, r, s, -1).float()
     if center:
         x = x - x.mean(-1, keepdim=True)
     sim = gram_similarity(x, valid)                                    # [B, R, S, S]
     picks = greedy_facility_location(sim, k, valid)                    # [B, R, k]
-    p = assignment(sim, picks, tau, valid)                             # [B, R, k, S]
-    merge_w = (p / p.sum(-1, keepdim=True)).to(dtype).view(b * r, k, s)
+    p = assignment(sim, picks, tau, valid, dest_valid)                 # [B, R, k, S]
+    total = p.sum(-1, keepdim=True)
+    if dest_valid is not None:
+        total = total.clamp_min(1.0)    # a destination weighs itself 1; pad rows sum to 0
+    merge_w = (p / total).to(dtype).view(b * r, k, s)
     # A dense copy, as the fake outputs are: .to(dtype, memory_format=contiguous_format) returns
     # the transposed view itself when the dtype already matches.
     unmerge_w = torch.empty((b, r, s, k), dtype=dtype, device=p.device).copy_(p.mT)
@@ -58,12 +69,17 @@ def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tenso
 
 
 def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
-               valid: torch.Tensor | None) -> torch.Tensor:
+               valid: torch.Tensor | None, dest_valid: torch.Tensor | None = None
+               ) -> torch.Tensor:
     """P [..., k, S]: softmax over destinations of tau * cos(dest, token); tau = inf is hard.
 
     sim [..., S, S] is the region's cosine similarity (float32), so the scores are its rows at
     the picks; softmax subtracts the column max, so any tau is stable. Pad slot columns are zero.
+    dest_valid [R, k]: where regions keep unequal numbers of destinations, which picks are
+    destinations (ragged_assignment).
     """
+    if dest_valid is not None:
+        return ragged_assignment(sim, picks, tau, valid, dest_valid)
     scores = sim.gather(-2, picks.unsqueeze(-1).expand(*picks.shape, sim.shape[-1]))
     if math.isinf(tau):
         best = scores.argmax(-2, keepdim=True)
@@ -74,6 +90,29 @@ def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
     is_dest = torch.zeros(sim.shape[:-1], dtype=torch.bool, device=sim.device)
     is_dest.scatter_(-1, picks, True)                                      # [..., S]
     p.masked_fill_(is_dest.unsqueeze(-2), 0.0).scatter_(-1, picks.unsqueeze(-1), 1.0)
+    if valid is not None:
+        p.mul_(valid.unsqueeze(-2))
+    return p
+
+
+def ragged_assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
+                      valid: torch.Tensor | None, dest_valid: torch.Tensor) -> torch.Tensor:
+    """assignment for regions keeping unequal numbers of destinations: the first count picks of
+    a region (dest_valid [R, k] True) are its destinations; the rows of the others (pad picks,
+    whatever slot the greedy ran on to) are zero and take no token from any destination."""
+    s = sim.shape[-1]
+    scores = sim.gather(-2, picks.unsqueeze(-1).expand(*picks.shape, s))
+    scores.masked_fill_(~dest_valid.unsqueeze(-1), -math.inf)
+    if math.isinf(tau):
+        best = scores.argmax(-2, keepdim=True)
+        p = torch.zeros_like(scores).scatter_(-2, best, 1.0)
+    else:
+        p = torch.softmax(scores.mul_(tau), dim=-2)
+    real = torch.where(dest_valid, picks, s)                  # pad picks: one slot past the end
+    is_dest = torch.zeros((*sim.shape[:-2], s + 1), dtype=torch.bool, device=sim.device)
+    is_dest.scatter_(-1, real, True)
+    p.masked_fill_(is_dest[..., :s].unsqueeze(-2), 0.0).scatter_(-1, picks.unsqueeze(-1), 1.0)
+    p.mul_(dest_valid.unsqueeze(-1))
     if valid is not None:
         p.mul_(valid.unsqueeze(-2))
     return p

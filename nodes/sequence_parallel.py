@@ -1,0 +1,118 @@
+"""ToMA inside raylight's sequence parallelism (xDiT/xfuser USP: Ulysses or ring attention), where
+one generation runs on several GPUs, each holding one shard of the token sequence.
+
+raylight (komikndr/raylight) replaces a diffusion transformer's forward with its own that pads
+the token sequence to a multiple of the GPU count P, splits it into P equal shards before the
+block loop (positional rows sliced alike) and gathers it after; ComfyUI's "dit" replace patches
+still run, each on its own GPU's shard. ToMA merges that shard: the full grid's regions clipped to
+the shard (toma_core.shards), every GPU dropping the same number of tokens (the attention's
+all-to-all needs equal lengths), decided from the shard geometry alone, with no communication.
+
+What raylight hands a block's patch differs per family (its own forwards); `SHARD_KINDS` says it
+for the families whose sequence-parallel forward was read and tested. A family raylight runs
+that is not there runs unmerged under sequence parallelism, and says so.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+# Who splits the sequence: raylight's forwards live in modules under this package.
+RAYLIGHT_PACKAGE = "raylight."
+USP_PREFIX = "usp_"
+XFUSER_STATE = "xfuser.core.distributed"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's part of a sequence-parallel model call: rank of `world` ranks, and the
+    name of raylight's forward that split the sequence."""
+
+    rank: int
+    world: int
+    forward: str
+
+
+@dataclass(frozen=True)
+class ShardKind:
+    """How raylight's forward hands one kind of block its shard.
+
+    text_in_stream: the stream is a shard of [text; grid; ...] (Flux's single blocks), the text
+    length the first item of transformer_options["img_slice"] (the whole text's length on every
+    rank); pe_item: the positional-rows argument is a list whose item `pe_item` holds the
+    stream's rows (Qwen-Image: [image rows, text rows]), None: it is the stream's rows alone."""
+
+    text_in_stream: bool = False
+    pe_item: int | None = None
+
+
+# (family name, block kind key) -> what raylight's forward hands that block, for the forwards
+# read in raylight 1.5.1 (wan/, flux/, chroma/ and qwen_image/xdit_context_parallel.py)
+SHARD_KINDS: dict[tuple[str, str], ShardKind] = {
+    ("wan", "double_block"): ShardKind(),
+    ("flux", "double_block"): ShardKind(),
+    ("flux", "single_block"): ShardKind(text_in_stream=True),
+    ("qwen_image", "double_block"): ShardKind(pe_item=0),
+}
+
+# Families raylight runs whose sequence-parallel forward cannot take a block patch: ToMA leaves
+# them alone under raylight rather than let raylight's forward fail.
+REFUSED = {
+    "hunyuan_video": "raylight's HunyuanVideo forward fails whenever a block patch is installed "
+                     "(its patched-block branch returns a tuple where the image is expected)",
+}
+
+
+def raylight_forward(diffusion_model: object) -> str | None:
+    """The name of raylight's sequence-parallel forward that this diffusion model runs (raylight
+    sets it on the model object when the model loads), or None."""
+    for value in vars(diffusion_model).values() if hasattr(diffusion_model, "__dict__") else ():
+        function = getattr(value, "__func__", None)
+        module = getattr(function, "__module__", "") or ""
+        if module.startswith(RAYLIGHT_PACKAGE) and function.__name__.startswith(USP_PREFIX):
+            return f"{module}.{function.__name__}"
+    return None
+
+
+def sequence_shard(diffusion_model: object) -> Shard | None:
+    """This process's Shard of a call of `diffusion_model`, None outside sequence parallelism
+    (no raylight forward on the model, or a sequence-parallel group of one). xfuser is read only
+    where raylight already imported it."""
+    forward = raylight_forward(diffusion_model)
+    state = sys.modules.get(XFUSER_STATE)
+    if forward is None or state is None:
+        return None
+    world = int(state.get_sequence_parallel_world_size())
+    if world <= 1:
+        return None
+    return Shard(int(state.get_sequence_parallel_rank()), world, forward)
+
+
+def install_refusal(model) -> str | None:
+    """Why ToMA must not patch this ModelPatcher, whose model raylight will run sequence
+    parallel (raylight's load callback is on it), or None."""
+    from .families import family_of
+
+    if not uses_raylight(model):
+        return None
+    family = family_of(model.get_model_object("diffusion_model"))
+    reason = REFUSED.get(family.name) if family is not None else None
+    if reason is None:
+        return None
+    return (f"ToMA leaves {family.label} alone under raylight's sequence parallelism: "
+            f"{reason}; it runs unmerged")
+
+
+def uses_raylight(model) -> bool:
+    """Whether raylight's sequence-parallel injection is among the ModelPatcher's load
+    callbacks (raylight's RayUNETLoader adds it on every GPU's model)."""
+    callbacks = getattr(model, "callbacks", None) or {}
+    for by_key in callbacks.values():
+        for functions in (by_key.values() if isinstance(by_key, dict) else [by_key]):
+            for function in functions if isinstance(functions, list) else [functions]:
+                owner = getattr(function, "__module__", "") or ""
+                target = getattr(getattr(function, "__self__", None), "__module__", "") or ""
+                if owner.startswith(RAYLIGHT_PACKAGE) or target.startswith(RAYLIGHT_PACKAGE):
+                    return True
+    return False

@@ -1,0 +1,219 @@
+"""Merging a sequence that is split across ranks (sequence parallelism): each rank holds one
+contiguous shard of the token sequence and merges only its own tokens.
+
+The sequence of P * S rows (S per rank, the last rank's tail padded) holds the token grid at rows
+[grid_start, grid_start + N); rank r holds rows [r * S, (r + 1) * S). A rank's part of the grid
+is a contiguous span of the grid's flattened (frame, row, column) order. Its regions are the
+full grid's regions (make_regions) clipped to that span: a region a shard boundary cuts becomes
+two pieces, one per rank, so no region ever spans two ranks and no plan needs another rank's
+tokens.
+
+Every rank must hand the same number of tokens to the attention's all-to-all, so every rank
+drops the same number D of tokens: D is decided from the shard geometry alone (every rank
+computes every rank's spans, with no communication), and each piece keeps a number of
+destinations proportional to its size, adjusted by one here and there so that each rank's
+pieces keep exactly (its grid tokens - D). Pieces therefore keep unequal numbers of
+destinations ("ragged" counts, see MergePlan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+import torch
+
+from .regions import Regions, RegionTables
+
+
+@dataclass(frozen=True)
+class SpanRegions:
+    """The regions of `base` (a t x h x w grid's partition) clipped to the grid tokens
+    [cuts[0], cuts[-1]) of its flattened order and cut again at the cuts between, with `counts`
+    destinations kept per piece. One rank's span has two cuts; the union of every rank's
+    (union_of) has a cut at each shard boundary: one process merging the whole grid as the
+    ranks together do.
+
+    pieces: (span index, global region index) of each piece, spans in order and regions in
+    region order within each; sizes: its tokens. Host metadata only (Python ints), hashable
+    like Regions; `tables` builds the index tensors on a device."""
+
+    base: Regions
+    cuts: tuple[int, ...]
+    pieces: tuple[tuple[int, int], ...]
+    sizes: tuple[int, ...]
+    counts: tuple[int, ...]
+    tokens: int = field(init=False, compare=False, repr=False)     # tokens in the span
+    count: int = field(init=False, compare=False, repr=False)      # pieces R
+    size: int = field(init=False, compare=False, repr=False)       # slots per piece S
+    min_size: int = field(init=False, compare=False, repr=False)
+    even: bool = field(init=False, compare=False, repr=False)      # no pad slots
+
+    def __post_init__(self) -> None:
+        if not (len(self.pieces) == len(self.sizes) == len(self.counts)) or not self.pieces:
+            raise ValueError("a span needs one size and one count per piece, and a piece")
+        if any(not 1 <= k <= s for k, s in zip(self.counts, self.sizes, strict=True)):
+            raise ValueError(f"each piece keeps 1 to its size destinations, got {self.counts} "
+                             f"for sizes {self.sizes}")
+        derived = {"tokens": self.cuts[-1] - self.cuts[0], "count": len(self.pieces),
+                   "size": max(self.sizes), "min_size": min(self.sizes)}
+        derived["even"] = derived["size"] == derived["min_size"]
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+
+    def tables(self, device: torch.device | str | None = None) -> SpanTables:
+        return SpanTables(self, device)
+
+
+class SpanTables(RegionTables):
+    """RegionTables of a SpanRegions, built on the device with device ops from the base
+    partition's tables: slots [R, S] hold span-local token indices (pad slots 0, valid False),
+    token_region / token_slot [n] where each span token sits. Beside them, for the ragged
+    destination counts: dest_valid [R, k] (k = the largest count), compact [M] (the real
+    destinations' places in the padded R * k order) and expand [R * k] (each padded place's
+    index in the compact order; pad places point at 0, which zero unmerge weights ignore)."""
+
+    def __init__(self, regions: SpanRegions, device: torch.device | str | None) -> None:
+        self.regions = regions
+        base = RegionTables(regions.base, device)
+        n, r, s = regions.tokens, regions.count, regions.size
+        first, last = regions.cuts[0], regions.cuts[-1]
+        # each span token's (span, global region) as one id, relabelled in order to 0..R-1
+        span = torch.zeros(n, dtype=torch.long, device=device)
+        for cut in regions.cuts[1:-1]:
+            span += torch.arange(first, last, device=device) >= cut
+        ids = span * regions.base.count + base.token_region[first:last]         # [n]
+        present = torch.zeros(len(regions.cuts) * regions.base.count, dtype=torch.long,
+                              device=device).index_fill_(0, ids, 1)
+        piece = (present.cumsum(0) - 1)[ids]                                    # [n]
+        # a token's slot: its rank among the span tokens of its piece, in token order
+        order = torch.sort(piece, stable=True).indices
+        sizes = torch.zeros(r, dtype=torch.long, device=device).index_add_(
+            0, piece, torch.ones_like(piece))
+        first = sizes.cumsum(0) - sizes
+        slot = torch.empty_like(piece)
+        slot[order] = torch.arange(n, device=device) - first[piece[order]]
+        flat = piece * s + slot
+        self.slots = torch.zeros(r * s, dtype=torch.long, device=device).index_put_(
+            (flat,), torch.arange(n, device=device)).view(r, s)
+        self.valid = None if regions.even else torch.zeros(
+            r * s, dtype=torch.bool, device=device).index_fill_(0, flat, True).view(r, s)
+        self.token_region, self.token_slot = piece, slot
+        k = max(regions.counts)
+        counts = torch.tensor(regions.counts, device=device)   # host ints: one small copy
+        self.dest_valid = torch.arange(k, device=device) < counts.unsqueeze(1)    # [R, k]
+        # nonzero with its size given: no read of the count back from the device
+        self.compact = self.dest_valid.flatten().nonzero_static(
+            size=sum(regions.counts)).squeeze(1)
+        self.expand = (self.dest_valid.flatten().long().cumsum(0) - 1).clamp_min(0)
+        self._merge: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._unmerge: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _starts(sizes: tuple[int, ...]) -> list[int]:
+    return [0, *accumulate(sizes)][:-1]
+
+
+def _below(c: int, h: int, w: int, box: tuple[int, int, int, int, int, int]) -> int:
+    """Tokens of a box (frames f0..f1, rows y0..y1, columns x0..x1, ends exclusive) whose
+    flattened index (f * h + y) * w + x is below c."""
+    f0, f1, y0, y1, x0, x1 = box
+    fc, rest = divmod(c, h * w)
+    yc, xc = divmod(rest, w)
+    count = max(0, min(f1, fc) - f0) * (y1 - y0) * (x1 - x0)
+    if f0 <= fc < f1:
+        count += max(0, min(y1, yc) - y0) * (x1 - x0)
+        if y0 <= yc < y1:
+            count += max(0, min(x1, xc) - x0)
+    return count
+
+
+def span_sizes(base: Regions, start: int, end: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(pieces, sizes): the regions of `base` that meet grid tokens [start, end), in region
+    order, and their tokens there. Host arithmetic, one step per region."""
+    pieces, sizes = [], []
+    index = 0
+    for f0, df in zip(_starts(base.slab_sizes), base.slab_sizes, strict=True):
+        for y0, dy in zip(_starts(base.row_sizes), base.row_sizes, strict=True):
+            for x0, dx in zip(_starts(base.col_sizes), base.col_sizes, strict=True):
+                box = (f0, f0 + df, y0, y0 + dy, x0, x0 + dx)
+                inside = _below(end, base.h, base.w, box) - _below(start, base.h, base.w, box)
+                if inside:
+                    pieces.append(index)
+                    sizes.append(inside)
+                index += 1
+    return tuple(pieces), tuple(sizes)
+
+
+def spread_counts(sizes: tuple[int, ...], keep: int) -> tuple[int, ...]:
+    """Destinations per piece: proportional to the pieces' sizes, at least 1 and at most the
+    size, summing to exactly `keep` (len(sizes) <= keep <= sum(sizes)). Deterministic: every
+    rank computes every rank's counts alike."""
+    total = sum(sizes)
+    if not len(sizes) <= keep <= total:
+        raise ValueError(f"{len(sizes)} pieces of {total} tokens cannot keep {keep}")
+    counts = [min(s, max(1, round(keep * s / total))) for s in sizes]
+    step = 1 if keep > sum(counts) else -1
+    # the pieces furthest from their share first, ties to the earlier piece
+    order = sorted(range(len(sizes)), key=lambda i: step * (counts[i] / sizes[i]))
+    while sum(counts) != keep:
+        for i in order:
+            if sum(counts) == keep:
+                break
+            if 1 <= counts[i] + step <= sizes[i]:
+                counts[i] += step
+    return tuple(counts)
+
+
+@dataclass(frozen=True)
+class ShardGeometry:
+    """Where the grid lies in a sequence split over `world` ranks of `shard` rows each.
+
+    grid_start: the grid's first row in the whole (unsplit) sequence; base: the whole grid's
+    regions (N = base.tokens grid tokens)."""
+
+    world: int
+    shard: int
+    grid_start: int
+    base: Regions
+
+    def span(self, rank: int) -> tuple[int, int]:
+        """Grid tokens [start, end) that rank `rank` holds (start == end: none)."""
+        lo = min(max(rank * self.shard - self.grid_start, 0), self.base.tokens)
+        hi = min(max((rank + 1) * self.shard - self.grid_start, 0), self.base.tokens)
+        return lo, hi
+
+    def offset(self, rank: int) -> int:
+        """Row of the rank's first grid token in its shard."""
+        return max(self.grid_start - rank * self.shard, 0)
+
+    def fits(self) -> bool:
+        """Whether the split sequence can hold the grid at all."""
+        return self.world * self.shard >= self.grid_start + self.base.tokens
+
+
+def shard_regions(geometry: ShardGeometry, ratio: float) -> list[SpanRegions | None]:
+    """Every rank's clipped regions and destination counts (None for a rank without grid
+    tokens), all ranks dropping the same number of tokens: the fewest that the ratio asks of
+    any rank and that every rank can drop (each piece keeps at least one token). An empty list
+    when no token can be dropped on every rank: then no rank merges."""
+    spans = [geometry.span(rank) for rank in range(geometry.world)]
+    found = [span_sizes(geometry.base, lo, hi) if hi > lo else ((), ()) for lo, hi in spans]
+    drop = min(min(round(ratio * (hi - lo)), hi - lo - len(pieces))
+               for (lo, hi), (pieces, _) in zip(spans, found, strict=True))
+    if drop <= 0:
+        return []
+    return [SpanRegions(geometry.base, (lo, hi), tuple((0, p) for p in pieces), sizes,
+                        spread_counts(sizes, hi - lo - drop)) if hi > lo else None
+            for (lo, hi), (pieces, sizes) in zip(spans, found, strict=True)]
+
+
+def union_of(spans: list[SpanRegions | None]) -> SpanRegions:
+    """The ranks' spans as one partition of the grid tokens they cover together (consecutive
+    spans of one base): the pieces and counts of each, in rank order."""
+    present = [span for span in spans if span is not None]
+    cuts = (present[0].cuts[0], *(span.cuts[-1] for span in present))
+    pieces = tuple((i, region) for i, span in enumerate(present) for _, region in span.pieces)
+    return SpanRegions(present[0].base, cuts, pieces,
+                       tuple(size for span in present for size in span.sizes),
+                       tuple(count for span in present for count in span.counts))
