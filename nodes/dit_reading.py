@@ -18,6 +18,7 @@ from .forward_patches import module_at
 from .model_call import ModelCall
 from .options import ToMAOptions
 from .prefix_cache import open_prefix
+from .sequence_parallel import RAYLIGHT
 
 
 def group_starts(depth: int, skipped: frozenset[int] | set[int]) -> dict[int, int]:
@@ -75,6 +76,10 @@ class DiTReading:
             return [f"{replaced} replaces {family.label}'s blocks with its own while it runs, "
                     f"so ToMA's block patches cannot merge them: those model calls run unmerged"]
         notes = []
+        if patched and call.shard is not None:
+            # raylight's sequence-parallel attention, which the shard's blocks need
+            patched = {key: who for key, who in patched.items()
+                       if not who.startswith(f"{RAYLIGHT} ")}
         if patched:
             call.foreign_attention = tuple(sorted(patched))
             notes.append(f"{', '.join(sorted(set(patched.values())))} patches the "

@@ -190,13 +190,13 @@ class ToMAState:
         run = options.get(self.key)
         call = self.open_call(run if isinstance(run, RunState) else self.new_run(), x, options)
         if self.describe is not None:
-            for note in self.describe(call, executor.class_obj, arguments):
-                self.run_note(call.run, note)
             model = getattr(executor.class_obj, "diffusion_model", None)
             key = ("sequence_shard", id(model))    # read once per run and model object
             if key not in call.run.host_reads:
                 call.run.host_reads[key] = sequence_shard(model)
             call.shard = call.run.host_reads[key]
+            for note in self.describe(call, executor.class_obj, arguments):
+                self.run_note(call.run, note)
         args, kwargs = with_argument(executor, args, kwargs, "transformer_options",
                                      {**options, self.call_key: call})
         traced = call.traced = (self.key, str(call.device)) if call.run.compiled else None

@@ -19,7 +19,8 @@ import sys
 from dataclasses import dataclass
 
 # Who splits the sequence: raylight's forwards live in modules under this package.
-RAYLIGHT_PACKAGE = "raylight."
+RAYLIGHT = "raylight"
+RAYLIGHT_PACKAGE = f"{RAYLIGHT}."
 USP_PREFIX = "usp_"
 XFUSER_STATE = "xfuser.core.distributed"
 

@@ -1,0 +1,178 @@
+"""One rank of a sequence-parallel run of ToMA inside raylight's real code (run by
+test_sequence_parallel.py under `python -m torch.distributed.run`, gloo, CPU).
+
+Each rank: a tiny model of the family from ComfyUI's own config classes, ToMA applied by its node
+function (toma_node.patch_model) on a real ModelPatcher, raylight's sequence-parallel injection
+added as raylight's RayUNETLoader adds it (its USPInjectRegistry.inject on ComfyUI's ON_LOAD
+callback), and ComfyUI's KSampler path (comfy.sample.sample) at CFG 1. Beside it, on every rank,
+the same sampling in one process without raylight: unmerged, and ToMA with its regions replaced
+by the union of the ranks' clipped regions (toma_core.shards.union_of): what the ranks merge
+together, merged in one process. Rank 0 writes what the test checks as JSON to $OUT.
+
+The harness, not the pack, makes raylight run on a CPU (as ../shared/notes/raylight/README.md
+found): the process group is gloo and made before raylight's xfuser setup; xfuser's attention
+layer module is imported with torch.cuda.is_available() answering True (it defines nothing
+without CUDA); attention "TORCH_MATH" (the flash and efficient kernels are CUDA-only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]
+sys.argv = [sys.argv[0], "--cpu"]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import comfy_harness as ch  # noqa: E402
+import pack_loader  # noqa: E402
+
+ch.ensure_comfy()
+pack_loader.load_pack()
+sys.path.insert(0, os.environ["RAYLIGHT_SRC"])
+torch.set_num_threads(1)
+
+import raylight.xfuser_compat as xfuser_compat  # noqa: E402
+
+for name in [m for m in sys.modules if m.startswith("xfuser.core.long_ctx_attention")]:
+    del sys.modules[name]
+_cuda = torch.cuda.is_available
+torch.cuda.is_available = lambda: True
+try:
+    xfuser_compat._install_long_ctx_attention(xfuser_compat._find_xfuser_root())
+finally:
+    torch.cuda.is_available = _cuda
+
+RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo")
+from raylight.distributed_worker.parallel_group_manager import (  # noqa: E402
+    initialize_xfuser_parallel,
+)
+
+initialize_xfuser_parallel(RANK, WORLD, {"is_xdit": True, "ulysses_degree": WORLD,
+                                         "ring_degree": 1, "cfg_degree": 1,
+                                         "attention": "TORCH_MATH", "sync_ulysses": False})
+
+# all-to-all traffic per rank: bytes of each call's input buffer (what leaves and stays)
+TRAFFIC = {"bytes": 0, "calls": 0}
+_all_to_all = dist.all_to_all_single
+
+
+def counting_all_to_all(output, input, *args, **kwargs):
+    TRAFFIC["bytes"] += input.numel() * input.element_size()
+    TRAFFIC["calls"] += 1
+    return _all_to_all(output, input, *args, **kwargs)
+
+
+dist.all_to_all_single = counting_all_to_all
+
+import comfy.patcher_extension  # noqa: E402
+import tiny_models  # noqa: E402
+from raylight.distributed_modules.usp import USPInjectRegistry  # noqa: E402
+
+from toma_pack.nodes import dit_patch  # noqa: E402
+from toma_pack.nodes.toma_node import patch_model  # noqa: E402
+from toma_pack.toma_core import build_plan  # noqa: E402
+from toma_pack.toma_core.shards import ShardGeometry, shard_regions, union_of  # noqa: E402
+
+FAMILY = os.environ["FAMILY"]
+RATIO = float(os.environ.get("RATIO", "0.5"))
+STEPS = 2
+
+
+def model_and_inputs():
+    """A fresh tiny ModelPatcher (the same seeded weights every time) and its sampling inputs:
+    latent, positive conditioning."""
+    frames, height, width = (int(v) for v in os.environ["SIZE"].split("x"))
+    if FAMILY == "flux":
+        patcher = ch.tiny_flux_patcher()
+        latent = ch.empty_latent(patcher, 1, height * 2, width * 2)
+        positive, _ = ch.flux_conds(1, 6)
+        return patcher, latent, positive
+    patcher = tiny_models.tiny_patcher(FAMILY)
+    x = tiny_models.inputs(FAMILY, patcher, batch=1, height=height, width=width,
+                           frames=frames)
+    return patcher, x.latent, x.positive
+
+
+def toma(patcher):
+    """ToMA as its node applies it: every block merged (the tiny models have few)."""
+    return patch_model(patcher, RATIO, 0, "", 1, None)
+
+
+def sample(patcher, latent, positive) -> torch.Tensor:
+    return ch.sample(patcher, latent, positive, positive, steps=STEPS, cfg=1.0)
+
+
+def run_stats(patched) -> dict:
+    wrapper = patched.get_wrappers(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, "toma")[0]
+    return wrapper.toma_state.last_stats
+
+
+def union_build(self, call, stream, offset, grid, frames):
+    """DiTToMA.build for the single-process reference: the whole grid's regions cut at the
+    shard boundaries raylight would make of this block's sequence, each rank's clipped regions
+    and counts (shard_regions) joined, so one process merges what the ranks merge together."""
+    o = self.state.options
+    length = stream.shape[1]
+    geometry = ShardGeometry(WORLD, math.ceil(length / WORLD), offset,
+                             self.regions_of(grid, frames))
+    spans = shard_regions(geometry, o.ratio)
+    if not spans:
+        return None
+    regions = union_of(spans)
+    return build_plan(stream, 1, regions.tokens, o.ratio, regions=regions, tau=o.tau,
+                      unmerge=o.unmerge, batch=o.batch_policy, offset=offset, center=True,
+                      tables=regions.tables(stream.device))
+
+
+def main() -> None:
+    patcher, latent, positive = model_and_inputs()
+    plain = sample(patcher, latent, positive)
+    original_build = dit_patch.DiTToMA.build
+    dit_patch.DiTToMA.build = union_build
+    try:
+        reference = sample(toma(patcher), latent, positive)
+    finally:
+        dit_patch.DiTToMA.build = original_build
+    ch.unload_models()
+
+    results = {}
+    for name, merged in (("unmerged", False), ("toma", True)):
+        fresh, _, _ = model_and_inputs()
+        model = toma(fresh) if merged else fresh.clone()
+        model.add_callback(comfy.patcher_extension.CallbacksMP.ON_LOAD,
+                           USPInjectRegistry.inject)
+        TRAFFIC.update(bytes=0, calls=0)
+        out = sample(model, latent, positive)
+        ch.unload_models()
+        stats = run_stats(model) if merged else None
+        everyone = [None] * WORLD
+        dist.all_gather_object(everyone, {"traffic": dict(TRAFFIC), "stats": stats})
+        results[name] = {"out": out, "ranks": everyone}
+
+    def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a - b).norm() / b.norm())
+
+    if RANK == 0:
+        report = {
+            "world": WORLD,
+            "sp_merged_vs_reference": relative(results["toma"]["out"], reference),
+            "sp_unmerged_vs_plain": relative(results["unmerged"]["out"], plain),
+            "merge_moves_output": relative(reference, plain),
+            "ranks": [{"unmerged": u["traffic"], "toma": t["traffic"], "stats": t["stats"]}
+                      for u, t in zip(results["unmerged"]["ranks"], results["toma"]["ranks"],
+                                      strict=True)],
+        }
+        Path(os.environ["OUT"]).write_text(json.dumps(report, default=str))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
