@@ -109,6 +109,12 @@ def _gpu_model(cfg: BenchConfig) -> dict[str, Any]:
     return gpu_model.run(cfg)
 
 
+def _gpu_sp(cfg: BenchConfig) -> dict[str, Any]:
+    from .gpu import sequence_parallel
+
+    return sequence_parallel.run(cfg)
+
+
 def _whole_call(cfg: BenchConfig) -> dict[str, Any]:
     from .speed import whole_call
 
@@ -206,6 +212,11 @@ SECTIONS: dict[str, Section] = {
                     "computing nothing "
                     "(meta tensors; about 1.5 min on 2 cores, the same with --quick)",
         comfy_only=True),
+    "gpu-sp": Section(
+        _gpu_sp, "bench/gpu/sequence_parallel.py: Wan 2.1 14B and HunyuanVideo split over 2, 4 "
+                 "and 8 GPUs as raylight's Ulysses runs them, per rank and call, unmerged and "
+                 "ToMA: all-to-all bytes, FLOPs, time over NVLink and PCIe, projected (about "
+                 "30 s on 2 cores)", comfy_only=True),
     "ceilings": Section(
         _ceilings, "bench/gpu/ceilings.py: versions, copy bandwidth, a bf16 GEMM, the SDPA "
                    "backend at SDXL's and Flux's shapes, the plan kernel against the reference "
