@@ -68,11 +68,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..shared.common import cpu_model
 from ..shared.config import BenchConfig, load_pack
 from .projected_calls import CALIBRATED, FLOP_TOLERANCE, ModelSpec, Setting, _randn, check
 from .projection import Op, attention_flops, project_bounded
@@ -108,7 +110,8 @@ LINKS: tuple[Link, ...] = (
          "the order of a NCCL collective's fixed cost within one node"),
     Link("PCIe 4.0 via host", 12e9, 50e-6,
          "PCIe 4.0 x16 without peer access: 31.5 GB/s each way raw (16 GT/s x 16 lanes, "
-         "128b/130b), about 25 GB/s for pinned host copies; without peer-to-peer NCCL stages "
+         "128b/130b), about 25 GB/s for pinned host copies (typical of CUDA's bandwidthTest, "
+         "not measured here); without peer-to-peer NCCL stages "
          "the bytes through host memory, so each crosses PCIe twice (sender to host, host to "
          "receiver) with a host copy between: about half, 12 GB/s, an assumption; 8 GPUs "
          "share one host's memory and root ports, so at P = 8 even that is optimistic; 50 us "
@@ -514,7 +517,7 @@ def model_flops(ops: Iterable[Op]) -> int:
 COLUMNS = ("model", "P", "link", "a2a_gb", "a2a_gb_toma", "a2a_ratio", "a2a_blocks_ratio",
            "buffer_gb", "buffer_gb_toma", "gather_gb", "tflop_blocks", "tflop_blocks_toma",
            "tflop", "tflop_toma", "flop_ratio", "compute_ms", "compute_ms_toma", "link_ms",
-           "link_ms_toma", "ms", "ms_toma", "speedup")
+           "link_ms_toma", "call_ms", "call_ms_toma", "speedup")
 
 
 def rows_for(model: SPModel, ranks: int, recorded: Recorded | None) -> list[dict[str, Any]]:
@@ -546,8 +549,8 @@ def rows_for(model: SPModel, ranks: int, recorded: Recorded | None) -> list[dict
         wire = link_seconds(plain, ranks, link), link_seconds(merged, ranks, link)
         total = compute[0] + wire[0], compute[1] + wire[1]
         out.append({**base, "link": link.name, "link_ms": 1e3 * wire[0],
-                    "link_ms_toma": 1e3 * wire[1], "ms": 1e3 * total[0],
-                    "ms_toma": 1e3 * total[1], "speedup": total[0] / total[1],
+                    "link_ms_toma": 1e3 * wire[1], "call_ms": 1e3 * total[0],
+                    "call_ms_toma": 1e3 * total[1], "speedup": total[0] / total[1],
                     "latency_ms": 1e3 * link.latency_s * len(plain.messages)})
     return out
 
@@ -600,6 +603,8 @@ def tiny_check() -> dict[str, Any]:
 def notes(singles: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
     """The section's notes: what is assumed and how to read the table."""
     out = [
+        f"machine: this {os.cpu_count()}-core {cpu_model()} CPU, no GPU; every figure is a "
+        "projection, not a measurement",
         "projected, not measured: nothing ran on a GPU and no link was timed; per rank and per "
         "model call, at the node's defaults (ratio 0.5, skip_blocks d0-4, s0-4: Wan's blocks "
         "5-39, HunyuanVideo's double blocks 5-19 and single blocks 5-39 merge); the split as "
@@ -627,8 +632,9 @@ def notes(singles: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> lis
         "pack's test's count (each all_to_all_single's whole input buffer); gather_gb: "
         "all-gather bytes out of each rank, the same for both; tflop_blocks: FLOPs of the "
         "blocks ToMA merges, per rank; tflop: the whole call per rank (the model's products "
-        "and attention); flop_ratio: ToMA / unmerged of tflop; compute_ms, link_ms, ms: "
-        "projected times per rank and call; speedup: ms / ms_toma")
+        "and attention); flop_ratio: ToMA / unmerged of tflop; compute_ms, link_ms, call_ms "
+        "(their sum): projected times per rank and call, milliseconds; speedup: call_ms / "
+        "call_ms_toma")
     out.append("ToMA's own products (merge, unmerge, plan) per rank: " + "; ".join(
         f"{r['model']} P={r['P']}: {r['toma_tflop']:.2f} TFLOP" for r in rows
         if r["link"] == LINKS[0].name))
