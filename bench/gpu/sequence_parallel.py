@@ -612,7 +612,7 @@ def notes(singles: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> lis
         "compute: the FLOP model's products and attention per rank plus the recorded one-GPU "
         "call's other kernels scaled to the rank's rows, projected by project_bounded under the "
         "H200 calibration of the gpu-model section; link: bytes out / bandwidth + latency per "
-        "collective call; ms = compute + link (no overlap: each all-to-all sits between the "
+        "collective call; call_ms = compute + link (no overlap: each all-to-all sits between the "
         "kernels that make and read its tensors)",
     ]
     out += [f"link {link.name}: {link.bandwidth / 1e9:.0f} GB/s, {link.latency_s * 1e6:.0f} us "
