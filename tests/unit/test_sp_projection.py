@@ -90,6 +90,25 @@ def test_every_rank_drops_the_same_tokens() -> None:
     assert sp.dropped(grid, 0.5) == round(0.5 * (14882 - 256))
 
 
+@pytest.mark.parametrize("model, text_first", [(WAN, False), (HV, False), (HV, True)])
+def test_drop_count_is_the_packs_shard_rule(model: sp.SPModel, text_first: bool) -> None:
+    # the pack's own split of the grid into per-rank regions (toma_core/shards.py): every rank
+    # drops the same count of its grid tokens, the count the projection drops
+    from toma_pack.toma_core.regions import make_regions
+    from toma_pack.toma_core.shards import ShardGeometry, shard_regions
+
+    start = model.text if text_first else 0
+    rows = start + model.tokens
+    frames, h, w = model.grid
+    base = make_regions(h, w, "tile", 64, t=frames, frames=2)
+    for ranks in sp.RANKS:
+        geometry = ShardGeometry(ranks, sp.shard_rows(rows, ranks), start, base)
+        spans = shard_regions(geometry, sp.RATIO)
+        drops = {sum(span.sizes) - sum(span.counts) for span in spans if span is not None}
+        grid = sp.grid_per_rank(rows, ranks, start, model.tokens)
+        assert drops == {sp.dropped(grid, sp.RATIO)}
+
+
 def test_link_time_is_bytes_over_bandwidth_plus_latency() -> None:
     call = sp.rank_call(sp.RAYLIGHT_TINY, 2, 0.0)
     link = sp.Link("toy", 1e3, 1.0, "round numbers")
