@@ -1,14 +1,19 @@
 """Patch installation: ToMA's object patches of module forwards on a patched ModelPatcher, made
-again for every copy of the diffusion model ComfyUI runs (multi-GPU), and the wrappers' plain
-functions (what ComfyUI's clones copy by reference)."""
+again for every copy of the diffusion model ComfyUI runs (multi-GPU), the wrappers' plain
+functions (what ComfyUI's clones copy by reference), and where tensors the patches keep beyond
+the block that makes them are allocated (`kept_allocations`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 import types
 from collections.abc import Callable
 
 import torch
+
+from ..toma_core.regions import compiling
 
 
 def plain_function(method: Callable) -> Callable:
@@ -23,6 +28,24 @@ def plain_function(method: Callable) -> Callable:
         return method(*args, **kwargs)
 
     return call
+
+
+def kept_allocations() -> contextlib.AbstractContextManager:
+    """The context to allocate a tensor in that outlives the block making it (kept for later
+    blocks or steps), inside a model's forward. ComfyUI 0.34 and later have
+    comfy.model_prefetch.pause_malloc_graph: the "Comfy model compiler" records the
+    allocations of a forward that opens its malloc graph (CUDA, comfy-aimdo) scope by scope, a
+    block each, to plan them, and a tensor kept past its scope is a "rogue" to it
+    (model_prefetch counts them); paused, allocations bypass the graph. A no-op context on older
+    versions (no such function), while no graph is active in this thread (ComfyUI's own check
+    inside the pause), and while dynamo traces (the pause calls into comfy_aimdo's C library,
+    which dynamo cannot trace). Looked up in sys.modules, never imported: ComfyUI loads
+    comfy.model_prefetch itself wherever it exists."""
+    prefetch = sys.modules.get("comfy.model_prefetch")
+    pause = getattr(prefetch, "pause_malloc_graph", None)
+    if pause is None or compiling():
+        return contextlib.nullcontext()
+    return pause()
 
 
 def own_forward(module: torch.nn.Module) -> Callable:

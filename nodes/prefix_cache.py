@@ -26,6 +26,12 @@ ToMA's own patch is in every layer with no other pack's replace patch inside it,
 ComfyUI's TorchCompileModel, which compiles without guards on transformer_options: the
 compiled model would replay one call's way, cold or hot, on every call. Entries live in the
 run and go with it.
+
+The kept keys and values are copies (never views of the layer's own tensors) made under
+forward_patches.kept_allocations(): on ComfyUI 0.34 and later, a forward that opens the "Comfy
+model compiler"'s malloc graph must not record a tensor that outlives its step. HiDream-O1's
+forward opens none in v0.33.0 nor in the newest copy the code index holds (Comfy-Org/ComfyUI
+69460731): there the pause is a no-op (docs/comfyui-updates.md).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .forward_patches import kept_allocations
 from .model_call import ModelCall
 
 
@@ -79,7 +86,10 @@ def prefix_run(call: ModelCall | None, layer: torch.nn.Module, index: int,
                              freqs_cis=a["freqs_cis"],
                              optimized_attention=a["optimized_attention"], past_key_value=())
         k, v, _ = present
-        entry.kv[index] = (k[:, :, :n].contiguous(), v[:, :, :n].contiguous())
+        # copies made outside any malloc graph (kept_allocations): they outlive this step
+        with kept_allocations():
+            entry.kv[index] = (k[:, :, :n].clone(memory_format=torch.contiguous_format),
+                               v[:, :, :n].clone(memory_format=torch.contiguous_format))
         return {"x": out}
 
     def warm(a: dict) -> dict:

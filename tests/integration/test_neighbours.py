@@ -80,8 +80,11 @@ def self_attention(monkeypatch):
     inner = attention.optimized_attention
 
     def recording(q, k, v, *args, **kwargs):
-        if k.shape[1] != TEXT_TOKENS:
-            calls.append((q.shape[1], k.shape[1]))
+        # ComfyUI 0.34 and later hand q, k and v over in AttentionTensorContainers (read with
+        # peek(), which leaves them to the attention function); older versions as tensors.
+        qt, kt = (t.peek() if hasattr(t, "peek") else t for t in (q, k))
+        if kt.shape[1] != TEXT_TOKENS:
+            calls.append((qt.shape[1], kt.shape[1]))
         return inner(q, k, v, *args, **kwargs)
 
     monkeypatch.setattr(attention, "optimized_attention", recording)

@@ -54,8 +54,11 @@ def self_attention_lengths(monkeypatch):
     inner = attention.optimized_attention
 
     def recording(q, k, v, *args, **kwargs):
-        if k.shape[-2] == q.shape[-2] or k.shape[1] == q.shape[1]:
-            lengths.append(q.shape[1])
+        # ComfyUI 0.34 and later hand q, k and v over in AttentionTensorContainers (read with
+        # peek(), which leaves them to the attention function); older versions as tensors.
+        qt, kt = (t.peek() if hasattr(t, "peek") else t for t in (q, k))
+        if kt.shape[-2] == qt.shape[-2] or kt.shape[1] == qt.shape[1]:
+            lengths.append(qt.shape[1])
         return inner(q, k, v, *args, **kwargs)
 
     monkeypatch.setattr(attention, "optimized_attention", recording)
