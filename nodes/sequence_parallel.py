@@ -106,14 +106,11 @@ def install_refusal(model) -> str | None:
 
 
 def uses_raylight(model) -> bool:
-    """Whether raylight's sequence-parallel injection is among the ModelPatcher's load
-    callbacks (raylight's RayUNETLoader adds it on every GPU's model)."""
-    callbacks = getattr(model, "callbacks", None) or {}
-    for by_key in callbacks.values():
-        for functions in (by_key.values() if isinstance(by_key, dict) else [by_key]):
-            for function in functions if isinstance(functions, list) else [functions]:
-                owner = getattr(function, "__module__", "") or ""
-                target = getattr(getattr(function, "__self__", None), "__module__", "") or ""
-                if owner.startswith(RAYLIGHT_PACKAGE) or target.startswith(RAYLIGHT_PACKAGE):
+    """Whether raylight's sequence-parallel injection is among the ModelPatcher's callbacks
+    (call type -> key -> functions; raylight's RayUNETLoader adds it on every GPU's model)."""
+    for by_key in (getattr(model, "callbacks", None) or {}).values():
+        for functions in by_key.values():
+            for function in functions:
+                if (getattr(function, "__module__", "") or "").startswith(RAYLIGHT_PACKAGE):
                     return True
     return False

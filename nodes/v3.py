@@ -17,13 +17,14 @@ from comfy_api.latest import ComfyExtension, io
 
 from .node_spec import NodeSpec
 from .preview_node import PREVIEW, render_preview
+from .raylight_node import TOMA_RAY, patch_ray_actors, raylight_installed
 from .speed_check import SPEED_CHECK, speed_check
 from .toma_node import TOMA, TOMA_ADVANCED, check_inputs, patch_model
 
 IO_TYPES: dict[str, type[io.ComfyTypeIO]] = {
     "MODEL": io.Model, "IMAGE": io.Image, "FLOAT": io.Float, "INT": io.Int,
     "STRING": io.String, "BOOLEAN": io.Boolean, "CONDITIONING": io.Conditioning,
-    "LATENT": io.Latent,
+    "LATENT": io.Latent, "RAY_ACTORS": io.Custom("RAY_ACTORS"),
 }
 
 
@@ -111,8 +112,27 @@ class ToMASpeedCheck(_PackNode):
         return io.NodeOutput(chart)
 
 
+class ToMARay(_PackNode):
+    """ToMA on every GPU of a raylight graph (RAY_ACTORS in and out)."""
+
+    SPEC = TOMA_RAY
+
+    @classmethod
+    def validate_inputs(cls, skip_blocks: str | None = None,
+                        ratio: float | None = None) -> bool | str:
+        return check_inputs(skip_blocks, ratio)
+
+    @classmethod
+    def execute(cls, ray_actors: Any, ratio: float, tile_count: int, skip_blocks: str,
+                recompute_every: int) -> io.NodeOutput:
+        return io.NodeOutput(patch_ray_actors(ray_actors, ratio, tile_count, skip_blocks,
+                                              recompute_every))
+
+
 class ToMAExtension(ComfyExtension):
-    """What the pack's comfy_entrypoint hands ComfyUI."""
+    """What the pack's comfy_entrypoint hands ComfyUI: the Ray node only where raylight is
+    installed (its RAY_ACTORS come from no other pack)."""
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [ToMA, ToMAAdvanced, ToMAPreview, ToMASpeedCheck]
+        nodes = [ToMA, ToMAAdvanced, ToMAPreview, ToMASpeedCheck]
+        return [*nodes, ToMARay] if raylight_installed() else nodes

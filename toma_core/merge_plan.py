@@ -300,7 +300,7 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
         return None
     regions = regions or make_regions(h, w, mode, tile_count)
     ragged = isinstance(regions, SpanRegions)
-    k = max(regions.counts) if ragged else destinations_per_region(ratio, regions)
+    k = regions.k if ragged else destinations_per_region(ratio, regions)
     if (sum(regions.counts) if ragged else regions.count * k) >= regions.tokens:
         return None
     tables = tables or regions.tables(features.device)

@@ -35,18 +35,25 @@ class SpanRegions:
     ranks together do.
 
     pieces: (span index, global region index) of each piece, spans in order and regions in
-    region order within each; sizes: its tokens. Host metadata only (Python ints), hashable
-    like Regions; `tables` builds the index tensors on a device."""
+    region order within each; sizes: its tokens; width / places: slots per piece and
+    destination places per piece in the padded layout (0: the largest size / count here).
+    Ranks lay out alike when they share these (shard_regions gives every rank the largest of
+    all ranks), so each piece's similarities and picks come from the same shapes on every rank
+    and in the union. Host metadata only (Python ints), hashable like Regions; `tables` builds
+    the index tensors on a device."""
 
     base: Regions
     cuts: tuple[int, ...]
     pieces: tuple[tuple[int, int], ...]
     sizes: tuple[int, ...]
     counts: tuple[int, ...]
+    width: int = 0
+    places: int = 0
     tokens: int = field(init=False, compare=False, repr=False)     # tokens in the span
     count: int = field(init=False, compare=False, repr=False)      # pieces R
     size: int = field(init=False, compare=False, repr=False)       # slots per piece S
     min_size: int = field(init=False, compare=False, repr=False)
+    k: int = field(init=False, compare=False, repr=False)          # destination places
     even: bool = field(init=False, compare=False, repr=False)      # no pad slots
 
     def __post_init__(self) -> None:
@@ -56,7 +63,8 @@ class SpanRegions:
             raise ValueError(f"each piece keeps 1 to its size destinations, got {self.counts} "
                              f"for sizes {self.sizes}")
         derived = {"tokens": self.cuts[-1] - self.cuts[0], "count": len(self.pieces),
-                   "size": max(self.sizes), "min_size": min(self.sizes)}
+                   "size": max(self.width, *self.sizes), "min_size": min(self.sizes),
+                   "k": max(self.places, *self.counts)}
         derived["even"] = derived["size"] == derived["min_size"]
         for name, value in derived.items():
             object.__setattr__(self, name, value)
@@ -99,7 +107,7 @@ class SpanTables(RegionTables):
         self.valid = None if regions.even else torch.zeros(
             r * s, dtype=torch.bool, device=device).index_fill_(0, flat, True).view(r, s)
         self.token_region, self.token_slot = piece, slot
-        k = max(regions.counts)
+        k = regions.k
         counts = torch.tensor(regions.counts, device=device)   # host ints: one small copy
         self.dest_valid = torch.arange(k, device=device) < counts.unsqueeze(1)    # [R, k]
         # nonzero with its size given: no read of the count back from the device
@@ -203,9 +211,13 @@ def shard_regions(geometry: ShardGeometry, ratio: float) -> list[SpanRegions | N
                for (lo, hi), (pieces, _) in zip(spans, found, strict=True))
     if drop <= 0:
         return []
-    return [SpanRegions(geometry.base, (lo, hi), tuple((0, p) for p in pieces), sizes,
-                        spread_counts(sizes, hi - lo - drop)) if hi > lo else None
-            for (lo, hi), (pieces, sizes) in zip(spans, found, strict=True)]
+    counts = [spread_counts(sizes, hi - lo - drop) if hi > lo else ()
+              for (lo, hi), (_, sizes) in zip(spans, found, strict=True)]
+    width = max(size for _, sizes in found for size in sizes)
+    places = max(count for each in counts for count in each)
+    return [SpanRegions(geometry.base, (lo, hi), tuple((0, p) for p in pieces), sizes, kept,
+                        width, places) if hi > lo else None
+            for (lo, hi), (pieces, sizes), kept in zip(spans, found, counts, strict=True)]
 
 
 def union_of(spans: list[SpanRegions | None]) -> SpanRegions:
@@ -216,4 +228,5 @@ def union_of(spans: list[SpanRegions | None]) -> SpanRegions:
     pieces = tuple((i, region) for i, span in enumerate(present) for _, region in span.pieces)
     return SpanRegions(present[0].base, cuts, pieces,
                        tuple(size for span in present for size in span.sizes),
-                       tuple(count for span in present for count in span.counts))
+                       tuple(count for span in present for count in span.counts),
+                       max(span.size for span in present), max(span.k for span in present))

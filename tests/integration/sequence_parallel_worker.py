@@ -7,7 +7,9 @@ added as raylight's RayUNETLoader adds it (its USPInjectRegistry.inject on Comfy
 callback), and ComfyUI's KSampler path (comfy.sample.sample) at CFG 1. Beside it, on every rank,
 the same sampling in one process without raylight: unmerged, and ToMA with its regions replaced
 by the union of the ranks' clipped regions (toma_core.shards.union_of): what the ranks merge
-together, merged in one process. Rank 0 writes what the test checks as JSON to $OUT.
+together, merged in one process. $SCENARIOS (JSON) lists the runs: family, latent size
+"frames x height x width", text tokens, skip_blocks, steps. Rank 0 writes a JSON list of what
+the test checks to $OUT.
 
 The harness, not the pack, makes raylight run on a CPU (as ../shared/notes/raylight/README.md
 found): the process group is gloo and made before raylight's xfuser setup; xfuser's attention
@@ -81,33 +83,31 @@ from toma_pack.nodes.toma_node import patch_model  # noqa: E402
 from toma_pack.toma_core import build_plan  # noqa: E402
 from toma_pack.toma_core.shards import ShardGeometry, shard_regions, union_of  # noqa: E402
 
-FAMILY = os.environ["FAMILY"]
-RATIO = float(os.environ.get("RATIO", "0.5"))
-STEPS = 2
+RATIO = 0.5
 
 
-def model_and_inputs():
+def model_and_inputs(case: dict):
     """A fresh tiny ModelPatcher (the same seeded weights every time) and its sampling inputs:
-    latent, positive conditioning."""
-    frames, height, width = (int(v) for v in os.environ["SIZE"].split("x"))
-    if FAMILY == "flux":
+    latent, positive conditioning with case["text"] text tokens, noise mask."""
+    family, text = case["family"], case["text"]
+    frames, height, width = (int(v) for v in case["size"].split("x"))
+    if family == "flux":
         patcher = ch.tiny_flux_patcher()
         latent = ch.empty_latent(patcher, 1, height * 2, width * 2)
-        positive, _ = ch.flux_conds(1, 6)
-        return patcher, latent, positive
-    patcher = tiny_models.tiny_patcher(FAMILY)
-    x = tiny_models.inputs(FAMILY, patcher, batch=1, height=height, width=width,
+        positive, _ = ch.flux_conds(1, text)
+        return patcher, (latent, positive, None)
+    patcher = tiny_models.tiny_patcher(family)
+    x = tiny_models.inputs(family, patcher, batch=1, height=height, width=width,
                            frames=frames)
-    return patcher, x.latent, x.positive
+    [[context, extras]] = x.positive
+    words = torch.randn(1, text, context.shape[-1], generator=torch.Generator().manual_seed(5))
+    return patcher, (x.latent, [[words, extras]], x.noise_mask)
 
 
-def toma(patcher):
-    """ToMA as its node applies it: every block merged (the tiny models have few)."""
-    return patch_model(patcher, RATIO, 0, "", 1, None)
-
-
-def sample(patcher, latent, positive) -> torch.Tensor:
-    return ch.sample(patcher, latent, positive, positive, steps=STEPS, cfg=1.0)
+def sample(case: dict, patcher, inputs: tuple) -> torch.Tensor:
+    latent, positive, mask = inputs
+    return ch.sample(patcher, latent, positive, positive, steps=case["steps"], cfg=1.0,
+                     noise_mask=mask)
 
 
 def run_stats(patched) -> dict:
@@ -120,8 +120,7 @@ def union_build(self, call, stream, offset, grid, frames):
     shard boundaries raylight would make of this block's sequence, each rank's clipped regions
     and counts (shard_regions) joined, so one process merges what the ranks merge together."""
     o = self.state.options
-    length = stream.shape[1]
-    geometry = ShardGeometry(WORLD, math.ceil(length / WORLD), offset,
+    geometry = ShardGeometry(WORLD, math.ceil(stream.shape[1] / WORLD), offset,
                              self.regions_of(grid, frames))
     spans = shard_regions(geometry, o.ratio)
     if not spans:
@@ -132,45 +131,54 @@ def union_build(self, call, stream, offset, grid, frames):
                       tables=regions.tables(stream.device))
 
 
-def main() -> None:
-    patcher, latent, positive = model_and_inputs()
-    plain = sample(patcher, latent, positive)
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def run_case(case: dict) -> dict:
+    """One scenario: single-process unmerged and reference, then raylight's sequence-parallel
+    runs unmerged and with ToMA (traffic and ToMA's stats of every rank)."""
+    def toma(patcher):
+        return patch_model(patcher, RATIO, 0, case["skip"], 1, None)
+
+    patcher, inputs = model_and_inputs(case)
+    plain = sample(case, patcher, inputs)
     original_build = dit_patch.DiTToMA.build
     dit_patch.DiTToMA.build = union_build
     try:
-        reference = sample(toma(patcher), latent, positive)
+        reference = sample(case, toma(patcher), inputs)
     finally:
         dit_patch.DiTToMA.build = original_build
     ch.unload_models()
-
-    results = {}
+    runs = {}
     for name, merged in (("unmerged", False), ("toma", True)):
-        fresh, _, _ = model_and_inputs()
+        fresh, _ = model_and_inputs(case)
         model = toma(fresh) if merged else fresh.clone()
         model.add_callback(comfy.patcher_extension.CallbacksMP.ON_LOAD,
                            USPInjectRegistry.inject)
         TRAFFIC.update(bytes=0, calls=0)
-        out = sample(model, latent, positive)
+        out = sample(case, model, inputs)
         ch.unload_models()
-        stats = run_stats(model) if merged else None
         everyone = [None] * WORLD
-        dist.all_gather_object(everyone, {"traffic": dict(TRAFFIC), "stats": stats})
-        results[name] = {"out": out, "ranks": everyone}
+        dist.all_gather_object(everyone, {"traffic": dict(TRAFFIC),
+                                          "stats": run_stats(model) if merged else None})
+        runs[name] = (out, everyone)
+    return {
+        **case, "world": WORLD,
+        "sp_merged_vs_reference": relative(runs["toma"][0], reference),
+        "sp_unmerged_vs_plain": relative(runs["unmerged"][0], plain),
+        "sp_merged_vs_sp_unmerged": relative(runs["toma"][0], runs["unmerged"][0]),
+        "merge_moves_output": relative(reference, plain),
+        "ranks": [{"unmerged": u["traffic"], "toma": t["traffic"], "stats": t["stats"]}
+                  for u, t in zip(runs["unmerged"][1], runs["toma"][1], strict=True)],
+    }
 
-    def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a - b).norm() / b.norm())
 
+def main() -> None:
+    cases = json.loads(os.environ["SCENARIOS"])
+    results = [run_case(case) for case in cases]
     if RANK == 0:
-        report = {
-            "world": WORLD,
-            "sp_merged_vs_reference": relative(results["toma"]["out"], reference),
-            "sp_unmerged_vs_plain": relative(results["unmerged"]["out"], plain),
-            "merge_moves_output": relative(reference, plain),
-            "ranks": [{"unmerged": u["traffic"], "toma": t["traffic"], "stats": t["stats"]}
-                      for u, t in zip(results["unmerged"]["ranks"], results["toma"]["ranks"],
-                                      strict=True)],
-        }
-        Path(os.environ["OUT"]).write_text(json.dumps(report, default=str))
+        Path(os.environ["OUT"]).write_text(json.dumps(results, default=str))
     dist.destroy_process_group()
 
 

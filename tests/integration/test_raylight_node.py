@@ -1,0 +1,138 @@
+"""The ToMA Token Merge (Ray) node with Ray's real actors: a stand-in for raylight's GPU worker
+(ray_stand_in.py: raylight's RayWorker needs CUDA and NCCL to start) in Ray worker processes that
+never imported the pack, each holding a real ComfyUI ModelPatcher of a tiny Wan model.
+
+What this cannot cover: Ray's GPU actors, NCCL, FSDP; the sequence-parallel merge itself is
+tested with raylight's real code in test_sequence_parallel.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import tiny_models
+import torch
+
+import comfy_harness as ch
+from toma_pack.nodes import raylight_node
+from toma_pack.nodes.raylight_node import PACKAGE, RayWorkerWithToMA, patch_ray_actors
+from toma_pack.nodes.toma_node import patch_model
+
+pytestmark = pytest.mark.newest_tree
+ray = pytest.importorskip("ray")
+HERE = Path(__file__).resolve().parent
+FAMILY = "wan21_t2v"
+SETTINGS = {"ratio": 0.5, "tile_count": 0, "skip_blocks": "", "recompute_every": 1}
+
+
+@pytest.fixture(scope="module")
+def ray_actors():
+    """raylight's RAY_ACTORS with two stand-in workers in Ray's own worker processes."""
+    ch.ensure_comfy()
+    comfy_path = str(ch.comfy_status()[0])
+    paths = [str(HERE), comfy_path, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20,
+             log_to_driver=True, runtime_env={"env_vars": {
+                 "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+                 "OMP_NUM_THREADS": "1"}})
+    from ray_stand_in import StandInWorker
+
+    worker = ray.remote(StandInWorker)
+    workers = [worker.remote(FAMILY) for _ in range(2)]
+    yield {"workers": workers}
+    ray.shutdown()
+
+
+def sampling_inputs():
+    patcher = tiny_models.tiny_patcher(FAMILY)
+    x = tiny_models.inputs(FAMILY, patcher, batch=1, height=8, width=8, frames=3)
+    return x.latent, x.positive
+
+
+def ray_sample(ray_actors: dict) -> list[torch.Tensor]:
+    """What raylight's KSampler (Ray) node does: common_ksampler on every worker."""
+    latent, positive = sampling_inputs()
+    futures = [actor.common_ksampler.remote(0, 2, 1.0, "euler", "normal", positive, positive,
+                                            {"samples": latent})
+               for actor in ray_actors["workers"]]
+    return [out[0]["samples"] for out in ray.get(futures)]
+
+
+def states(ray_actors: dict) -> list[dict]:
+    actors = [getattr(a, "_actor", a) for a in ray_actors["workers"]]
+    return ray.get([a.state.remote(PACKAGE) for a in actors])
+
+
+def test_toma_reaches_every_worker_only_while_sampling(ray_actors) -> None:
+    """After the node, each worker samples with ToMA (the samples equal ToMA's in this process,
+    and differ from the unmerged ones); the function arrives in a worker process that had never
+    imported the pack (it imports it there); before and after, the worker's ModelPatcher is the
+    one it had, with no ToMA on it; sampling again does the same (nothing piles up)."""
+    before = states(ray_actors)
+    assert not any(s["pack_imported"] for s in before)
+    unmerged = ray_sample(ray_actors)
+    wrapped = patch_ray_actors(ray_actors, **SETTINGS)
+    assert all(isinstance(w, RayWorkerWithToMA) for w in wrapped["workers"])
+    merged = ray_sample(wrapped)
+    again = ray_sample(wrapped)
+    after = states(ray_actors)
+    latent, positive = sampling_inputs()
+    local = ch.sample(patch_model(tiny_models.tiny_patcher(FAMILY), **SETTINGS), latent,
+                      positive, positive, steps=2, cfg=1.0)
+    for m, a, u in zip(merged, again, unmerged, strict=True):
+        torch.testing.assert_close(m, local)
+        torch.testing.assert_close(a, m)
+        assert (m - u).norm() / u.norm() > 0.01
+    assert all(s["pack_imported"] for s in after)
+    assert [s["model_id"] for s in after] == [s["model_id"] for s in before]
+    assert not any(s["toma_wrappers"] for s in after)
+
+
+def test_ratio_zero_and_the_node_removed_leave_the_workers_alone(ray_actors) -> None:
+    """Ratio 0 hands the actors back as they came; the actors themselves never carry ToMA, so
+    a graph without the node samples unmerged."""
+    assert patch_ray_actors(ray_actors, **{**SETTINGS, "ratio": 0.0}) is ray_actors
+    patch_ray_actors(ray_actors, **SETTINGS)
+    unmerged = ray_sample(ray_actors)
+    latent, positive = sampling_inputs()
+    plain = ch.sample(tiny_models.tiny_patcher(FAMILY), latent, positive, positive, steps=2,
+                      cfg=1.0)
+    for u in unmerged:
+        torch.testing.assert_close(u, plain)
+
+
+def test_a_guider_holding_the_wrapped_actors_travels_as_raylight_sends_it(ray_actors) -> None:
+    """raylight's custom samplers send their RAY_GUIDER, which holds RAY_ACTORS, to the actors:
+    pickled there, a wrapped actor is the actor itself (its handle), so nothing of the pack
+    needs importing to unpickle it."""
+    import ray.cloudpickle as pickle
+
+    wrapped = patch_ray_actors(ray_actors, **SETTINGS)
+    guider = pickle.loads(pickle.dumps({"ray_actors": wrapped, "type": "basic"}))
+    assert [type(a).__name__ for a in guider["ray_actors"]["workers"]] == ["ActorHandle"] * 2
+
+
+def test_bad_input_is_refused_on_the_driver() -> None:
+    with pytest.raises(ValueError, match="ray_actors"):
+        patch_ray_actors({"workers": []}, **SETTINGS)
+    with pytest.raises(ValueError, match="ratio"):
+        patch_ray_actors({"workers": [object()]}, **{**SETTINGS, "ratio": 2.0})
+
+
+def test_hunyuan_video_under_raylight_is_left_alone(caplog) -> None:
+    """raylight's HunyuanVideo forward fails with any block patch: on a ModelPatcher raylight
+    will run sequence parallel, ToMA leaves HunyuanVideo unpatched and says so, naming
+    raylight (and patches it as usual without raylight's callback)."""
+    sys.path.insert(0, os.environ.get("RAYLIGHT_SRC", str(ch.SHARED_TREES.parent / "peers" /
+                                                          "raylight" / "src")))
+    from comfy.patcher_extension import CallbacksMP
+    from raylight.distributed_modules.usp import USPInjectRegistry
+
+    patcher = tiny_models.tiny_patcher("hunyuan_video")
+    assert raylight_node.install_on(patcher, SETTINGS) is not patcher
+    patcher.add_callback(CallbacksMP.ON_LOAD, USPInjectRegistry.inject)
+    with caplog.at_level("WARNING", logger="ToMA"):
+        assert raylight_node.install_on(patcher, SETTINGS) is patcher
+    assert "raylight" in caplog.text and "HunyuanVideo" in caplog.text
