@@ -64,6 +64,17 @@ add_comfy_requirements() {  # add_comfy_requirements VENV TREE
   rm -f "$reqs"
 }
 
+# raylight's sequence-parallel path and Ray itself, for the tests that run ToMA inside raylight
+# (tests/integration/test_sequence_parallel.py, test_raylight_node.py; the newest tree only, as
+# raylight 1.5.1 targets recent ComfyUI). xfuser comes without its dependencies: raylight at that
+# commit breaks on xfuser 0.5 and later, and 0.4.5's own pins would replace the CPU torch;
+# yunchang is its sequence-parallel attention; ray is what raylight's actors run on.
+RAYLIGHT_SPEC=(yunchang==0.6.4 ray==2.48.0 cloudpickle)
+add_raylight_requirements() {  # add_raylight_requirements VENV
+  quiet "$1/bin/python" -m pip install "${RAYLIGHT_SPEC[@]}" -c <(echo "$TORCH_SPEC")
+  quiet "$1/bin/python" -m pip install --no-deps xfuser==0.4.5
+}
+
 trees=()
 if [ -d "$TREES" ]; then
   mapfile -t trees < <(find "$TREES" -mindepth 1 -maxdepth 1 -name 'v*' -printf '%f\n' | sort -V)
@@ -78,8 +89,13 @@ for version in "${trees[@]}" ""; do  # "" last: .venv
     dir=.cache/venvs/$version tree=$TREES/$version
   fi
   stamp=$(stamp_of ${tree:+"$tree/requirements.txt"})
+  if [ -z "$version" ]; then    # .venv also holds raylight's test dependencies
+    stamp=$({ echo "$stamp"; declare -f add_raylight_requirements; echo "${RAYLIGHT_SPEC[*]}"; } \
+      | sha256sum | cut -d' ' -f1)
+  fi
   if make_venv "$dir" "$stamp"; then
     [ -z "$tree" ] || add_comfy_requirements "$dir" "$tree"
+    [ -n "$version" ] || add_raylight_requirements "$dir"
     echo "$stamp" >"$dir/.stamp"
   fi
 done

@@ -57,6 +57,10 @@ EXTRA_AT_TWO = {
     "wan22_5b_i2v": {"family": "wan22_5b_i2v", "size": "3x8x8", "text": 8, "skip": "",
                      "steps": 1},
     "flux_chained": {"family": "flux", "size": "1x8x8", "text": 8, "skip": "", "steps": 2},
+    "chroma_double": {"family": "chroma", "size": "1x8x8", "text": 8, "skip": "s0-1",
+                      "steps": 1},
+    "chroma_single": {"family": "chroma", "size": "1x8x8", "text": 8, "skip": "d0-1",
+                      "steps": 1},
 }
 EXACT = {"wan", "flux_double", "flux_single", "qwen_image"}
 GRID_TOKENS = {"wan": 64, "wan_pad": 27, "flux_double": 64, "flux_single": 64, "qwen_image": 64}
@@ -164,6 +168,17 @@ def test_chained_groups_differ_by_ties_only(runs) -> None:
     assert result["merge_moves_output"] > 40 * result["sp_merged_vs_reference"]
     for rank in result["ranks"]:
         assert rank["toma"]["bytes"] <= BYTES_BOUND * rank["unmerged"]["bytes"], rank
+
+
+def test_chroma_double_blocks_merge_its_single_blocks_say_why_not(runs) -> None:
+    """raylight's Chroma forward hands its double blocks what Flux's does (they merge, exactly
+    as one process), but its single blocks get no text length: those run unmerged, and say
+    so."""
+    assert runs[2]["chroma_double"]["sp_merged_vs_reference"] < EXACT_BOUND
+    assert all(s["layers_merged"] == 2 for s in merged_ranks(runs[2]["chroma_double"]))
+    for stats in merged_ranks(runs[2]["chroma_single"]):
+        assert stats["layers_merged"] == 0 and "img_slice" in stats["note"]
+    assert runs[2]["chroma_single"]["sp_merged_vs_sp_unmerged"] == 0.0
 
 
 def test_per_frame_rows_raylight_does_not_split_run_unmerged(runs) -> None:
