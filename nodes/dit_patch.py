@@ -51,7 +51,7 @@ from ..toma_core.merge_plan import Pending
 from ..toma_core.shards import ShardGeometry, shard_regions
 from .dit_families import BlockKind, Family
 from .dit_reading import DiTReading, existing_replace
-from .forward_patches import ForwardPatches
+from .forward_patches import ForwardPatches, kept_allocations
 from .model_call import ModelCall
 from .prefix_cache import prefix_run
 from .run_state import ToMAState
@@ -379,7 +379,8 @@ class DiTToMA:
         the same positional rows, mask and modulation rows) and again if the source differs."""
         kept = call.merged_rows.get(key)
         if kept is None or not same_object(kept[0], source):
-            kept = (source, make())
+            with kept_allocations():       # kept for the group's later blocks
+                kept = (source, make())
             call.merged_rows[key] = kept
         return kept[1]
 

@@ -41,11 +41,10 @@ def kept_allocations() -> contextlib.AbstractContextManager:
     inside the pause), and while dynamo traces (the pause calls into comfy_aimdo's C library,
     which dynamo cannot trace). Looked up in sys.modules, never imported: ComfyUI loads
     comfy.model_prefetch itself wherever it exists."""
-    prefetch = sys.modules.get("comfy.model_prefetch")
-    pause = getattr(prefetch, "pause_malloc_graph", None)
-    if pause is None or compiling():
+    if compiling():
         return contextlib.nullcontext()
-    return pause()
+    pause = getattr(sys.modules.get("comfy.model_prefetch"), "pause_malloc_graph", None)
+    return contextlib.nullcontext() if pause is None else pause()
 
 
 def own_forward(module: torch.nn.Module) -> Callable:

@@ -13,6 +13,7 @@ import torch
 from ..toma_core import MergePlan, PlanSchedule, Regions, RegionTables
 from ..toma_core.regions import compiling
 from .compile_guards import TRACED_PLANS
+from .forward_patches import kept_allocations
 
 
 class RunState:
@@ -168,12 +169,13 @@ class ModelCall:
                 plans[key] = build()
             return plans[key]
         if key not in self.plans:
-            if self.timed:
-                start = time.perf_counter()
-                self.plans[key] = build()
-                self.plan_seconds += time.perf_counter() - start
-            else:
-                self.plans[key] = build()
+            with kept_allocations():       # kept for later blocks and steps
+                if self.timed:
+                    start = time.perf_counter()
+                    self.plans[key] = build()
+                    self.plan_seconds += time.perf_counter() - start
+                else:
+                    self.plans[key] = build()
         return self.plans[key]
 
     def pass_of(self, layer: Hashable) -> int:
@@ -195,7 +197,8 @@ class ModelCall:
             return regions.tables(device)
         found = self.run.tables.get((regions, device))
         if found is None:
-            found = self.run.tables.setdefault((regions, device), regions.tables(device))
+            with kept_allocations():
+                found = self.run.tables.setdefault((regions, device), regions.tables(device))
         return found
 
     def record(self, layer: Hashable, level: str, tokens: int, plan: MergePlan | None) -> None:
