@@ -182,9 +182,14 @@ def say(model: Any) -> None:
     stats = getattr(stats, "last_stats", None)
     if not stats:
         return
+    rank = "GPU"
     state = sys.modules.get("xfuser.core.distributed")
-    rank = (f"GPU rank {state.get_sequence_parallel_rank()} of "
-            f"{state.get_sequence_parallel_world_size()}" if state is not None else "GPU")
+    try:
+        if state is not None:
+            rank = (f"GPU rank {state.get_sequence_parallel_rank()} of "
+                    f"{state.get_sequence_parallel_world_size()}")
+    except AssertionError:      # xfuser imported, its groups not made: no rank to name
+        pass
     levels = ", ".join(f"{level['tokens']} -> {level['merged_tokens']} tokens"
                        for level in stats["levels"]) or "nothing merged"
     note = f"; {stats['note']}" if stats.get("note") else ""

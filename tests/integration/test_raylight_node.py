@@ -114,6 +114,21 @@ def test_a_guider_holding_the_wrapped_actors_travels_as_raylight_sends_it(ray_ac
     assert [type(a).__name__ for a in guider["ray_actors"]["workers"]] == ["ActorHandle"] * 2
 
 
+def test_each_gpu_says_what_toma_did(capsys) -> None:
+    """After sampling, the actor's remove step prints ToMA's run on that GPU (raylight's
+    workers' output reaches the console ComfyUI runs in): its tokens and what they merged to,
+    layers and steps merged; and hands back the ModelPatcher ToMA was installed on."""
+    patcher = tiny_models.tiny_patcher(FAMILY)
+    patched = raylight_node.install_on(patcher, SETTINGS)
+    latent, positive = sampling_inputs()
+    ch.sample(patched, latent, positive, positive, steps=2, cfg=1.0)
+    assert raylight_node.remove_from(patched) is patcher
+    assert raylight_node.remove_from(patcher) is patcher
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("[ToMA] GPU") and "48 -> 24 tokens" in line, line
+    assert "2/2 layers and 2/2 steps merged" in line, line
+
+
 def test_bad_input_is_refused_on_the_driver() -> None:
     with pytest.raises(ValueError, match="ray_actors"):
         patch_ray_actors({"workers": []}, **SETTINGS)
