@@ -1,10 +1,25 @@
-"""Recognise the model family and install the matching ToMA patches on a clone."""
+"""Recognise the model family and install the matching ToMA patches on a clone.
+
+What every patched model needs from ComfyUI (the wrappers ToMA's state runs in and the
+arguments it reads from them) is this module's CONTRACT; each family states its own
+(unet_patch.py, families/). Both are checked when the node patches a model.
+"""
 
 from __future__ import annotations
 
 import logging
 import weakref
 
+from .contracts import (
+    Contract,
+    Equals,
+    Gives,
+    Has,
+    Takes,
+    mismatches,
+    refusal,
+    running_comfyui,
+)
 from .dit_families import Family
 from .families import supported_models
 from .forward_patches import ForwardPatches, plain_function
@@ -16,18 +31,43 @@ log = logging.getLogger("ToMA")
 SUPPORTED = supported_models()
 WRAPPER_KEY = "toma"
 
+# What run_state's wrappers read: the wrapper kinds, the sampler's arguments by name
+# (SAMPLER_SAMPLE), apply_model's (APPLY_MODEL), and the key under which ComfyUI's
+# TorchCompileModel leaves its compile settings in the model options.
+CONTRACT = Contract(
+    "sampling",
+    models={},
+    needs=(Has("comfy.patcher_extension:WrappersMP",
+               ("OUTER_SAMPLE", "SAMPLER_SAMPLE", "APPLY_MODEL")),
+           Takes("comfy.samplers:KSAMPLER.sample", ("sigmas", "extra_args", "callback")),
+           Takes("comfy.model_base:BaseModel._apply_model", ("x", "transformer_options")),
+           Equals("comfy_api.torch_helpers.torch_compile:TORCH_COMPILE_KWARGS",
+                  "torch_compile_kwargs"),
+           Gives("comfy_api.torch_helpers.torch_compile:set_torch_compile_wrapper",
+                 ("options",), what="compile setting")),
+)
+
 
 def model_family(model) -> str | Family:
     """"unet", or the Family of a diffusion transformer, for a ModelPatcher; ValueError naming
-    what is supported otherwise (at every ratio: one rule for every model)."""
-    from comfy.ldm.modules.attention import SpatialVideoTransformer
-    from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
-
+    what is supported otherwise (at every ratio: one rule for every model), or naming what
+    changed where the running ComfyUI fails the contract of ToMA's sampling wrappers or of the
+    model's family."""
+    from . import unet_patch
     from .families import family_of, not_merged_reason
 
+    problems = mismatches(CONTRACT)
+    if problems:
+        raise ValueError(f"ToMA cannot patch models on {running_comfyui()}: this version "
+                         f"changed what ToMA's sampling wrappers rely on "
+                         f"({'; '.join(problems)})")
     diffusion_model = model.get_model_object("diffusion_model")
-    if isinstance(diffusion_model, UNetModel):
-        if any(isinstance(m, SpatialVideoTransformer) for m in diffusion_model.modules()):
+    if unet_patch.is_unet(diffusion_model):
+        name = type(diffusion_model).__name__
+        problems = mismatches(unet_patch.CONTRACT, unet_patch.UNET_MODEL, diffusion_model)
+        if problems:
+            raise ValueError(refusal(unet_patch.CONTRACT, name, problems))
+        if unet_patch.is_video_unet(diffusion_model):
             raise ValueError(f"ToMA does not support video UNets; supported: {SUPPORTED}")
         return "unet"
     family = family_of(diffusion_model)

@@ -28,9 +28,9 @@ def compiled_modules(model_options: dict) -> list:
     """The torch.compile'd modules (OptimizedModule) the APPLY_MODEL wrappers of these options
     hold, in their closures or in dicts of their module's globals (one level of dicts deep)."""
     import torch._dynamo.eval_frame as eval_frame
+    from comfy.patcher_extension import WrappersMP, get_all_wrappers
 
-    wrappers = (((model_options.get("transformer_options") or {}).get("wrappers") or {})
-                .get("apply_model") or {}).values()
+    wrappers = get_all_wrappers(WrappersMP.APPLY_MODEL, model_options, is_model_options=True)
     found: list = []
 
     def visit(value: object, depth: int = 0) -> None:
@@ -40,16 +40,15 @@ def compiled_modules(model_options: dict) -> list:
             for item in list(value.values()):
                 visit(item, depth + 1)
 
-    for functions in wrappers:
-        for fn in functions:
-            for cell in getattr(fn, "__closure__", None) or ():
-                try:
-                    visit(cell.cell_contents)
-                except ValueError:   # an empty cell
-                    continue
-            code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
-            for name in getattr(code, "co_names", ()):
-                visit(names.get(name))
+    for fn in wrappers:
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                visit(cell.cell_contents)
+            except ValueError:   # an empty cell
+                continue
+        code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+        for name in getattr(code, "co_names", ()):
+            visit(names.get(name))
     return found
 
 

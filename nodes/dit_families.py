@@ -85,6 +85,14 @@ class BlockKind:
     hook: str = "dit"
     returns: tuple[str, ...] = ()
 
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """The arguments of a block call of this kind that ToMA reads or rewrites by name (the
+        opaque ones aside: a block loop may not hand them at all): what a family's contract
+        requires ComfyUI's block loop or the block's forward to name so."""
+        names = (self.stream, self.txt, self.pe, self.mask, *self.rows, *self.more_pe)
+        return tuple(dict.fromkeys(name for name in names if name))
+
 
 @dataclass(frozen=True)
 class HeldRows:

@@ -28,6 +28,7 @@ import torch
 
 from ..toma_core import MergePlan, build_plan, make_regions
 from ..toma_core.regions import compiling
+from .contracts import Contract, Gives, Has, Mentions, Sets, Takes, resolve
 from .forward_patches import ForwardPatches
 from .model_call import ModelCall
 from .run_state import ToMAState
@@ -54,6 +55,47 @@ MIN_TOKENS = 16
 # On ToMA's block forwards: the UNetToMA they belong to (a block hands its grid on in region
 # order only to a forward of its own node).
 OWNER = "_toma_unet"
+
+UNET_MODEL = "comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel"
+_ATTENTION = "comfy.ldm.modules.attention"
+# What the UNet patch reads of ComfyUI's UNet: its transformer blocks and the forward it
+# patches, the options the UNet hands them (the token grid, which block), the attn1 patch
+# kinds the attention scope appends to, and the video transformer it refuses.
+CONTRACT = Contract(
+    "UNet (SDXL, SD1.5, SD2)",
+    models={UNET_MODEL: ()},
+    needs=(
+        Takes(f"{_ATTENTION}:BasicTransformerBlock.forward",
+              ("x", "context", "transformer_options")),
+        Sets(f"{_ATTENTION}:BasicTransformerBlock.__init__", ("norm1",)),
+        Mentions(f"{_ATTENTION}:BasicTransformerBlock.forward",
+                 ("attn1_patch", "attn1_output_patch", "patches_replace")),
+        Sets(f"{_ATTENTION}:SpatialTransformer.__init__", ("transformer_blocks",)),
+        Gives(f"{_ATTENTION}:SpatialTransformer.forward", ("activations_shape", "block_index"),
+              what="transformer option"),
+        Gives(f"{UNET_MODEL}._forward", ("original_shape", "block"),
+              what="transformer option"),
+        Sets(f"{UNET_MODEL}.__init__", ("input_blocks",)),
+        Has(_ATTENTION, ("SpatialVideoTransformer",)),
+        Has("comfy.ldm.modules.diffusionmodules.openaimodel", ("Downsample",)),
+    ),
+)
+
+
+def is_unet(diffusion_model: torch.nn.Module) -> bool:
+    """Whether the model is ComfyUI's UNet (or a subclass of it; by name where the class no
+    longer imports from where the contract says, so that the contract says what moved)."""
+    unet = resolve(UNET_MODEL)[0]
+    if isinstance(unet, type):
+        return isinstance(diffusion_model, unet)
+    return any(cls.__name__ == "UNetModel" and cls.__module__.startswith("comfy.")
+               for cls in type(diffusion_model).__mro__)
+
+
+def is_video_unet(diffusion_model: torch.nn.Module) -> bool:
+    """Whether a UNet has temporal transformers (Stable Video Diffusion)."""
+    video = resolve(f"{_ATTENTION}:SpatialVideoTransformer")[0]
+    return any(isinstance(m, video) for m in diffusion_model.modules())
 
 
 class UNetToMA:

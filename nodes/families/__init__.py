@@ -1,12 +1,19 @@
 """The diffusion transformer families ToMA patches, one module each (descriptions only: the
-patch is dit_patch.py). Each module's `family(diffusion_model)` gives its Family for the model
-classes it knows, else None. Classes are matched exactly, not by isinstance: ComfyUI subclasses
-these models for variants with other token layouts (S2V and Animate 2 Wan, Chroma Radiance,
-...), which must get the "not supported" error rather than a wrong merge.
+patch is dit_patch.py). Each module states its CONTRACT (contracts.py: the model classes it
+patches and what it needs from ComfyUI) and gives, in `family(diffusion_model)`, the Family of a
+model of those classes (`claims(diffusion_model)`, where a module has it, tells two families of
+one class apart). Classes are matched exactly, not by isinstance: ComfyUI subclasses these
+models for variants with other token layouts (S2V and Animate 2 Wan, Chroma Radiance, ...),
+which must get the "not supported" error rather than a wrong merge.
+
+`family_of` checks a model's family contract against the running ComfyUI before it describes
+the model: a family whose contract fails refuses its models with what changed, and every other
+family keeps working (no family imports its classes outside contracts.py's guards).
 """
 
 from __future__ import annotations
 
+from ..contracts import block_mismatches, claimed, mismatches, refusal
 from ..dit_families import Family
 from . import (
     flux,
@@ -56,9 +63,47 @@ def not_merged_reason(diffusion_model) -> str | None:
 
 
 def family_of(diffusion_model) -> Family | None:
-    """The Family of a diffusion model, or None when ToMA does not support it."""
+    """The Family of a diffusion model, or None when ToMA does not support it. ValueError
+    (naming the family, what changed and the ComfyUI version) for a model of a family whose
+    contract this ComfyUI fails, or whose model cannot be read as the family reads it."""
     for module in MODULES:
-        found = module.family(diffusion_model)
-        if found is not None:
-            return found
+        contract = module.CONTRACT
+        model = claimed(contract, diffusion_model)
+        if model is None or not _claims(module, diffusion_model):
+            continue
+        name = type(diffusion_model).__name__
+        problems = mismatches(contract, model)
+        if problems:
+            raise ValueError(refusal(contract, name, problems))
+        try:
+            found = module.family(diffusion_model)
+        except Exception as error:
+            raise ValueError(refusal(contract, name, [
+                f"reading its {name} model failed ({type(error).__name__}: {error})"])) \
+                from error
+        problems = block_mismatches(blocks_read(contract.blocks, found), diffusion_model)
+        if problems:
+            raise ValueError(refusal(contract, name, problems))
+        return found
     return None
+
+
+def _claims(module, diffusion_model) -> bool:
+    """Whether a module whose classes the model is of takes it (its `claims`, where it has
+    one; a model it cannot tell is taken, so that its family's checks say what is wrong)."""
+    claims = getattr(module, "claims", None)
+    try:
+        return claims is None or bool(claims(diffusion_model))
+    except Exception:
+        return True
+
+
+def blocks_read(blocks: dict[str, tuple[str, ...]], family: Family) -> dict[str, tuple[str, ...]]:
+    """The contract's block forwards' parameters, with what the family reads by name where it
+    patches a block's forward itself (its own kinds' arguments: the block's parameters are
+    those names there)."""
+    out = {path: tuple(names) for path, names in blocks.items()}
+    for kind in family.kinds:
+        needed = (*kind.arguments, *kind.opaque) if kind.hook == "object" else ()
+        out[kind.modules] = tuple(dict.fromkeys((*out.get(kind.modules, ()), *needed)))
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 
+from ..contracts import Contract, Gives, Hands, Has, Mentions, Takes
 from ..dit_families import BlockKind, Family, latent_grid, set_grid, timestep_zero_guard
 
 # the models of this family, as the node's error and the README name them
@@ -15,16 +16,38 @@ KINDS = (BlockKind("double_block", "double_blocks", "d", "before", mask="attn_ma
          BlockKind("single_block", "single_blocks", "s", "stream_before", txt=None,
                    mask="attn_mask"))
 
+FLUX = "comfy.ldm.flux.model:Flux"
+CHROMA = "comfy.ldm.chroma.model:Chroma"
+# The parameter of Flux.forward_orig that tells ToMA this ComfyUI's Flux modulates
+# "index_timestep_zero" references on their own (its describe then guards those calls).
+TIMESTEP_ZERO = "timestep_zero_index"
+_SEPARATE_MODULATION = Mentions("comfy.ldm.flux.model", ("index_timestep_zero",))
 
-def family(diffusion_model) -> Family | None:
-    from comfy.ldm.chroma.model import Chroma
-    from comfy.ldm.flux.model import Flux
+CONTRACT = Contract(
+    "Flux",
+    models={
+        FLUX: (Hands(FLUX, KINDS[0].key, KINDS[0].arguments),
+               Hands(FLUX, KINDS[1].key, KINDS[1].arguments),
+               Takes(f"{FLUX}.forward_orig", (TIMESTEP_ZERO,), when=_SEPARATE_MODULATION,
+                     why="ToMA reads from it that 'index_timestep_zero' references are "
+                         "modulated on their own"),
+               Has("comfy.ldm.flux.model:FluxParams", ("default_ref_method",),
+                   when=_SEPARATE_MODULATION,
+                   why="the reference method of calls that name none")),
+        CHROMA: (Hands(CHROMA, KINDS[0].key, KINDS[0].arguments),
+                 Hands(CHROMA, KINDS[1].key, KINDS[1].arguments)),
+    },
+    needs=(Gives("comfy.model_base:Flux.extra_conds", ("ref_latents", "ref_latents_method"),
+                 what="conditioning"),),
+    blocks={"double_blocks": ("img", "txt", "vec", "pe", "attn_mask"),
+            "single_blocks": ("x", "vec", "pe", "attn_mask")},
+)
 
-    if type(diffusion_model) not in (Flux, Chroma):
-        return None
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = (1, int(diffusion_model.patch_size), int(diffusion_model.patch_size))
-    # ComfyUI versions whose Flux modulates "index_timestep_zero" references on their own
-    timestep_zero = "timestep_zero_index" in inspect.signature(
+    timestep_zero = TIMESTEP_ZERO in inspect.signature(
         type(diffusion_model).forward_orig).parameters
 
     def describe(call, base_model, arguments: dict) -> str | None:

@@ -8,6 +8,7 @@ again after the block. The MoE feed-forward routes each merged token like any ot
 
 from __future__ import annotations
 
+from ..contracts import Contract, Gives
 from ..dit_families import BlockKind, Family, latent_grid, set_grid
 
 # image_tokens_masks (a key mask over the image tokens, only for a list of latents of other
@@ -23,11 +24,18 @@ KINDS = (BlockKind("double_block", "double_stream_blocks", "d", "after", txt="te
 MODELS = "HiDream-I1"
 
 
-def family(diffusion_model) -> Family | None:
-    from comfy.ldm.hidream.model import HiDreamImageTransformer2DModel
+HIDREAM = "comfy.ldm.hidream.model:HiDreamImageTransformer2DModel"
 
-    if type(diffusion_model) is not HiDreamImageTransformer2DModel:
-        return None
+CONTRACT = Contract(
+    "HiDream",
+    models={HIDREAM: ()},
+    needs=(Gives("comfy.model_base:HiDream.extra_conds", ("image_cond",), what="conditioning"),),
+    blocks={kind.modules: (*kind.arguments, *kind.opaque) for kind in KINDS},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
     size = int(diffusion_model.patch_size)
     patch = (1, size, size)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..contracts import Contract, Gives, Hands
 from ..dit_families import BlockKind, Family, set_grid
 
 # the models of this family, as the node's error and the README name them
@@ -22,13 +23,21 @@ KINDS = (BlockKind("double_block", "language_model.layers", "", "stream_before",
 PATCH = (1, 32, 32)
 
 
-def family(diffusion_model) -> Family | None:
-    try:
-        from comfy.ldm.hidream_o1.model import HiDreamO1Transformer  # ComfyUI 0.33 and later
-    except ImportError:
-        return None
-    if type(diffusion_model) is not HiDreamO1Transformer:
-        return None
+HIDREAM_O1 = "comfy.ldm.hidream_o1.model:HiDreamO1Transformer"
+
+CONTRACT = Contract(
+    "HiDream-O1",
+    models={HIDREAM_O1: (Hands(HIDREAM_O1, KINDS[0].key, KINDS[0].arguments),)},
+    needs=(Gives("comfy.ldm.hidream_o1.conditioning:build_extra_conds", ("input_ids", "ar_len"),
+                 what="conditioning"),),
+    # how prefix_cache.py runs a layer on its own
+    blocks={KINDS[0].modules: ("x", "attention_mask", "freqs_cis", "optimized_attention",
+                               "past_key_value")},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
 
     def describe(call, base_model, arguments: dict) -> None:
         """The (1, h, w) grid of pixels x [B, 3, H, W] in 32-pixel patches (the model cuts

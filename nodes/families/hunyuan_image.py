@@ -1,26 +1,33 @@
 """HunyuanImage 2.1: ComfyUI builds it from HunyuanVideo's model class with 2-D patches over its
-64-channel image latent (supported_models.HunyuanImage21), so its blocks and token layout are
-HunyuanVideo's: double blocks with text and image in two streams, then single blocks on one
-sequence of both, image first before ComfyUI 0.33 and text first from 0.33. The text stream
-holds the refined Qwen2.5-VL states with the ByT5 glyph tokens appended: none of it merges.
-Its refiner has 3-D patches and is a HunyuanVideo model to ToMA (families/hunyuan_video.py)."""
+64-channel image latent (supported_models.HunyuanImage21), so its blocks, token layout and
+contract are HunyuanVideo's: double blocks with text and image in two streams, then single
+blocks on one sequence of both (image first where the double blocks are built flipped). The
+text stream holds the refined Qwen2.5-VL states with the ByT5 glyph tokens appended: none of it
+merges. Its refiner has 3-D patches and is a HunyuanVideo model to ToMA
+(families/hunyuan_video.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..dit_families import Family, latent_grid, set_grid
-from .hunyuan_video import kinds
+from .hunyuan_video import CONTRACT as HUNYUAN_VIDEO_CONTRACT
+from .hunyuan_video import flipped, kinds
 
 # the models of this family, as the node's error and the README name them
 MODELS = "HunyuanImage 2.1"
 
+CONTRACT = dataclasses.replace(HUNYUAN_VIDEO_CONTRACT, label="HunyuanImage 2.1")
 
-def family(diffusion_model) -> Family | None:
-    from comfy.ldm.hunyuan_video.model import HunyuanVideo
 
-    if type(diffusion_model) is not HunyuanVideo or len(diffusion_model.patch_size) != 2:
-        return None
+def claims(diffusion_model) -> bool:
+    """HunyuanVideo's class with 2-D patches."""
+    return len(diffusion_model.patch_size) == 2
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = (1, *(int(p) for p in diffusion_model.patch_size))
-    flipped = bool(getattr(diffusion_model.double_blocks[0], "flipped_img_txt", False))
 
     def describe(call, base_model, arguments: dict) -> str | None:
         """The (1, h, w) grid of latent x [B, C, H, W]. A guiding frame index (an image-to-video
@@ -34,10 +41,10 @@ def family(diffusion_model) -> Family | None:
         set_grid(call, latent_grid(arguments.get("x"), patch))
         return None
 
-    return description(patch, flipped, describe)
+    return description(patch, flipped(diffusion_model), describe)
 
 
 def description(patch: tuple[int, int, int], flipped: bool = False, describe=None) -> Family:
-    """HunyuanImage 2.1's Family; flipped: image before text (ComfyUI before 0.33). Benchmarks
-    call blocks without a model call to describe."""
+    """HunyuanImage 2.1's Family; flipped: image before text. Benchmarks call blocks without a
+    model call to describe."""
     return Family("hunyuan_image", "HunyuanImage 2.1", kinds(flipped), patch, describe)

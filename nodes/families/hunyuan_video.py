@@ -1,16 +1,20 @@
 """HunyuanVideo 1.0 (text- and image-to-video) and 1.5: Flux's double and single blocks on video
-tokens. Before ComfyUI 0.33 the image comes first ([image; text], `flipped_img_txt`), from 0.33
-the text. Reference latents are put in front of the video tokens, and the image-to-video
-"replace" mode modulates the first frame on its own: neither merges."""
+tokens. Where ComfyUI builds the double blocks with `flipped_img_txt` the image comes first
+([image; text]), elsewhere the text. Reference latents are put in front of the video tokens,
+and the image-to-video "replace" mode modulates the first frame on its own: neither merges."""
 
 from __future__ import annotations
 
 import math
 
+from ..contracts import Contract, Gives, Hands, JoinOrder
 from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, latent_grid, set_grid
 
 # the models of this family, as the node's error and the README name them
 MODELS = "HunyuanVideo 1.0/1.5"
+
+# the flag on the double blocks that says the image comes first
+FLIPPED = "flipped_img_txt"
 
 
 def kinds(flipped: bool) -> tuple[BlockKind, ...]:
@@ -21,13 +25,39 @@ def kinds(flipped: bool) -> tuple[BlockKind, ...]:
                       mask="attention_mask"))
 
 
-def family(diffusion_model) -> Family | None:
-    from comfy.ldm.hunyuan_video.model import HunyuanVideo
+HUNYUAN_VIDEO = "comfy.ldm.hunyuan_video.model:HunyuanVideo"
 
-    if type(diffusion_model) is not HunyuanVideo or len(diffusion_model.patch_size) != 3:
-        return None     # 2-D patches: HunyuanImage 2.1 (families/hunyuan_image.py)
+CONTRACT = Contract(
+    "HunyuanVideo",
+    models={HUNYUAN_VIDEO: (
+        Hands(HUNYUAN_VIDEO, "double_block", kinds(False)[0].arguments),
+        Hands(HUNYUAN_VIDEO, "single_block", kinds(False)[1].arguments),
+        # the single blocks' sequence: [text; image], or [image; text] where the double blocks
+        # are built flipped (the flag ToMA reads the order from)
+        JoinOrder(f"{HUNYUAN_VIDEO}.forward_orig", "img", ("txt", "img"),
+                  f"{HUNYUAN_VIDEO}.__init__", FLIPPED,
+                  "comfy.ldm.flux.layers:DoubleStreamBlock.__init__"),
+    )},
+    needs=(Gives("comfy.model_base:HunyuanVideo.extra_conds", ("ref_latent", "guiding_frame_index"),
+                 what="conditioning"),),
+    blocks={"double_blocks": ("img", "txt", "vec", "pe", "attn_mask"),
+            "single_blocks": ("x", "vec", "pe", "attn_mask")},
+)
+
+
+def claims(diffusion_model) -> bool:
+    """HunyuanVideo's class with 3-D patches (2-D: HunyuanImage 2.1, families/hunyuan_image)."""
+    return len(diffusion_model.patch_size) == 3
+
+
+def flipped(diffusion_model) -> bool:
+    """Whether the model's double blocks put the image first."""
+    return bool(getattr(diffusion_model.double_blocks[0], FLIPPED, False))
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = tuple(int(p) for p in diffusion_model.patch_size)
-    flipped = bool(getattr(diffusion_model.double_blocks[0], "flipped_img_txt", False))
 
     def describe(call, base_model, arguments: dict) -> None:
         """The (t, h, w) grid of latent x; reference latent tokens in front, and the first frame
@@ -37,5 +67,5 @@ def family(diffusion_model) -> Family | None:
         set_grid(call, latent_grid(arguments.get("x"), patch),
                  prefix=math.prod(ref) if ref else 0, protect_frames=1 if guided else 0)
 
-    return Family("hunyuan_video", "HunyuanVideo", kinds(flipped), patch, describe,
-                  frames_per_region=VIDEO_REGION_FRAMES)
+    return Family("hunyuan_video", "HunyuanVideo", kinds(flipped(diffusion_model)), patch,
+                  describe, frames_per_region=VIDEO_REGION_FRAMES)

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from ..contracts import Contract, Gives
 from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, latent_grid, set_grid
 
 # the models of this family, as the node's error and the README name them
@@ -26,13 +27,19 @@ KINDS = (BlockKind("double_block", "visual_transformer_blocks", "", "none",
                    stream="visual_embed", txt="text_embed", pe="freqs", hook="object"),)
 
 
-def family(diffusion_model) -> Family | None:
-    try:
-        from comfy.ldm.kandinsky5.model import Kandinsky5  # ComfyUI 0.8 and later
-    except ImportError:
-        return None
-    if type(diffusion_model) is not Kandinsky5:
-        return None
+KANDINSKY5 = "comfy.ldm.kandinsky5.model:Kandinsky5"
+
+CONTRACT = Contract(
+    "Kandinsky 5",
+    models={KANDINSKY5: ()},
+    needs=(Gives("comfy.model_base:Kandinsky5.extra_conds", ("time_dim_replace",),
+                 what="conditioning"),),
+    blocks={KINDS[0].modules: KINDS[0].arguments},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = tuple(int(p) for p in diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..contracts import Contract, Gives, Hands, Has, Sets, Takes, claimed, resolve
 from ..dit_families import (
     VIDEO_REGION_FRAMES,
     BlockKind,
@@ -39,19 +40,46 @@ AUDIO_VIDEO = BlockKind("double_block", "transformer_blocks", "", "none", txt=No
                         opaque=("self_attention_mask",))
 
 
-def family(diffusion_model) -> Family | None:
-    from comfy.ldm.lightricks import model
+LTXV = "comfy.ldm.lightricks.model:LTXVModel"
+LTXAV = "comfy.ldm.lightricks.av_model:LTXAVModel"
+AV_MODEL = "comfy.ldm.lightricks.av_model"
+# The object LTX-2's blocks get their per-frame timestep rows in (held_rows)
+COMPRESSED = f"{AV_MODEL}:CompressedTimestep"
+# ComfyUI versions whose LTX blocks get a guide attention mask (opaque to ToMA) and compress
+# LTX-2's timesteps
+GUIDE_MASKS = "0.33.0"
 
-    try:
-        from comfy.ldm.lightricks import av_model  # LTX-2: ComfyUI 0.8 and later
-    except ImportError:
-        av_model = None
-    if type(diffusion_model) is model.LTXVModel:
-        kinds, label = (VIDEO,), "LTX-Video"
-    elif av_model is not None and type(diffusion_model) is av_model.LTXAVModel:
-        kinds, label = (AUDIO_VIDEO,), "LTX-2"
+CONTRACT = Contract(
+    "LTX",
+    models={
+        LTXV: (Hands(LTXV, VIDEO.key, VIDEO.arguments),
+               Hands(LTXV, VIDEO.key, VIDEO.opaque, since=GUIDE_MASKS)),
+        LTXAV: (Hands(LTXAV, AUDIO_VIDEO.key, AUDIO_VIDEO.arguments),
+                Hands(LTXAV, AUDIO_VIDEO.key, AUDIO_VIDEO.opaque, since=GUIDE_MASKS),
+                Gives("comfy.model_base:LTXAV.extra_conds",
+                      ("latent_shapes", "denoise_mask", "keyframe_idxs"), what="conditioning"),
+                Gives("comfy.model_base:LTXAV.extra_conds", ("generated_keyframes",),
+                      what="conditioning", since=GUIDE_MASKS),
+                Has(AV_MODEL, ("CompressedTimestep",), since=GUIDE_MASKS),
+                Takes(f"{COMPRESSED}.__init__", ("patches_per_frame", "per_frame"),
+                      since=GUIDE_MASKS),
+                Sets(f"{COMPRESSED}.__init__", ("data", "patches_per_frame"),
+                     since=GUIDE_MASKS, why="LTX-2's per-frame timestep rows")),
+    },
+    needs=(Gives("comfy.model_base:LTXV.extra_conds", ("denoise_mask", "keyframe_idxs"),
+                 what="conditioning"),
+           Gives("comfy.model_base:LTXV.extra_conds", ("generated_keyframes",),
+                 what="conditioning", since=GUIDE_MASKS)),
+    blocks={"transformer_blocks": ()},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
+    if claimed(CONTRACT, diffusion_model) == LTXAV:
+        kinds, label, av_model = (AUDIO_VIDEO,), "LTX-2", resolve(AV_MODEL)[0]
     else:
-        return None
+        kinds, label, av_model = (VIDEO,), "LTX-Video", None
     patch = tuple(int(p) for p in diffusion_model.patchifier.patch_size)
 
     def describe(call, base_model, arguments: dict) -> str | None:
@@ -101,8 +129,8 @@ def describe_call(call, arguments: dict, patch: tuple[int, int, int]) -> str | N
 
 
 def held_rows(av_model) -> HeldRows | None:
-    """LTX-2's compressed timesteps (ComfyUI 0.33: CompressedTimestep, rows [B, R, C] of
-    `patches_per_frame` tokens each), where this ComfyUI has them."""
+    """LTX-2's compressed timesteps (CompressedTimestep of ComfyUI's av_model module: rows
+    [B, R, C] of `patches_per_frame` tokens each), where this ComfyUI has them."""
     held = getattr(av_model, "CompressedTimestep", None) if av_model is not None else None
     if held is None:
         return None

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from ..contracts import Contract, Gives, Sets, Takes
 from ..dit_families import BlockKind, Family, latent_grid, set_grid
 from ..model_call import ModelCall
 
@@ -16,21 +17,34 @@ MODELS = "Lumina 2, Z-Image"
 KINDS = (BlockKind("layer", "layers", "", "stream_before", stream="x", txt=None, pe="freqs_cis",
                    mask="x_mask", mask_dims=(-1,), hook="object"),)
 
+NEXT_DIT = "comfy.ldm.lumina.model:NextDiT"
+# The attribute whose presence says the text is padded to a multiple (Z-Image), not cut to
+# each item's own length.
+PAD = "pad_tokens_multiple"
 
-def family(diffusion_model) -> Family | None:
-    from comfy.ldm.lumina.model import NextDiT
+CONTRACT = Contract(
+    "Lumina 2 / Z-Image",
+    models={NEXT_DIT: (Sets(f"{NEXT_DIT}.__init__", (PAD,), since="0.8.0",
+                            why="how long the text in front of the image is"),)},
+    needs=(Takes("comfy.model_base:BaseModel._apply_model", ("c_crossattn",)),
+           Gives("comfy.model_base:Lumina2.extra_conds",
+                 ("c_crossattn", "attention_mask", "num_tokens"), what="conditioning"),
+           Gives("comfy.model_base:Lumina2.extra_conds", ("ref_latents",), what="conditioning",
+                 since="0.33.0")),
+    blocks={KINDS[0].modules: KINDS[0].arguments},
+)
 
-    if type(diffusion_model) is not NextDiT:
-        return None
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
     size = int(diffusion_model.patch_size)
     patch = (1, size, size)
 
     def describe(call, base_model, arguments: dict) -> str | None:
         """The (1, h, w) grid of latent x and the text length in front of it: the context,
-        padded to `pad_tokens_multiple` (Z-Image); ComfyUI before 0.8 keeps each item's own
+        padded to `pad_tokens_multiple` (Z-Image); a NextDiT without it keeps each item's own
         text length (its attention mask), so a batch merges only when they agree. Z-Image Omni
-        references (ComfyUI 0.33) put other tokens around the image: those calls run
-        unmerged."""
+        references put other tokens around the image: those calls run unmerged."""
         set_grid(call, latent_grid(arguments.get("x"), patch))
         context = arguments.get("c_crossattn")
         if len(arguments.get("ref_latents") or ()) > 0:
@@ -61,7 +75,7 @@ def text_length(call: ModelCall, context: torch.Tensor, arguments: dict,
     without `pad_tokens_multiple` (ComfyUI before 0.8) cuts each item's text to its own length:
     its attention mask's count (read on the host once per run and batch identity: the text does
     not change within a run), else `num_tokens`."""
-    if not hasattr(diffusion_model, "pad_tokens_multiple"):
+    if not hasattr(diffusion_model, PAD):
         mask = arguments.get("attention_mask")
         if torch.is_tensor(mask):
             key = ("text_length", call.identity, tuple(mask.shape))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 
+from ..contracts import Contract, Gives, Hands, Mentions, Sets, Takes
 from ..dit_families import BlockKind, Family, latent_grid, set_grid, timestep_zero_guard
 
 # the models of this family, as the node's error and the README name them
@@ -13,14 +14,34 @@ MODELS = "Qwen-Image (and Edit)"
 
 KINDS = (BlockKind("double_block", "transformer_blocks", "", "before"),)
 
+QWEN_IMAGE = "comfy.ldm.qwen_image.model:QwenImageTransformer2DModel"
+# The parameter of the block's forward that tells ToMA this ComfyUI's Qwen-Image modulates
+# "index_timestep_zero" references on their own (its describe then guards those calls).
+TIMESTEP_ZERO = "timestep_zero_index"
+_SEPARATE_MODULATION = Mentions("comfy.ldm.qwen_image.model", ("index_timestep_zero",))
 
-def family(diffusion_model) -> Family | None:
-    from comfy.ldm.qwen_image.model import QwenImageTransformer2DModel
+CONTRACT = Contract(
+    "Qwen-Image",
+    models={QWEN_IMAGE: (
+        Hands(QWEN_IMAGE, KINDS[0].key, KINDS[0].arguments),
+        Takes("comfy.ldm.qwen_image.model:QwenImageTransformerBlock.forward", (TIMESTEP_ZERO,),
+              when=_SEPARATE_MODULATION,
+              why="ToMA reads from it that 'index_timestep_zero' references are modulated on "
+                  "their own"),
+        Sets(f"{QWEN_IMAGE}.__init__", ("default_ref_method",), when=_SEPARATE_MODULATION,
+             why="the reference method of calls that name none"),
+    )},
+    needs=(Gives("comfy.model_base:QwenImage.extra_conds", ("ref_latents", "ref_latents_method"),
+                 what="conditioning"),),
+    blocks={"transformer_blocks": ("hidden_states", "encoder_hidden_states", "temb",
+                                   "image_rotary_emb")},
+)
 
-    if type(diffusion_model) is not QwenImageTransformer2DModel:
-        return None
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = (1, int(diffusion_model.patch_size), int(diffusion_model.patch_size))
-    timestep_zero = "timestep_zero_index" in inspect.signature(
+    timestep_zero = TIMESTEP_ZERO in inspect.signature(
         type(diffusion_model.transformer_blocks[0]).forward).parameters
 
     def describe(call, base_model, arguments: dict) -> str | None:

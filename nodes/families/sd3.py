@@ -3,6 +3,7 @@ added once before the blocks (no positional rows to gather)."""
 
 from __future__ import annotations
 
+from ..contracts import Contract, Hands
 from ..dit_families import BlockKind, Family, describe_plain
 
 # the models of this family, as the node's error and the README name them
@@ -10,12 +11,17 @@ MODELS = "SD3/SD3.5"
 
 KINDS = (BlockKind("double_block", "joint_blocks", "", "before", pe=None),)
 
+MMDIT = "comfy.ldm.modules.diffusionmodules.mmdit:OpenAISignatureMMDITWrapper"
 
-def family(diffusion_model) -> Family | None:
-    from comfy.ldm.modules.diffusionmodules.mmdit import OpenAISignatureMMDITWrapper
+CONTRACT = Contract(
+    "SD3",
+    models={MMDIT: (Hands(MMDIT, KINDS[0].key, KINDS[0].arguments),)},
+    blocks={"joint_blocks": ()},
+)
 
-    if type(diffusion_model) is not OpenAISignatureMMDITWrapper:
-        return None
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = (1, int(diffusion_model.patch_size), int(diffusion_model.patch_size))
     return description(patch, describe_plain(patch))
 

@@ -36,15 +36,18 @@ they run outside the block patches, on the full-length video ToMA has put back.
 Image-to-video frames never merge: the start frame the denoise mask keeps (Wan 2.2 5B) and the
 frames the concatenated mask marks as given (Wan 2.1 and Wan 2.2 A14B image-to-video, first and
 last frame: the leading ones). Merging the given start frame's tokens with generated ones blurs
-what the video takes from the start image: on the tiny Wan 2.1 image-to-video model (2 steps,
-ratio 0.5) the change of the output between two start images moved 0.52 relative with that
-frame merged, 0.066 with it kept (tests/integration/test_dit_families.py,
-test_start_image_dependence; VACE's reference frame: 0.25 and 0.042)."""
+what the video takes from the start image (tests/integration/test_dit_families.py,
+test_start_image_dependence, holds the output's dependence on the start image, and on VACE's
+reference frame, to the unmerged model's).
+
+What the family needs from ComfyUI (its classes, block loop, conditioning and their layouts)
+is its CONTRACT, checked when the node patches a model."""
 
 from __future__ import annotations
 
 import torch
 
+from ..contracts import Contract, Gives, Hands, Holds, Sets, Takes, claimed
 from ..dit_families import (
     VIDEO_REGION_FRAMES,
     BlockKind,
@@ -68,13 +71,49 @@ UNIFORM_KINDS = (BlockKind("double_block", "blocks", "", "none"),)
 # control mask folded into 8 x 8 = 64 channels (one per pixel of a latent cell).
 VACE_MASK_CHANNELS = 64
 
+WAN = "comfy.ldm.wan.model:WanModel"
+VACE = "comfy.ldm.wan.model:VaceWanModel"
+CAMERA = "comfy.ldm.wan.model:CameraWanModel"
+ANIMATE = "comfy.ldm.wan.model_animate:AnimateWanModel"
+_LOOP = KINDS[0].key, KINDS[0].arguments
 
-def family(diffusion_model) -> Family | None:
-    from comfy.ldm.wan.model import CameraWanModel, VaceWanModel, WanModel
-    from comfy.ldm.wan.model_animate import AnimateWanModel
+CONTRACT = Contract(
+    "Wan",
+    models={
+        WAN: (Hands(WAN, *_LOOP),),
+        VACE: (Hands(VACE, *_LOOP),
+               Gives("comfy.model_base:WAN21_Vace.extra_conds", ("vace_context",),
+                     what="conditioning"),
+               # vace_context [B, inputs, 32 + 64, T, H, W]: the mask's 64 channels last
+               Holds("comfy.model_base:WAN21_Vace.extra_conds",
+                     ("noise_shape[1] = 64",
+                      "vf = torch.cat([vf, mask[j].to(device=noise.device, dtype=noise.dtype)], "
+                      "dim=1)"),
+                     why="the VACE mask ToMA reads kept frames from")),
+        CAMERA: (Hands(CAMERA, *_LOOP),),
+        ANIMATE: (Hands(ANIMATE, *_LOOP),),
+    },
+    needs=(
+        Takes("comfy.model_base:BaseModel._apply_model", ("c_concat",)),
+        Gives("comfy.model_base:BaseModel.extra_conds", ("c_concat",), what="conditioning"),
+        Gives("comfy.model_base:WAN21.extra_conds", ("time_dim_concat", "reference_latent"),
+              what="conditioning"),
+        Gives("comfy.model_base:WAN22.extra_conds", ("denoise_mask",), what="conditioning"),
+        # c_concat: 4 mask channels (1 on given frames) before the image latent, or after
+        # the control latent at concat_mask_index
+        Holds("comfy.model_base:WAN21.concat_cond",
+              ("mask = 1.0 - mask", "return torch.cat((mask, image), dim=1)",
+               "torch.cat((image[:, :concat_mask_index], mask, image[:, concat_mask_index:]), "
+               "dim=1)"),
+              why="the concatenated mask ToMA reads given frames from"),
+        Sets("comfy.ldm.wan.model:WanModel.__init__", ("patch_size", "ref_conv")),
+    ),
+    blocks={"blocks": ("x", "e", "freqs", "context")},
+)
 
-    if type(diffusion_model) not in (WanModel, VaceWanModel, CameraWanModel, AnimateWanModel):
-        return None
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = tuple(int(p) for p in diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> str | None:
@@ -103,7 +142,7 @@ def family(diffusion_model) -> Family | None:
                     "no frame can merge; those model calls run unmerged")
         return None
 
-    kinds = KINDS if type(diffusion_model) in (WanModel, AnimateWanModel) else UNIFORM_KINDS
+    kinds = KINDS if claimed(CONTRACT, diffusion_model) in (WAN, ANIMATE) else UNIFORM_KINDS
     return description(patch, describe, kinds)
 
 

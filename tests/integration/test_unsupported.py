@@ -1,7 +1,11 @@
 """Models ToMA cannot patch get an error naming the model and what is supported, at every
-ratio (0 included), never a silent no-op: one rule for every model."""
+ratio (0 included), never a silent no-op: one rule for every model. A model of a family whose
+contract the running ComfyUI fails (nodes/contracts.py) gets one naming the family, what
+changed and the ComfyUI version, and only that family's models do."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -97,3 +101,57 @@ def test_unsupported_models_are_refused_at_every_ratio(comfyui_path, name, ratio
     assert named.upper() in str(error.value).upper()
     if name in REASONS:
         assert REASONS[name] in str(error.value)
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.0])
+def test_a_family_this_comfyui_fails_is_refused_alone(comfyui_path, monkeypatch, ratio):
+    """A family whose contract the running ComfyUI fails (here: Wan's block loop asked for an
+    argument it does not hand) refuses its models at every ratio, naming the family, what is
+    missing and the ComfyUI version; models of other families still patch."""
+    import tiny_models
+
+    from toma_pack.nodes.contracts import Hands
+    from toma_pack.nodes.families import wan
+
+    missing = Hands(wan.WAN, "double_block", ("frame_rows",))
+    monkeypatch.setattr(wan, "CONTRACT", dataclasses.replace(
+        wan.CONTRACT, needs=(*wan.CONTRACT.needs, missing)))
+    with pytest.raises(ValueError, match="ToMA cannot patch WanModel models") as error:
+        patch_model(tiny_models.tiny_patcher("wan21_t2v"), ratio, 0, "none", 1)
+    message = str(error.value)
+    assert f"ComfyUI {ch.comfy_version_string()}" in message
+    assert "Wan support" in message
+    assert "comfy.ldm.wan.model.WanModel hands double_block patches no 'frame_rows'" in message
+    patch_model(ch.tiny_flux_patcher(), ratio, 0, "none", 1)
+    patch_model(ch.tiny_sdxl_patcher(), ratio, 0, "none", 1)
+
+
+def test_a_moved_class_refuses_only_its_models(comfyui_path, monkeypatch):
+    """A model class the contract names where it no longer imports (Chroma, said to have
+    moved): models of that class (matched by name) are refused with the import's failure;
+    the family's other class (Flux) still patches."""
+    import tiny_models
+
+    from toma_pack.nodes.families import flux
+
+    moved = "comfy.ldm.chroma.moved_model:Chroma"
+    models = {moved if path == flux.CHROMA else path: needs
+              for path, needs in flux.CONTRACT.models.items()}
+    monkeypatch.setattr(flux, "CONTRACT", dataclasses.replace(flux.CONTRACT, models=models))
+    with pytest.raises(ValueError, match="ToMA cannot patch Chroma models") as error:
+        patch_model(tiny_models.tiny_patcher("chroma"), 0.5, 0, "none", 1)
+    assert "comfy.ldm.chroma.moved_model does not import" in str(error.value)
+    patch_model(ch.tiny_flux_patcher(), 0.5, 0, "none", 1)
+
+
+def test_a_model_its_family_cannot_read_is_refused(comfyui_path, monkeypatch):
+    """A model of a family's class that its family cannot read (an attribute it reads is
+    gone) is refused with what failed, not with a traceback."""
+    from toma_pack.nodes.families import flux
+
+    model = ch.tiny_flux_patcher()
+    del model.model.diffusion_model.patch_size
+    with pytest.raises(ValueError, match="ToMA cannot patch Flux models") as error:
+        patch_model(model, 0.5, 0, "none", 1)
+    assert "patch_size" in str(error.value)
+    assert flux.CONTRACT.label in str(error.value)
