@@ -73,7 +73,7 @@ from .token_layout import (
     token_axis,
     with_stream,
 )
-from .unet_neighbours import in_block_patches
+from .unet_neighbours import DIT_IN_BLOCK_PATCHES, in_block_patches
 
 log = logging.getLogger("ToMA")
 
@@ -275,7 +275,7 @@ class DiTToMA:
             call.note(f"{self.family.label} blocks get {', '.join(opaque)}, which "
                       f"addresses fixed token spans; those blocks run unmerged")
             return False
-        foreign = options.get("patches") and in_block_patches(options)
+        foreign = options.get("patches") and in_block_patches(options, DIT_IN_BLOCK_PATCHES)
         if foreign:
             call.note(f"other nodes patch inside {self.family.label} blocks "
                       f"({', '.join(foreign)}); such patches may read tokens by "

@@ -28,6 +28,10 @@ from dataclasses import dataclass
 # The patch lists ComfyUI runs inside BasicTransformerBlock.forward (in this order of use).
 IN_BLOCK_PATCHES = ("attn1_patch", "attn1_output_patch", "middle_patch", "attn2_patch",
                     "attn2_output_patch")
+# Those ComfyUI's transformer families call inside their blocks (Flux's and Wan's attention,
+# Wan's cross-attention): middle and cross-attention output patches are the UNet's alone, and
+# never run in a transformer block.
+DIT_IN_BLOCK_PATCHES = ("attn1_patch", "attn1_output_patch", "attn2_patch")
 # Marks ToMA's own functions (block forwards, per-call attn1 pair): a second ToMA node is no
 # neighbour to stand aside for; it sees merged tokens and leaves them alone itself.
 TOMA_MARK = "_toma_patch"
@@ -51,12 +55,13 @@ def is_comfy_tome(fn: object) -> bool:
             and str(getattr(fn, "__module__", "")).endswith("nodes_tomesd"))
 
 
-def in_block_patches(options: dict) -> list[str]:
+def in_block_patches(options: dict, kinds_run: tuple[str, ...] = IN_BLOCK_PATCHES) -> list[str]:
     """Kinds of other nodes' patches that ComfyUI runs inside a block in this call (ToMA's own
-    and ComfyUI's TomePatchModel aside), from the block's transformer_options."""
+    and ComfyUI's TomePatchModel aside), from the block's transformer_options; `kinds_run`:
+    the kinds these blocks call."""
     patches = options.get("patches") or {}
     kinds = []
-    for kind in IN_BLOCK_PATCHES:
+    for kind in kinds_run:
         for p in patches.get(kind, ()):     # loops, not generators: this runs for every block
             if not (is_toma(p) or is_comfy_tome(p)):
                 kinds.append(kind)

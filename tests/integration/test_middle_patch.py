@@ -217,3 +217,20 @@ def test_the_patch_acts_as_without_toma(sdxl):
     assert abs(effect_with_toma / effect - 1) < EFFECT_GAP * 1.5, (effect_with_toma, effect)
     toma_distance = distance(outs["toma_first"], alone)
     assert toma_distance < TOMA_DISTANCE * 1.2 < LOST, toma_distance
+
+
+def test_a_middle_patch_leaves_transformer_blocks_merging(stats) -> None:
+    """ComfyUI's transformer blocks never call middle patches (only the UNet's
+    BasicTransformerBlock does): on Flux one beside ToMA changes nothing, every block still
+    merges and no note says otherwise. With middle_patch counted among a transformer block's
+    patches (the check ToMA makes for patches those blocks do call), nothing would merge."""
+    seen: list[Seen] = []
+    model = ch.tiny_flux_patcher()
+    merged = toma_advanced(with_middle_patch(model, seen), skip_blocks="none")
+    latent = ch.empty_latent(merged, 1, 32, 32)
+    positive, _ = ch.flux_conds(1, TEXT_TOKENS)
+    ch.sample(merged, latent, positive, positive, steps=STEPS, cfg=1.0)
+    run = stats[-1]
+    assert run["layers_merged"] == run["layers_total"] == 4, run
+    assert "middle_patch" not in (run.get("note") or "")
+    assert not seen
