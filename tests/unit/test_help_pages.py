@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from toma_pack.nodes import NODE_SPECS
+from toma_pack.nodes.raylight_node import TOMA_RAY
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "web" / "docs"
@@ -80,7 +81,7 @@ def test_pictures_exist_and_no_addresses(node_id: str, language: str) -> None:
 
 
 def test_every_file_in_web_is_a_page_or_a_picture_they_show() -> None:
-    expected = {DOCS / f"{node_id}.md" for node_id in NODE_IDS}
+    expected = {DOCS / f"{node_id}.md" for node_id in [*NODE_IDS, TOMA_RAY.node_id]}
     expected |= {DOCS / node_id / f"{language}.md" for node_id in NODE_IDS
                  for language in LANGUAGES if language != "en"}
     expected |= {DOCS / picture for node_id in NODE_IDS for language in LANGUAGES
@@ -159,3 +160,14 @@ def test_pages_name_every_supported_model(page: str) -> None:
              for name in (UNET_MODELS, *(m.MODELS for m in MODULES))]
     models = [piece for name in names for piece in re.split(r", | and ", name)]
     assert [model for model in models if model not in text] == []
+
+
+def test_the_ray_node_page_names_its_widgets_and_defaults() -> None:
+    """The ToMA Token Merge (Ray) node is listed only where raylight is installed (not among
+    NODE_SPECS, whose nodes every ComfyUI shows): its English page names each widget with its
+    default, in the node's order."""
+    text = page(TOMA_RAY.node_id, "en")
+    assert text.startswith(f"# {TOMA_RAY.display_name}\n")
+    widgets = text[text.index("## Widgets"):]
+    written = re.findall(r"`(\w+)` \(`?([^)`]+)`?\)", widgets)
+    assert written == [(name, shown(value)) for name, value in TOMA_RAY.defaults().items()]
