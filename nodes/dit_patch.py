@@ -224,6 +224,9 @@ class DiTToMA:
                           f"(raylight's forward does not split them): those blocks run "
                           f"unmerged")
                 return None
+        if self.attention is not None and kind.letter == "d":
+            call.note(f"under raylight's sequence parallelism {label}'s double blocks merge "
+                      f"whole blocks (merge_scope attention applies on one GPU)")
         key = (kind.key, group, call.grid, geometry, shard.rank, stream.shape[0],
                call.pass_of(layer))
         plan = call.plan(key, lambda: self.build_shard(call, stream, offset, geometry))

@@ -8,8 +8,8 @@ callback), and ComfyUI's KSampler path (comfy.sample.sample) at CFG 1. Beside it
 the same sampling in one process without raylight: unmerged, and ToMA with its regions replaced
 by the union of the ranks' clipped regions (toma_core.shards.union_of): what the ranks merge
 together, merged in one process. $SCENARIOS (JSON) lists the runs: family, latent size
-"frames x height x width", text tokens, skip_blocks, steps. Rank 0 writes a JSON list of what
-the test checks to $OUT.
+"frames x height x width", text tokens, skip_blocks, steps (and a merge_scope, "scope"). Rank 0
+writes a JSON list of what the test checks to $OUT.
 
 The harness, not the pack, makes raylight run on a CPU (as ../shared/notes/raylight/README.md
 found): the process group is gloo and made before raylight's xfuser setup; xfuser's attention
@@ -139,7 +139,8 @@ def run_case(case: dict) -> dict:
     """One scenario: single-process unmerged and reference, then raylight's sequence-parallel
     runs unmerged and with ToMA (traffic and ToMA's stats of every rank)."""
     def toma(patcher):
-        return patch_model(patcher, RATIO, 0, case["skip"], 1, None)
+        scope = {"merge_scope": case["scope"]} if "scope" in case else {}
+        return patch_model(patcher, RATIO, 0, case["skip"], 1, None, **scope)
 
     patcher, inputs = model_and_inputs(case)
     plain = sample(case, patcher, inputs)
@@ -153,9 +154,9 @@ def run_case(case: dict) -> dict:
     runs = {}
     for name, merged in (("unmerged", False), ("toma", True)):
         fresh, _ = model_and_inputs(case)
-        model = toma(fresh) if merged else fresh.clone()
-        model.add_callback(comfy.patcher_extension.CallbacksMP.ON_LOAD,
+        fresh.add_callback(comfy.patcher_extension.CallbacksMP.ON_LOAD,
                            USPInjectRegistry.inject)
+        model = toma(fresh) if merged else fresh.clone()
         TRAFFIC.update(bytes=0, calls=0)
         out = sample(case, model, inputs)
         ch.unload_models()
@@ -163,11 +164,17 @@ def run_case(case: dict) -> dict:
         dist.all_gather_object(everyone, {"traffic": dict(TRAFFIC),
                                           "stats": run_stats(model) if merged else None})
         runs[name] = (out, everyone)
+        if merged:
+            # ToMA put again on the same ModelPatcher, whose model raylight has changed by now
+            # (as on a raylight GPU's second sampling: the Ray node installs ToMA per sampling)
+            runs["again"] = (sample(case, toma(fresh), inputs), None)
+            ch.unload_models()
     return {
         **case, "world": WORLD,
         "sp_merged_vs_reference": relative(runs["toma"][0], reference),
         "sp_unmerged_vs_plain": relative(runs["unmerged"][0], plain),
         "sp_merged_vs_sp_unmerged": relative(runs["toma"][0], runs["unmerged"][0]),
+        "sp_again_vs_first": relative(runs["again"][0], runs["toma"][0]),
         "merge_moves_output": relative(reference, plain),
         "ranks": [{"unmerged": u["traffic"], "toma": t["traffic"], "stats": t["stats"]}
                   for u, t in zip(runs["unmerged"][1], runs["toma"][1], strict=True)],

@@ -62,6 +62,8 @@ EXTRA_AT_TWO = {
     "wan22_5b_i2v": {"family": "wan22_5b_i2v", "size": "3x8x8", "text": 8, "skip": "",
                      "steps": 1},
     "flux_chained": {"family": "flux", "size": "1x8x8", "text": 8, "skip": "", "steps": 2},
+    "flux_attention_scope": {"family": "flux", "size": "1x8x8", "text": 8, "skip": "s0-1",
+                             "steps": 1, "scope": "attention"},
     "chroma_double": {"family": "chroma", "size": "1x8x8", "text": 8, "skip": "s0-1",
                       "steps": 1},
     "chroma_single": {"family": "chroma", "size": "1x8x8", "text": 8, "skip": "d0-1",
@@ -137,6 +139,13 @@ def skipped(name: str) -> int:
     return 2 if SCENARIOS.get(name, {}).get("skip") else 0
 
 
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_toma_put_again_on_a_model_raylight_has_run(runs, name) -> None:
+    """A raylight GPU's second sampling: ToMA installed again on the ModelPatcher whose model
+    raylight's injection has already changed (its forward, its attention) samples the same."""
+    assert runs[2][name]["sp_again_vs_first"] == 0.0
+
+
 def test_flux_single_blocks_text_lies_on_rank_zero(runs) -> None:
     """Flux's single blocks get shards of [text; image]: the text (8 tokens) on rank 0 only,
     which merges 8 fewer grid tokens than the others hold and drops as many as they do."""
@@ -185,6 +194,15 @@ def test_image_to_video_start_frames_stay_on_their_rank(runs) -> None:
         assert [level["tokens"] for level in levels] == [16, 32], levels
         assert levels[0]["tokens"] - levels[0]["merged_tokens"] == \
             levels[1]["tokens"] - levels[1]["merged_tokens"]
+
+
+def test_attention_scope_merges_whole_blocks_under_raylight(runs) -> None:
+    """merge_scope attention (Flux's double blocks merged inside their attention only) is a
+    one-GPU setting: on shards those blocks merge whole, as block scope does, and say so."""
+    for stats in merged_ranks(runs[2]["flux_attention_scope"]):
+        assert stats["layers_merged"] == 2 and "merge_scope attention" in stats["note"]
+    for metric in ("sp_merged_vs_sp_unmerged", "merge_moves_output"):
+        assert runs[2]["flux_attention_scope"][metric] > 0.05
 
 
 def test_chroma_double_blocks_merge_its_single_blocks_say_why_not(runs) -> None:
