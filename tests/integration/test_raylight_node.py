@@ -21,7 +21,6 @@ from toma_pack.nodes.raylight_node import PACKAGE, RayWorkerWithToMA, patch_ray_
 from toma_pack.nodes.toma_node import patch_model
 
 pytestmark = pytest.mark.newest_tree
-ray = pytest.importorskip("ray")
 HERE = Path(__file__).resolve().parent
 FAMILY = "wan21_t2v"
 SETTINGS = {"ratio": 0.5, "tile_count": 0, "skip_blocks": "", "recompute_every": 1}
@@ -29,7 +28,10 @@ SETTINGS = {"ratio": 0.5, "tile_count": 0, "skip_blocks": "", "recompute_every":
 
 @pytest.fixture(scope="module")
 def ray_actors():
-    """raylight's RAY_ACTORS with two stand-in workers in Ray's own worker processes."""
+    """raylight's RAY_ACTORS with two stand-in workers in Ray's own worker processes (Ray is
+    in the newest tree's venv only, where these tests run)."""
+    import ray
+
     ch.ensure_comfy()
     comfy_path = str(ch.comfy_status()[0])
     paths = [str(HERE), comfy_path, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
@@ -53,6 +55,8 @@ def sampling_inputs():
 
 def ray_sample(ray_actors: dict) -> list[torch.Tensor]:
     """What raylight's KSampler (Ray) node does: common_ksampler on every worker."""
+    import ray
+
     latent, positive = sampling_inputs()
     futures = [actor.common_ksampler.remote(0, 2, 1.0, "euler", "normal", positive, positive,
                                             {"samples": latent})
@@ -61,6 +65,8 @@ def ray_sample(ray_actors: dict) -> list[torch.Tensor]:
 
 
 def states(ray_actors: dict) -> list[dict]:
+    import ray
+
     actors = [getattr(a, "_actor", a) for a in ray_actors["workers"]]
     return ray.get([a.state.remote(PACKAGE) for a in actors])
 
