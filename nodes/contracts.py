@@ -251,6 +251,15 @@ def stored_keys(tree: ast.AST) -> set[str]:
     return keys
 
 
+def parsed(path: str) -> tuple[ast.AST | None, list[str]]:
+    """(the syntax tree of the object at `path`, []); (None, [why]) where that object is not
+    there; (None, []) where its code cannot be read, which counts as met."""
+    found, why = resolve(path)
+    if found is None:
+        return None, [why]
+    return tree_of(found), []
+
+
 @dataclass(frozen=True)
 class Gives(Need):
     """`function` stores these keys in the dict it builds; what: what they are, for the
@@ -261,12 +270,9 @@ class Gives(Need):
     what: str = "key"
 
     def problems(self) -> list[str]:
-        found, why = resolve(self.function)
-        if found is None:
-            return [why]
-        tree = tree_of(found)
+        tree, missing = parsed(self.function)
         if tree is None:
-            return []
+            return missing
         keys = stored_keys(tree)
         return [f"{shown(self.function)} gives no {key!r} {self.what}" for key in self.keys
                 if key not in keys]
@@ -280,12 +286,9 @@ class Sets(Need):
     attributes: tuple[str, ...]
 
     def problems(self) -> list[str]:
-        found, why = resolve(self.function)
-        if found is None:
-            return [why]
-        tree = tree_of(found)
+        tree, missing = parsed(self.function)
         if tree is None:
-            return []
+            return missing
         stored = {node.attr for node in ast.walk(tree)
                   if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
                   and isinstance(node.value, ast.Name) and node.value.id == "self"}
@@ -355,12 +358,9 @@ class Mentions(Need):
     texts: tuple[str, ...]
 
     def problems(self) -> list[str]:
-        found, why = resolve(self.path)
-        if found is None:
-            return [why]
-        tree = tree_of(found)
+        tree, missing = parsed(self.path)
         if tree is None:
-            return []
+            return missing
         used = {node.value for node in ast.walk(tree) if _strings(node)}
         return [f"{shown(self.path)} does not mention {text!r}" for text in self.texts
                 if text not in used]

@@ -107,3 +107,13 @@ def _unload_comfy_models() -> Iterator[None]:
     # ComfyUI keeps loaded models (with their patches applied) in a module-level list.
     yield
     comfy_harness.unload_models()
+
+
+@pytest.fixture
+def stats(monkeypatch) -> list[dict]:
+    """The stats dicts ToMA sends to the graph when a run ends, in order."""
+    from toma_pack.nodes import run_state
+
+    sent: list[dict] = []
+    monkeypatch.setattr(run_state, "send_stats", lambda node, s: sent.append(s))
+    return sent

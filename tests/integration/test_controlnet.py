@@ -44,7 +44,6 @@ import tiny_models
 import torch
 
 import comfy_harness as ch
-from toma_pack.nodes import run_state as run_state_module
 from toma_pack.nodes.apply import apply_toma
 from toma_pack.nodes.dit_families import REGION_TOKENS
 from toma_pack.nodes.dit_patch import existing_replace
@@ -342,14 +341,6 @@ class RunRecorder:
             return original(x, *args, **kwargs)
 
         model.add_object_patch(f"diffusion_model.{path}.forward", forward)
-
-
-@pytest.fixture
-def stats(monkeypatch) -> list[dict]:
-    """The stats dicts ToMA sends to the graph when a run ends."""
-    sent: list[dict] = []
-    monkeypatch.setattr(run_state_module, "send_stats", lambda node, s: sent.append(s))
-    return sent
 
 
 def merged_levels(stats: list[dict]) -> dict[str, int]:

@@ -43,7 +43,6 @@ import torch
 from test_widgets_reach import toma_advanced
 
 import comfy_harness as ch
-from toma_pack.nodes import run_state as run_state_module
 
 ORDERS = ("patch_first", "toma_first")
 LAYERS = 17            # transformer blocks of the tiny SDXL: 5 at 32x32, 12 at 16x16
@@ -114,14 +113,6 @@ def distance(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def sdxl():
     return ch.tiny_sdxl_patcher()
-
-
-@pytest.fixture
-def stats(monkeypatch):
-    """The stats dicts the node sends to the graph when a run ends."""
-    sent: list[dict] = []
-    monkeypatch.setattr(run_state_module, "send_stats", lambda node, s: sent.append(s))
-    return sent
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ import torch
 from test_unet_variants import sd15_conds, tiny_sd15_patcher
 
 import comfy_harness as ch
-from toma_pack.nodes import run_state as run_state_module
 from toma_pack.nodes.toma_node import patch_model
 
 ORDERS = ["neighbour_first", "toma_first"]
@@ -60,14 +59,6 @@ def run_sdxl(model, steps=2, cfg=2.0, batch=1, **kwargs):
 @pytest.fixture(scope="module")
 def sdxl():
     return ch.tiny_sdxl_patcher()
-
-
-@pytest.fixture
-def stats(monkeypatch):
-    """The stats dicts the node sends to the graph when a run ends."""
-    sent: list[dict] = []
-    monkeypatch.setattr(run_state_module, "send_stats", lambda node, s: sent.append(s))
-    return sent
 
 
 @pytest.fixture

@@ -65,14 +65,6 @@ def self_attention_lengths(monkeypatch):
     return lengths
 
 
-@pytest.fixture
-def stats(monkeypatch):
-    """The stats dicts the node sends to the graph when a run ends."""
-    sent: list[dict] = []
-    monkeypatch.setattr(run_state_module, "send_stats", lambda node, s: sent.append(s))
-    return sent
-
-
 def test_ratio_zero_is_bit_identical(sdxl):
     patched = patch_model(sdxl, 0.0, 0, "d0-4, s0-4", 5)
     assert torch.equal(run(patched), run(sdxl))
