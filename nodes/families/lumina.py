@@ -35,6 +35,16 @@ CONTRACT = Contract(
 )
 
 
+# Conditioning that adds tokens ToMA cannot place: MingImage's context appended to the text and
+# its reference frames
+EXTRA_TOKENS = ("direct_context", "ref_frames")
+
+
+def _given(value: object) -> bool:
+    """Whether a conditioning value holds anything (a tensor, or a non-empty list of them)."""
+    return torch.is_tensor(value) or (isinstance(value, (list, tuple)) and len(value) > 0)
+
+
 def family(diffusion_model) -> Family:
     """The Family of a model of this family's classes (families.family_of checked it)."""
     size = int(diffusion_model.patch_size)
@@ -50,6 +60,11 @@ def family(diffusion_model) -> Family:
         if len(arguments.get("ref_latents") or ()) > 0:
             call.mergeable = False
             return "Z-Image Omni references: those model calls run unmerged"
+        extra = [name for name in EXTRA_TOKENS if _given(arguments.get(name))]
+        if extra:
+            call.mergeable = False
+            return (f"{' and '.join(extra)} add tokens of their own around the text and image "
+                    f"(MingImage): those model calls run unmerged")
         if not torch.is_tensor(context):
             call.mergeable = False
             return None

@@ -345,8 +345,18 @@ def child(tree: str) -> dict[str, Any]:
             return {"present": True, "refused": True, "message": str(error)}
         stats.clear()
         out = ch.sample(patched, latent, positive, negative, steps=2)
-        return {"present": True, "refused": False, "finite": bool(torch.isfinite(out).all()),
-                "layers_merged": stats[-1]["layers_merged"] if stats else None}
+        found = {"present": True, "refused": False, "finite": bool(torch.isfinite(out).all()),
+                 "layers_merged": stats[-1]["layers_merged"] if stats else None}
+        # its direct context: model-width tokens appended to the embedded text
+        width = tiny_models.family("z_image").unet_config()["dim"]
+        direct = {"direct_context": ch._randn(1, 4, width, seed=7)}
+        stats.clear()
+        out = ch.sample(patched, latent, [[positive[0][0], {**positive[0][1], **direct}]],
+                        [[negative[0][0], {**negative[0][1], **direct}]], steps=2)
+        found["direct_context"] = {"finite": bool(torch.isfinite(out).all()),
+                                   "layers_merged": stats[-1]["layers_merged"],
+                                   "note": stats[-1].get("note", "")}
+        return found
 
     attempt("qwen_image21", qwen_image21)
     attempt("ming_image", ming_image)
@@ -472,10 +482,15 @@ def test_qwen_image21_is_refused_with_its_name(canary):
 
 
 def test_ming_image_never_crashes(canary):
+    """MingImage (a NextDiT): text to image merges; its direct context adds tokens after the
+    text that ToMA cannot place, so such calls run unmerged and the note says why."""
     found = _case(canary, "ming_image")
     assert found["present"] == canary["tree"]["ming_image"]
     if found["present"] and not found["refused"]:
         assert found["finite"]
+        direct = found["direct_context"]
+        assert direct["finite"] and direct["layers_merged"] == 0
+        assert "direct_context" in direct["note"]
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
