@@ -161,7 +161,10 @@ def attention_lengths() -> Iterator[list[int]]:
     inner = current[0]
 
     def recording(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        lengths.append(int(q.shape[2] if kwargs.get("skip_reshape") else q.shape[1]))
+        # ComfyUI 0.34 and later hand q in an AttentionTensorContainer (read with peek(),
+        # which leaves it to the attention function); older versions as a tensor
+        seen = q.peek() if hasattr(q, "peek") else q
+        lengths.append(int(seen.shape[2] if kwargs.get("skip_reshape") else seen.shape[1]))
         return inner(q, *args, **kwargs)
 
     replaced: list[tuple[Any, str, Any]] = []
