@@ -260,7 +260,9 @@ class DiTToMA:
         set, and no other pack's in-block patch reads tokens by their grid position (else the
         block runs unmerged)."""
         for name in (kind.pe, *kind.more_pe) if kind.pe else kind.more_pe:
-            for pe in sequence_positions(args.get(name), lay.pe_item):
+            value = args.get(name)
+            for pe in (position_tensors(value) if lay.pe_item is None
+                       else sequence_positions(value, lay.pe_item)):
                 axis = token_axis(pe, lay.seq_len)
                 if axis is None or pe.shape[axis] != lay.seq_len:
                     call.note(f"positional rows {tuple(pe.shape)} do not match the "

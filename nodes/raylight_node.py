@@ -2,7 +2,9 @@
 
 raylight's nodes pass RAY_ACTORS (one Ray actor per GPU, each holding its own ComfyUI
 ModelPatcher), not MODEL, so a patch on a graph's MODEL never reaches its GPUs. This node takes
-RAY_ACTORS and returns them with each actor wrapped (RayWorkerWithToMA): when a sampler of the
+RAY_ACTORS and, once the first GPU's model has been checked (a model ToMA cannot patch is
+refused as the ToMA node refuses it), returns them with each actor wrapped
+(RayWorkerWithToMA): when a sampler of the
 graph after it samples on an actor, the actor first installs ToMA on its ModelPatcher (through
 raylight's own `model_function_runner`, as its "(Ray)" nodes do), samples, and then puts its
 ModelPatcher back as it was. Ray runs one caller's tasks on an actor in the order they were
@@ -79,10 +81,18 @@ def patch_ray_actors(ray_actors: Any, ratio: float, tile_count: int, skip_blocks
     if not isinstance(workers, list) or not workers:
         raise ValueError("ray_actors: expected raylight's RAY_ACTORS (a dict whose 'workers' "
                          "lists its GPU actors), from Load Diffusion Model (Ray)")
-    if ratio == 0:
-        return ray_actors
     settings = {"ratio": ratio, "tile_count": tile_count, "skip_blocks": skip_blocks,
                 "recompute_every": recompute_every}
+    import ray
+
+    # the model lives on the GPUs: the first one says whether ToMA can patch it (at every
+    # ratio, as the ToMA node refuses a model it cannot patch)
+    refusal = ray.get(workers[0].model_function_runner_get_values.remote(
+        shipped("check_on", settings)))
+    if refusal is not None:
+        raise ValueError(refusal)
+    if ratio == 0:
+        return ray_actors
     install = shipped("install_on", settings)
     remove = shipped("remove_from")
     return {**ray_actors, "workers": [RayWorkerWithToMA(worker, install, remove)
@@ -147,6 +157,18 @@ def shipped(function: str, *args: Any) -> Callable:
 
 
 # In the GPU actor's process -------------------------------------------------------------------
+def check_on(model: Any, settings: dict) -> str | None:
+    """Why ToMA cannot patch the actor's ModelPatcher (the ToMA node's error), or None."""
+    from .apply import model_family
+
+    try:
+        model_family(model)
+        make_options(**settings)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def install_on(model: Any, settings: dict) -> Any:
     """ToMA on the actor's ModelPatcher (a clone: `model` stays as it is, and comes back with
     remove_from); the model itself where ToMA must leave it alone under raylight."""

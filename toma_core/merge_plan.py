@@ -139,11 +139,6 @@ class MergePlan:
             grid = grid.index_select(1, self.expand)
         return grid.reshape(-1, self.k, y.shape[-1])
 
-    def _sequence_of(self, merged: torch.Tensor, b: int) -> torch.Tensor:
-        """Merged grid [B*R, k, C] as the merged sequence's grid [B, R*k or M, C]."""
-        flat = merged.view(b, -1, merged.shape[-1])
-        return flat if self.compact is None else flat.index_select(1, self.compact)
-
     def _in_grid_order(self, full: torch.Tensor) -> torch.Tensor:
         """Region layout [B*R, S, C] back to grid order [B, N, C]: one gather."""
         rows, slots = self.tables.unmerge_index(self.items)
@@ -153,8 +148,10 @@ class MergePlan:
         """x [B, prefix + N + suffix, C] -> [B, prefix + R*k + suffix, C]."""
         self._check(x, self.tokens, prefix)
         merge_w, _ = self._cast.get(x.dtype) or self.weights(x.dtype)
-        merged = torch.bmm(merge_w, self._regions_of(x, prefix))
-        return self.splice(x, self._sequence_of(merged, x.shape[0]), prefix, self.tokens)
+        merged = torch.bmm(merge_w, self._regions_of(x, prefix)).view(x.shape[0], -1, x.shape[-1])
+        if self.compact is not None:      # ragged counts: the real destinations only
+            merged = merged.index_select(1, self.compact)
+        return self.splice(x, merged, prefix, self.tokens)
 
     def unmerge(self, y: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """Inverse of merge: y [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C]."""
@@ -174,7 +171,10 @@ class MergePlan:
         merge_w, unmerge_w = self._cast.get(x.dtype) or self.weights(x.dtype)
         xr = self._ordered_regions(x, prefix) if ordered else self._regions_of(x, prefix)
         merged = torch.bmm(merge_w, xr)
-        stream = self.splice(x, self._sequence_of(merged, x.shape[0]), prefix, self.tokens)
+        grid = merged.view(x.shape[0], -1, x.shape[-1])
+        if self.compact is not None:      # ragged counts: the real destinations only
+            grid = grid.index_select(1, self.compact)
+        stream = self.splice(x, grid, prefix, self.tokens)
         if block_keeps_input:
             return stream, Pending(xr, merged, ordered)
         if ordered:

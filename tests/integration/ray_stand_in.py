@@ -14,14 +14,22 @@ import comfy_harness as ch
 
 
 class StandInWorker:
+    """`family`: a tiny_models family, or the name of one of its builder functions."""
+
     def __init__(self, family: str) -> None:
         ch.ensure_comfy()
         import tiny_models
 
-        self.model = tiny_models.tiny_patcher(family)
+        if family.startswith("tiny_"):
+            self.model = getattr(tiny_models, family)()
+        else:
+            self.model = tiny_models.tiny_patcher(family)
 
     def model_function_runner(self, fn, *args, **kwargs) -> None:
         self.model = fn(self.model, *args, **kwargs)
+
+    def model_function_runner_get_values(self, fn, *args, **kwargs) -> Any:
+        return fn(self.model, *args, **kwargs)
 
     def common_ksampler(self, seed: int, steps: int, cfg: float, sampler_name: str,
                         scheduler: str, positive: Any, negative: Any, latent: dict,

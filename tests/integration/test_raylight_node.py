@@ -142,6 +142,20 @@ def test_bad_input_is_refused_on_the_driver() -> None:
         patch_ray_actors({"workers": [object()]}, **{**SETTINGS, "ratio": 2.0})
 
 
+@pytest.mark.parametrize("ratio", [0.5, 0.0])
+def test_a_model_toma_cannot_patch_is_refused_by_the_node(ray_actors, ratio) -> None:
+    """raylight runs Hunyuan3D 2 sequence parallel; ToMA cannot patch it: the node fails with
+    the ToMA node's error (naming the model and what is supported), read from the GPU's model,
+    at every ratio, instead of sampling unmerged in silence."""
+    import ray
+    from ray_stand_in import StandInWorker
+
+    actor = ray.remote(StandInWorker).remote("tiny_hunyuan3d")
+    with pytest.raises(ValueError, match="Hunyuan3Dv2.*supported"):
+        patch_ray_actors({"workers": [actor]}, **{**SETTINGS, "ratio": ratio})
+    ray.kill(actor)
+
+
 def test_hunyuan_video_under_raylight_is_left_alone(caplog) -> None:
     """raylight's HunyuanVideo forward fails with any block patch: on a ModelPatcher raylight
     will run sequence parallel, ToMA leaves HunyuanVideo unpatched and says so, naming

@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from tiny_models import tiny_hunyuan3d
 
 import comfy_harness as ch
 from toma_pack.nodes.toma_node import patch_model
@@ -49,15 +50,6 @@ def tiny_wan_humo():
 
     config = tiny_models.family("wan21_t2v").unet_config()
     return _patcher(comfy.supported_models.WAN21_HuMo({**config, "model_type": "humo"}))
-
-
-def tiny_hunyuan3d():
-    """Hunyuan3D 2: Flux's block classes on shape latents, not an image grid."""
-    import comfy.supported_models
-
-    return _patcher(comfy.supported_models.Hunyuan3Dv2({
-        "image_model": "hunyuan3d2", "in_channels": 8, "context_in_dim": 32, "hidden_size": 64,
-        "num_heads": 4, "depth": 1, "depth_single_blocks": 1}))
 
 
 def tiny_svd():

@@ -704,6 +704,17 @@ def tiny_patcher(name: str, seed: int = 0, **overrides: Any) -> ModelPatcher:
     return patcher
 
 
+def tiny_hunyuan3d() -> ModelPatcher:
+    """Hunyuan3D 2 (a model ToMA cannot patch): Flux's block classes on shape latents, not an
+    image grid."""
+    ensure_comfy()
+    import comfy.supported_models
+
+    return _patcher(comfy.supported_models.Hunyuan3Dv2({
+        "image_model": "hunyuan3d2", "in_channels": 8, "context_in_dim": 32, "hidden_size": 64,
+        "num_heads": 4, "depth": 1, "depth_single_blocks": 1}), 0)
+
+
 def _fill_buffers(model: torch.nn.Module, seed: int) -> None:
     """Learned position tables registered as buffers (SD3's pos_embed) come uninitialised like
     the weights: small seeded values."""
