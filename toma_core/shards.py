@@ -87,9 +87,10 @@ class SpanTables(RegionTables):
         n, r, s = regions.tokens, regions.count, regions.size
         first, last = regions.cuts[0], regions.cuts[-1]
         # each span token's (span, global region) as one id, relabelled in order to 0..R-1
+        tokens = torch.arange(first, last, device=device)
         span = torch.zeros(n, dtype=torch.long, device=device)
         for cut in regions.cuts[1:-1]:
-            span += torch.arange(first, last, device=device) >= cut
+            span += tokens >= cut
         ids = span * regions.base.count + base.token_region[first:last]         # [n]
         present = torch.zeros(len(regions.cuts) * regions.base.count, dtype=torch.long,
                               device=device).index_fill_(0, ids, 1)
@@ -98,9 +99,9 @@ class SpanTables(RegionTables):
         order = torch.sort(piece, stable=True).indices
         sizes = torch.zeros(r, dtype=torch.long, device=device).index_add_(
             0, piece, torch.ones_like(piece))
-        first = sizes.cumsum(0) - sizes
+        starts = sizes.cumsum(0) - sizes        # each piece's first place in sorted order
         slot = torch.empty_like(piece)
-        slot[order] = torch.arange(n, device=device) - first[piece[order]]
+        slot[order] = torch.arange(n, device=device) - starts[piece[order]]
         flat = piece * s + slot
         self.slots = torch.zeros(r * s, dtype=torch.long, device=device).index_put_(
             (flat,), torch.arange(n, device=device)).view(r, s)
