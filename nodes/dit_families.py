@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -61,6 +61,11 @@ class BlockKind:
     stream_item: the stream argument is a tuple (LTX-2's (video, audio)) whose item this is;
     opaque: arguments the patch cannot line up with a merged sequence (LTX's guide attention
     mask, which addresses fixed token spans): a block call where one is set runs unmerged;
+    batched: False where the stream argument is one item's tokens [L, C] without a batch axis;
+    spans: arguments listing the stream's token spans as (start, stop, value...) tuples (one
+    modulation row per span): spans before the grid are kept, the grid's own span becomes the
+    merged grid's, spans after it move with it; a span cutting into the grid, or holding a
+    tensor of per-token values over it, makes the block run unmerged;
     hook: "dit" (replace patch) or "object" (patch of the block's forward);
     returns: for an object-patched block whose forward returns a tuple (HiDream's double
     blocks: image and text tokens), the argument names of its items; () when it returns the
@@ -82,15 +87,23 @@ class BlockKind:
     pe_heads: bool = False
     stream_item: int | None = None
     opaque: tuple[str, ...] = ()
+    batched: bool = True
+    spans: tuple[str, ...] = ()
     hook: str = "dit"
     returns: tuple[str, ...] = ()
+    # the stream argument is the grid tensor itself (read without a further call per block)
+    bare: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bare", self.stream_item is None and self.batched)
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The arguments of a block call of this kind that ToMA reads or rewrites by name (the
         opaque ones aside: a block loop may not hand them at all): what a family's contract
         requires ComfyUI's block loop or the block's forward to name so."""
-        names = (self.stream, self.txt, self.pe, self.mask, *self.rows, *self.more_pe)
+        names = (self.stream, self.txt, self.pe, self.mask, *self.rows, *self.more_pe,
+                 *self.spans)
         return tuple(dict.fromkeys(name for name in names if name))
 
 
@@ -116,7 +129,11 @@ class Family:
     held_rows: how its blocks hold modulation rows that are not plain tensors, if they do;
     prefix_cache: its one kind of block attends over a causal prompt first in the sequence,
     whose keys and values ToMA keeps across steps (prefix_cache.py; describe puts the prompt's
-    length in call.prompt_length).
+    length in call.prompt_length);
+    foreign_block(patch): why a block holding another node's "dit" replace patch `patch` must
+    not merge (that patch reads the block's whole sequence by a layout merging would break),
+    or None: such blocks run unmerged when ToMA wraps the patch, and the run says so where
+    the patch replaced ToMA's.
     """
 
     name: str
@@ -129,6 +146,7 @@ class Family:
     attention_scope: bool = False     # Flux's double blocks have ToMA's attention-only variant
     held_rows: HeldRows | None = None
     prefix_cache: bool = False
+    foreign_block: Callable[[Callable], str | None] | None = None
 
 
 # Reading a model call -------------------------------------------------------------------------

@@ -66,6 +66,7 @@ from .token_layout import (
     merge_mask,
     merged_options,
     merged_rows_of,
+    merged_spans,
     position_tensors,
     regroup_frame_rows,
     sequence_positions,
@@ -120,7 +121,7 @@ class DiTToMA:
         restored = self.restore(call, plan, got, merged, base, lay.offset)
         if restored is got:
             return out
-        return {**out, kind.stream: restored if kind.stream_item is None
+        return {**out, kind.stream: restored if kind.bare
                 else with_stream(kind, out[kind.stream], restored)}
 
     def plan_for(self, kind: BlockKind, index: int, args: dict, stream: torch.Tensor | None,
@@ -151,6 +152,12 @@ class DiTToMA:
         forms = self.row_forms(call, kind, args, stream, lay, layer)
         if forms is None:
             return unmerged()
+        for name in kind.spans:
+            if merged_spans(args.get(name), lay.offset, tokens_n, tokens_n) is None:
+                call.note(f"the token spans {name} of {self.family.label} blocks do not keep "
+                          f"the {level} grid in a span of its own (or hold values per token "
+                          f"there); block {layer} and others like it run unmerged")
+                return unmerged()
         frames = self.family.frames_per_region
         for form in forms.values():      # a loop, not any(): no generator call per block
             if form.mode == "frame":
@@ -345,7 +352,7 @@ class DiTToMA:
         out, merged, base = dict(args), None, None
         if self.attention is None or kind.letter != "d" or call.shard is not None:
             merged, base = plan.begin(stream, lay.offset)
-            out[kind.stream] = merged if kind.stream_item is None else with_stream(
+            out[kind.stream] = merged if kind.bare else with_stream(
                 kind, args[kind.stream], merged)      # a bare tensor without a further call
         for name in (kind.pe, *kind.more_pe) if kind.pe else kind.more_pe:
             value = args.get(name)
@@ -361,6 +368,10 @@ class DiTToMA:
             value = args[name]
             out[name] = self.once(call, ("rows", name, key), value,
                                   lambda v=value, f=form: self.merged_rows(call, plan, lay, v, f))
+        for name in kind.spans:
+            value = args[name]
+            out[name] = self.once(call, ("spans", name, key), value, lambda v=value: (
+                merged_spans(v, lay.offset, plan.tokens, plan.merged_tokens)))
         out["transformer_options"] = merged_options(options, lay.seq_start, plan, call.grid)
         return out, merged, base
 
@@ -521,6 +532,8 @@ def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatc
         else:
             state.setup_note(f"merge_scope attention: {family.label} has no attention-only "
                              f"variant; whole blocks merge")
+    for why in reading.aside:
+        state.setup_note(f"{why}: ToMA leaves those {family.label} blocks unmerged")
     toma = DiTToMA(state, family, groups, attention)
     toma.prefix_layers = reading.prefix_layers
     # Skipped blocks get a patch too: it records text lengths and counts them in the stats.
@@ -529,8 +542,7 @@ def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatc
             if kind.hook == "dit":
                 patch = toma.replace_patch(kind, i, existing_replace(model, kind.key, i))
                 model.set_model_patch_replace(patch, "dit", kind.key, i)
-                if toma.prefix_layers is not None:
-                    reading.prefix_patches[(kind.key, i)] = patch
+                reading.patches[(kind.key, i)] = patch
             else:
                 patches.add(model, f"{kind.modules}.{i}",
                             lambda module, original, k=kind, j=i:

@@ -40,6 +40,12 @@ def existing_replace(model, block_kind: str, index: int) -> Callable | None:
     return to.get("patches_replace", {}).get("dit", {}).get((block_kind, index))
 
 
+def dit_patches(arguments: dict) -> dict:
+    """The "dit" replace patches in a model call's transformer_options."""
+    return ((arguments.get("transformer_options") or {}).get("patches_replace")
+            or {}).get("dit") or {}
+
+
 def blocks_of(diffusion_model, kind: BlockKind) -> torch.nn.ModuleList:
     """The diffusion model's blocks of `kind` (its `modules` attribute path, dotted where the
     blocks sit in a submodule: HiDream-O1's language_model.layers)."""
@@ -53,15 +59,17 @@ class DiTReading:
     depths: kind key -> its blocks; groups: (kind key, block index) -> first index of its group,
     for merged blocks only; blocks: kind key -> (depth, block class) when the node ran (what
     `neighbours` checks); prefix_layers: the layers whose prompt keys and values the node keeps
-    (family.prefix_cache), None where another pack's patch is in the way; prefix_patches: the
-    node's own patch of each of those layers (filled when the patches are installed)."""
+    (family.prefix_cache), None where another pack's patch is in the way; patches: the node's
+    own "dit" replace patch of each block (filled when the patches are installed); aside: why
+    blocks whose other patch ToMA wraps run unmerged (family.foreign_block)."""
 
     family: Family
     depths: dict[str, int]
     groups: dict[tuple[str, int], int]
     blocks: dict[str, tuple[int, type]]
     prefix_layers: list[torch.nn.Module] | None = None
-    prefix_patches: dict[tuple[str, int], Callable] = field(default_factory=dict)
+    patches: dict[tuple[str, int], Callable] = field(default_factory=dict)
+    aside: tuple[str, ...] = ()
 
     def __call__(self, call: ModelCall, base_model, arguments: dict) -> list[str]:
         """The family's describe, then what other nodes do to the blocks (dit_neighbours), then
@@ -86,6 +94,9 @@ class DiTReading:
                          f"self-attention of {family.label} blocks, which may read their tokens "
                          f"as whole frames or by position: those {len(patched)} blocks run "
                          f"unmerged")
+        displaced = self.displaced(call, arguments) if family.foreign_block else None
+        if displaced:
+            notes.append(displaced)
         if family.prefix_cache:
             why_not = self.keeps_prompt(call, arguments)
             why = why or why_not
@@ -95,10 +106,9 @@ class DiTReading:
         """Open this call's kept prompt (prefix_cache.open_prefix) while the node's patch is
         still in every layer and the model is not compiled without guards; else why not."""
         label = self.family.label
-        replaced = ((arguments.get("transformer_options") or {}).get("patches_replace")
-                    or {}).get("dit") or {}
+        replaced = dit_patches(arguments)
         if self.prefix_layers is None or any(replaced.get(key) is not patch for key, patch
-                                             in self.prefix_patches.items()):
+                                             in self.patches.items()):
             return (f"another node patches {label}'s blocks too, so ToMA cannot keep the "
                     f"prompt's keys and values across steps: {label} recomputes them at every "
                     f"step")
@@ -108,6 +118,26 @@ class DiTReading:
                     f"{label} recomputes them at every step")
         open_prefix(call, len(self.prefix_layers))
         return None
+
+    def displaced(self, call: ModelCall, arguments: dict) -> str | None:
+        """Why some blocks run without ToMA: another node's patch the family cannot merge
+        with (family.foreign_block) took the place of ToMA's, that node applied after ToMA.
+        Read once per run and patch table."""
+        replaced = dit_patches(arguments)
+        key = ("displaced", id(replaced))
+        if key not in call.run.host_reads:
+            reasons, count = [], 0
+            for block, patch in self.patches.items():
+                other = replaced.get(block)
+                why = None if other is patch or other is None else \
+                    self.family.foreign_block(other)
+                if why:
+                    count += 1
+                    reasons.append(why)
+            call.run.host_reads[key] = count and (
+                f"{reasons[0]}; that node, applied after ToMA, replaced ToMA's patch of "
+                f"{count} {self.family.label} blocks: those run without ToMA")
+        return call.run.host_reads[key] or None
 
     def neighbours(self, call: ModelCall, diffusion_model) -> tuple[str | None, dict]:
         """(who replaced the model's blocks, or None; {(kind key, index): who patched that
@@ -141,13 +171,32 @@ def read_model(model, options: ToMAOptions, family: Family) -> DiTReading:
     diffusion_model = model.get_model_object("diffusion_model")
     depths = {kind.key: len(blocks_of(diffusion_model, kind)) for kind in family.kinds}
     skipped = options.skip_blocks.for_kinds([(k.letter, depths[k.key]) for k in family.kinds])
+    aside = foreign_blocks(model, family, depths)
+    skipped = [skip | {i for key, i in aside if key == kind.key}
+               for kind, skip in zip(family.kinds, skipped, strict=True)]
     groups = {(kind.key, i): g for kind, skip in zip(family.kinds, skipped, strict=True)
               for i, g in group_starts(depths[kind.key], skip).items()}
     blocks = {kind.key: (depths[kind.key], type(unwrapped(blocks_of(diffusion_model, kind)[0]))
                          if depths[kind.key] else type(None)) for kind in family.kinds}
-    reading = DiTReading(family, depths, groups, blocks)
+    reading = DiTReading(family, depths, groups, blocks,
+                         aside=tuple(dict.fromkeys(aside.values())))
     if family.prefix_cache:
         kind = family.kinds[0]
         if all(existing_replace(model, kind.key, i) is None for i in range(depths[kind.key])):
             reading.prefix_layers = list(blocks_of(diffusion_model, kind))
     return reading
+
+
+def foreign_blocks(model, family: Family, depths: dict[str, int]) -> dict[tuple[str, int], str]:
+    """(kind key, index) -> why, for the blocks holding another node's "dit" replace patch the
+    family cannot merge with (family.foreign_block): ToMA wraps it there unmerged."""
+    found: dict[tuple[str, int], str] = {}
+    if family.foreign_block is None:
+        return found
+    for kind in family.kinds:
+        for i in range(depths[kind.key]):
+            previous = existing_replace(model, kind.key, i) if kind.hook == "dit" else None
+            why = family.foreign_block(previous) if previous is not None else None
+            if why:
+                found[(kind.key, i)] = why
+    return found

@@ -32,8 +32,11 @@ class Layout:
 
 
 def stream_of(kind: BlockKind, value: object) -> torch.Tensor | None:
-    """The tensor holding the grid in the stream argument's `value` (its `stream_item` where
-    the stream is a tuple), None when it is not there."""
+    """The tensor [B, L, C] holding the grid in the stream argument's `value` (its
+    `stream_item` where the stream is a tuple; a batch axis of one put in front where the
+    stream has none), None when it is not there."""
+    if not kind.batched:
+        return value.unsqueeze(0) if isinstance(value, torch.Tensor) else None
     if kind.stream_item is not None:
         if not isinstance(value, (tuple, list)) or len(value) <= kind.stream_item:
             return None
@@ -42,7 +45,9 @@ def stream_of(kind: BlockKind, value: object) -> torch.Tensor | None:
 
 
 def with_stream(kind: BlockKind, value: object, tensor: torch.Tensor) -> object:
-    """The stream argument's `value` holding `tensor` in place of its grid tensor."""
+    """The stream argument's `value` holding `tensor` [B, L, C] in place of its grid tensor."""
+    if not kind.batched:
+        return tensor[0]
     if kind.stream_item is None:
         return tensor
     items = list(value)
@@ -138,6 +143,29 @@ def merged_rows_of(kind: BlockKind, plan: MergePlan, pe: torch.Tensor,
     if kind.pe_heads and pe.dim() == 3 and merged.shape[0] > 1:
         return merged.unsqueeze(1)
     return merged
+
+
+def merged_spans(spans: object, offset: int, tokens: int, merged: int) -> list | None:
+    """Token spans [(start, stop, value...)] of a stream whose grid of `tokens` tokens from
+    `offset` merges to `merged`: those before the grid kept, the grid's own span shortened,
+    those after it moved. None when the spans are not a list, one cuts into the grid, or the
+    grid's span holds a tensor (values per token, which a merge would have to pick)."""
+    if not isinstance(spans, (list, tuple)):
+        return None
+    end, shift = offset + tokens, merged - tokens
+    out = []
+    for span in spans:
+        start, stop = span[0], span[1]
+        if stop <= offset:
+            out.append(span)
+        elif start >= end:
+            out.append((start + shift, stop + shift, *span[2:]))
+        elif start == offset and stop == end and not any(
+                isinstance(value, torch.Tensor) for value in span[2:]):
+            out.append((start, stop + shift, *span[2:]))
+        else:
+            return None
+    return out
 
 
 def mask_fits(mask: torch.Tensor | None, dims: tuple[int, ...], length: int) -> bool:

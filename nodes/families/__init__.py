@@ -24,13 +24,14 @@ from . import (
     kandinsky5,
     ltx,
     lumina,
+    minimax_h3,
     qwen_image,
     sd3,
     wan,
 )
 
 MODULES = (flux, wan, hunyuan_video, hunyuan_image, qwen_image, sd3, lumina, ltx, hidream,
-           hidream_o1, kandinsky5)
+           hidream_o1, kandinsky5, minimax_h3)
 UNET_MODELS = "SDXL, SD1.5 and SD2 (ComfyUI's UNet)"
 
 

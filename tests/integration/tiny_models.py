@@ -802,3 +802,125 @@ def diffusion_model_class(name: str) -> type:
 
     module, cls = family(name).model_class
     return getattr(importlib.import_module(module), cls)
+
+
+# MiniMax H3 (batch size one, video and audio in one packed sequence) ----------------------------
+# Built apart from FAMILIES: its latent is a (video, audio) pair sized by ComfyUI's own nodes in
+# pixels and frames at 24 fps, its conditioning comes from MiniMax's own nodes.
+MINIMAX_H3 = {"image_model": "minimax_h3", "hidden_size": 64, "num_layers": 2,
+              "token_refiner_num_layers": 1, "num_attention_heads": 4,
+              "attention_head_dim": 16, "ffn_hidden_size": 128, "text_dim": TEXT_DIM,
+              "timestep_input_dim": 32, "time_embed_hidden_size": 64, "time_embed_dim": 32,
+              "rope_inv_freq_len": 2}
+MINIMAX_H3_TASKS = ("t2v", "i2v", "ref2v")
+
+
+def minimax_h3_available() -> bool:
+    """Whether the imported ComfyUI has MiniMax H3 (comfy.supported_models.MiniMaxH3)."""
+    ensure_comfy()
+    import comfy.supported_models
+
+    return hasattr(comfy.supported_models, "MiniMaxH3")
+
+
+def tiny_minimax_h3(seed: int = 0) -> ModelPatcher:
+    """MiniMax H3 at toy width (hidden 64, 4 heads of 16, 2 blocks, RoPE over 2 frequencies a
+    (t, h, w) axis: 12 of the 16 channels), from comfy.supported_models.MiniMaxH3; its RoPE
+    frequencies (a buffer the checkpoint fills) set as the real model's 10000^(-i/n)."""
+    ensure_comfy()
+    import comfy.supported_models
+
+    patcher = _patcher(comfy.supported_models.MiniMaxH3(dict(MINIMAX_H3)), seed)
+    inv_freq = patcher.model.diffusion_model.rope.inv_freq
+    n = inv_freq.shape[0]
+    inv_freq.copy_(10000.0 ** (-torch.arange(n, dtype=torch.float32) / n))
+    return patcher
+
+
+class _StubClip:
+    """MiniMax H3's text encoder for its conditioning nodes: the prompt's states [1, L, TEXT_DIM]
+    (seeded) and, as ComfyUI's MiniMax CLIP hands them, `minimax_token_tags`, the modality of
+    each token (0 over a vision block: tokens 1-3 where images or references are given)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def tokenize(self, text: str, images: Any = None, minimax_ref_items: Any = None,
+                 **kwargs: Any) -> dict[str, Any]:
+        return {"vision": bool(images) or bool(minimax_ref_items)}
+
+    def encode_from_tokens_scheduled(self, tokens: dict[str, Any]) -> Any:
+        tags = torch.ones(TEXT_TOKENS, dtype=torch.long)
+        if tokens["vision"]:
+            tags[1:4] = 0
+        context = _randn(1, TEXT_TOKENS, TEXT_DIM, seed=self.seed)
+        return [[context, {"pooled_output": None, "minimax_token_tags": tags}]]
+
+
+class _StubVideoVAE:
+    """MiniMax H3's video VAE encode: pixels [N, H, W, 3] -> latent [1, 24, t, H / 16, W / 16],
+    t = 1 for an image (N < 5), else the model's latent frames for N; 16 x 16 means through a
+    fixed random projection."""
+
+    def __init__(self, seed: int) -> None:
+        self.projection = _randn(24, 3, seed=seed)
+
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        n = pixels.shape[0]
+        t = 1 if n < 5 else ((n - 5) // 17) * 5 + 2
+        frames = pixels[torch.linspace(0, n - 1, t).long()].movedim(-1, 1).float()
+        cells = torch.nn.functional.avg_pool2d(frames, 16)
+        latent = torch.einsum("oc,fchw->ofhw", self.projection, cells - 0.5) * 4
+        return latent.unsqueeze(0)
+
+
+class _StubAudioVAE:
+    """MiniMax H3's audio VAE encode: waveform [1, L, 2] at 32 kHz -> latent [1, 32, 2, L / 800]
+    (40 latent frames a second), means of 800 samples through a fixed random projection."""
+
+    audio_sample_rate = 32000
+
+    def __init__(self, seed: int) -> None:
+        self.projection = _randn(32, 1, seed=seed)
+
+    def encode(self, waveform: torch.Tensor) -> torch.Tensor:
+        frames = waveform[0, : waveform.shape[1] // 800 * 800].float()       # [L, 2]
+        means = frames.view(-1, 800, 2).mean(dim=1).t()                     # [2, T]
+        return (self.projection[:, :, None] * means[None]).unsqueeze(0)     # [1, 32, 2, T]
+
+
+def minimax_h3_inputs(task: str, width: int = 160, height: int = 128, length: int = 22,
+                      seed: int = 0) -> SampleInputs:
+    """Latent and conditioning for MiniMax H3 from ComfyUI's own nodes, as its templates wire
+    them: text to video (EmptyMiniMaxH3LatentAV), image to video (MiniMaxH3ImageToVideo with a
+    first frame) or reference to video (MiniMaxH3ReferenceToVideo with a reference image and a
+    reference audio); the negative is the text encoder's alone. Sizes in pixels and frames."""
+    ensure_comfy()
+    import comfy_harness
+
+    comfy_harness.comfy_top_level_nodes()
+    from comfy_extras import nodes_minimax_h3 as nodes
+
+    clip, vae = _StubClip(seed), _StubVideoVAE(seed + 12)
+    if task == "t2v":
+        latent = _node_output(nodes.EmptyMiniMaxH3LatentAV.execute(width, height, length))[0]
+        positive = clip.encode_from_tokens_scheduled(clip.tokenize(""))
+    elif task == "i2v":
+        image = _pixels(1, height // 8, width // 8, seed + 13)
+        positive, latent = _node_output(nodes.MiniMaxH3ImageToVideo.execute(
+            clip, vae, "", width, height, length, first_frame=image))
+    elif task == "ref2v":
+        image = _pixels(1, height // 8, width // 8, seed + 13)
+        audio = {"waveform": _randn(1, 2, 32000 // 4, seed=seed + 14), "sample_rate": 32000}
+        positive, latent = _node_output(nodes.MiniMaxH3ReferenceToVideo.execute(
+            clip, vae, _StubAudioVAE(seed + 15), "", width, height, length,
+            ref_images={"ref_image_0": image}, ref_audios={"ref_audio_0": audio}))
+    else:
+        raise ValueError(f"no MiniMax H3 task {task!r}; known: {', '.join(MINIMAX_H3_TASKS)}")
+    negative = _StubClip(seed + 100).encode_from_tokens_scheduled({"vision": False})
+    return SampleInputs(latent["samples"], positive, negative)
+
+
+def _node_output(out: Any) -> tuple:
+    """A V3 node's outputs (NodeOutput.result, .args on older ComfyUI)."""
+    return getattr(out, "result", None) or out.args

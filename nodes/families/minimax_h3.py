@@ -1,0 +1,95 @@
+"""MiniMax H3 (comfy/ldm/minimax): video with synchronized audio in one packed sequence per
+call, [text | conditioning rows | audio | video] (text to video; image to video and
+MiniMaxH3AddGuide put keyframe rows after the text; MiniMaxH3ReferenceToVideo puts reference
+images, videos and audio there instead). One kind of block, batch size one: the stream is the
+sequence itself, [L, C], without a batch axis.
+
+Only the video, last in the sequence, merges; the text, the keyframes and references and the
+generated audio before it never do. Each block modulates its tokens by segment (`mod_segments`:
+(start, stop, timestep row) over the packed sequence): the video's span follows the merged
+video. A denoise mask that gives video tokens timesteps of their own makes that row a tensor
+of one row per token, and those blocks run unmerged. The fused RoPE table (`rope_freqs`
+[1, L, 1, D/2, 2, 2]) takes the rows of the merged tokens' destinations.
+
+ComfyUI's BlockSparseAttention node patches H3's blocks to run their attention by the packed
+layout (video cubes for VSA, exact rows for the conditioning), which a merged sequence no
+longer has: ToMA leaves those blocks unmerged and says so, applied before or after it."""
+
+from __future__ import annotations
+
+import math
+
+from ..contracts import Contract, Gives, Hands, Sets
+from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, set_grid, shape_grid
+
+# the models of this family, as the node's error and the README name them
+MODELS = "MiniMax H3"
+
+BLOCK = BlockKind("double_block", "blocks", "", "none", txt=None, pe="rope_freqs",
+                  spans=("mod_segments",), batched=False)
+MODEL = "comfy.ldm.minimax.model:MiniMaxH3Model"
+BASE = "comfy.model_base:MiniMaxH3"
+LAYOUT = "comfy.ldm.minimax.model:PackedLayout"
+# the module of ComfyUI's BlockSparseAttention node, whose H3 block patches read the packed
+# layout
+SPARSE_MODULE = "nodes_sparse_attention"
+
+CONTRACT = Contract(
+    "MiniMax H3",
+    models={MODEL: (
+        Hands(MODEL, BLOCK.key, BLOCK.arguments),
+        Gives(f"{BASE}.extra_conds", ("latent_shapes", "minimax_payload", "layout"),
+              what="conditioning"),
+        Sets(f"{LAYOUT}.__init__", ("segments", "signature", "seq_len"),
+             why="where the video sits in the packed sequence"),
+    )},
+    blocks={BLOCK.modules: ()},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a MiniMax H3 model (families.family_of checked it)."""
+    return description(tuple(int(p) for p in diffusion_model.patch_size))
+
+
+def description(patch: tuple[int, int, int] = (1, 2, 2)) -> Family:
+    """MiniMax H3's Family (benchmarks call blocks without a model call to describe)."""
+
+    def describe(call, base_model, arguments: dict) -> str | None:
+        return describe_call(call, arguments, patch)
+
+    return Family("minimax_h3", "MiniMax H3", (BLOCK,), patch, describe,
+                  frames_per_region=VIDEO_REGION_FRAMES, foreign_block=foreign_block)
+
+
+def describe_call(call, arguments: dict, patch: tuple[int, int, int]) -> str | None:
+    """The video's (t, h, w) grid from the first of `latent_shapes`, and everything before the
+    video's segment of the packed layout ComfyUI built for the call (its conditioning's
+    `minimax_payload`) as the prefix that never merges."""
+    shapes = arguments.get("latent_shapes")
+    layout = (arguments.get("minimax_payload") or {}).get("layout")
+    context = arguments.get("c_crossattn")
+    grid = shape_grid(shapes[0], patch) if shapes and len(shapes) > 1 else None
+    if grid is None or layout is None or context is None:
+        call.mergeable = False
+        return ("a MiniMax H3 call without its video and audio latents or its packed layout; "
+                "those model calls run unmerged")
+    t, h, w = grid
+    video = [(a, b) for a, b, kind in layout.segments if kind == "video"]
+    signature = (int(context.shape[1]), t, h * patch[1], w * patch[2], int(shapes[1][-1]))
+    if (len(video) != 1 or video[0][1] - video[0][0] != math.prod(grid)
+            or video[0][1] != layout.seq_len or tuple(layout.signature) != signature):
+        call.mergeable = False
+        return ("MiniMax H3's packed layout does not end with this call's video; those model "
+                "calls run unmerged")
+    set_grid(call, grid, prefix=video[0][0])
+    return None
+
+
+def foreign_block(patch: object) -> str | None:
+    """Why a block BlockSparseAttention patches cannot merge, None for other patches."""
+    module = getattr(patch, "__module__", None) or ""
+    if module.rpartition(".")[2] != SPARSE_MODULE:
+        return None
+    return ("BlockSparseAttention runs MiniMax H3's attention by the packed layout (video "
+            "cubes, exact conditioning rows), which merged tokens do not keep")
