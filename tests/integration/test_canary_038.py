@@ -16,6 +16,7 @@ models from ComfyUI's own classes and prints one JSON line of findings; the test
   replacing its fused kernel with the same math, so that `qkv=` runs under ToMA;
 - ComfyUI's BlockSparseAttention and ModelAttentionBackend beside ToMA in both orders (on the
   CPU block-sparse attention always falls back to dense, after deciding on the sequence it got);
+  BlockSparseAttention's MiniMax H3 block patches, beside which ToMA stands aside;
 - Qwen-Image 2.1 refused with a message naming it; MingImage (a NextDiT) sampled without a
   crash;
 - forward_patches.kept_allocations: ComfyUI's pause_malloc_graph where it exists.
@@ -312,6 +313,42 @@ def child(tree: str) -> dict[str, Any]:
 
     attempt("core_attention_nodes", core_attention_nodes)
 
+    # BlockSparseAttention's MiniMax H3 block patches beside ToMA ---------------------------------
+    def minimax_h3_block_sparse() -> dict[str, Any]:
+        if not tiny_models.minimax_h3_available():
+            return {"present": False}
+        try:
+            import comfy_extras.nodes_sparse_attention as sparse
+        except ImportError as error:
+            return {"present": True, "importable": False,
+                    "why": f"{type(error).__name__}: {error}"}
+        base = tiny_models.tiny_minimax_h3()
+        x = tiny_models.minimax_h3_inputs("i2v")
+
+        def bsa(m: Any) -> Any:
+            out = sparse.BlockSparseAttention.execute(
+                m, {"selection": "sol-attn", "tau": 1.3}, 0.0, 1.0, min_tokens=0)
+            return (getattr(out, "result", None) or out.args)[0]
+
+        def run(model: Any) -> tuple[Any, dict[str, Any]]:
+            stats.clear()
+            out = ch.sample(model, x.latent, x.positive, x.negative, steps=2, cfg=2.0)
+            return ch.flat(out), (stats[-1] if stats else {})
+
+        reference, _ = run(base)
+        _, alone = run(toma(base))
+        found: dict[str, Any] = {"present": True, "importable": True,
+                                 "toma_alone_merged": alone.get("layers_merged")}
+        for order, model in (("bsa_then_toma", toma(bsa(base))),
+                             ("toma_then_bsa", bsa(toma(base)))):
+            out, seen = run(model)
+            found[order] = {"layers_merged": seen.get("layers_merged"),
+                            "same_as_unmerged": bool(torch.equal(out, reference)),
+                            "note": seen.get("note", "")}
+        return found
+
+    attempt("minimax_h3_block_sparse", minimax_h3_block_sparse)
+
     # New families: Qwen-Image 2.1 refused, MingImage ----------------------------------------------
     def tiny_config_patcher(config: Any) -> Any:
         return ch._patcher(config, 0)
@@ -470,6 +507,25 @@ def test_block_sparse_attention_and_attention_backend_beside_toma(canary):
         assert found[order]["layers_merged"] > 0 and found[order]["finite"]
         assert found[order]["lengths"] and full not in found[order]["lengths"]
     assert found["backend_orders_equal"]
+
+
+def test_block_sparse_attention_beside_toma_on_minimax_h3(canary):
+    """BlockSparseAttention runs MiniMax H3's attention by the packed layout (VSA cubes, exact
+    conditioning rows): ToMA stands aside in its blocks in both orders and says so (wrapping
+    it: a setup note; replaced by it: a note of the run); on the CPU block-sparse attention
+    falls back to dense, so the samples are the unmerged model's."""
+    found = _case(canary, "minimax_h3_block_sparse")
+    if not found["present"]:
+        return
+    if not canary["tree"]["overlay"]:
+        assert not found["importable"]
+        return
+    assert found["toma_alone_merged"] > 0
+    for order in ("bsa_then_toma", "toma_then_bsa"):
+        assert found[order]["layers_merged"] == 0
+        assert found[order]["same_as_unmerged"]
+        assert "BlockSparseAttention runs MiniMax H3's attention" in found[order]["note"]
+    assert "replaced ToMA's patch of 2 MiniMax H3 blocks" in found["toma_then_bsa"]["note"]
 
 
 def test_qwen_image21_is_refused_with_its_name(canary):

@@ -35,6 +35,9 @@ GRID = (7, 4, 5)
 # the node's default regions for that grid (about 64 tokens, 2 frames deep, slabs of near-equal
 # depth): slabs of 3, 2 and 2 frames, one tile a frame
 REGIONS = ((3, 2, 2), (4,), (5,))
+# Relative error of merged samples against unmerged (test_template_sampling_stays_near_unmerged),
+# the measured value x 1.5 (comments: measured on v0.33.0)
+SAMPLE_ERROR = {"t2v": 0.19, "i2v": 0.19, "ref2v": 0.19}      # 0.1260, 0.1255, 0.1250
 
 
 def present() -> bool:
@@ -190,14 +193,20 @@ def test_per_token_video_timesteps_run_unmerged(monkeypatch):
     assert "mod_segments" in sent[-1]["note"]
 
 
-def test_merged_samples_stay_near_unmerged():
-    """Two steps at ratio 0.5: finite video and audio, a measured distance from unmerged."""
+@pytest.mark.parametrize("task", MINIMAX_H3_TASKS)
+def test_template_sampling_stays_near_unmerged(task):
+    """As MiniMax H3's templates sample (BasicGuider: the positive alone, res_multistep, the
+    simple scheduler; 4 steps as their turbo LoRA), at ratio 0.5 with ToMA's default
+    skip_blocks: finite video and audio, within a measured distance of unmerged (random
+    weights: this bounds how far merging moves the samples, not their quality)."""
     if not present():
         return
     model = tiny_minimax_h3()
-    x = minimax_h3_inputs("i2v")
-    base = ch.flat(sample(model, x))
-    merged = ch.flat(sample(apply_toma(model, make_options(RATIO, skip_blocks="none")), x))
+    x = minimax_h3_inputs(task)
+    run = {"steps": 4, "cfg": 1.0, "sampler": "res_multistep", "scheduler": "simple"}
+    base = ch.flat(ch.sample(model, x.latent, x.positive, x.negative, **run))
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+    merged = ch.flat(ch.sample(toma, x.latent, x.positive, x.negative, **run))
     err = float((merged - base).norm() / base.norm())
-    print(f"minimax_h3 i2v: relative error of merged samples {err:.4f}")
-    assert torch.isfinite(merged).all() and 0 < err
+    print(f"minimax_h3 {task}: relative error of merged samples {err:.4f}")
+    assert torch.isfinite(merged).all() and 0 < err <= SAMPLE_ERROR[task]
