@@ -38,6 +38,8 @@ MIN_COMFYUI: dict[str, tuple[int, int, int]] = {
     # HiDream-O1's model and its nodes EmptyHiDreamO1LatentImage, HiDreamO1PatchSeamSmoothing
     # (comfy_extras/nodes_hidream_o1.py)
     "HiDream-O1 text to image": (0, 33, 0),
+    # MiniMax H3's model and its nodes MiniMaxH3ImageToVideo (comfy_extras/nodes_minimax_h3.py)
+    "MiniMax H3 image to video": (0, 33, 0),
 }
 # Node types the frontend draws without a backend node (they need none in /object_info).
 FRONTEND_ONLY_NODES = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})

@@ -172,7 +172,8 @@ def widgets(inputs: dict[str, Any], values: list[Any]) -> list[Widget]:
     """The widgets the frontend makes for a node with these /object_info inputs, in the order of
     a saved workflow's values: one per widget input (a combo, or a scalar that is not
     forceInput; a multi-type input by its widgetType), then the frontend's "control after
-    generate" value for inputs that ask for it (seeds), and right after a dynamic combo the
+    generate" value for inputs that ask for it (seeds) and the upload button's value for image
+    combos that take uploads (LoadImage), and right after a dynamic combo the
     widgets of the option its saved value picks. A hidden input still makes one (0.33's
     SaveVideo: filename_prefix, format, format.codec, then the hidden codec, in frontend 1.49)."""
     found: list[Widget] = []
@@ -197,20 +198,26 @@ def widgets(inputs: dict[str, Any], values: list[Any]) -> list[Widget]:
                     found.append((name, kind, options))
                     if options.get("control_after_generate"):
                         found.append((f"{name}:control", SEED_CONTROL_VALUES, {}))
+                    if options.get("image_upload"):     # the upload button saves a value too
+                        found.append((f"{name}:upload", "STRING", {}))
 
     walk(inputs)
     return found
 
 
 MODEL_FILE = re.compile(r"\.(safetensors|sft|ckpt|pt|pth|bin|gguf)$")
+IMAGE_FILE = re.compile(r"\.(png|jpe?g|webp)$")
 
 
 def fits(widget: Widget, value: Any) -> bool:
     """Whether a saved value fits its widget: a combo's option (a model file name is not one on
-    this server, which has no models: any name of one), a number in range, a boolean, a string."""
+    this server, which has no models: any name of one; nor an image's name, where the combo takes
+    uploads, in its empty input folder), a number in range, a boolean, a string."""
     _, kind, options = widget
     if isinstance(kind, list):
-        return value in kind or isinstance(value, str) and MODEL_FILE.search(value) is not None
+        file = MODEL_FILE if not options.get("image_upload") else IMAGE_FILE
+        return value in kind or isinstance(value, str) and (
+            MODEL_FILE.search(value) is not None or file.search(value) is not None)
     if kind in ("BOOLEAN", "STRING"):
         return isinstance(value, bool if kind == "BOOLEAN" else str)
     if isinstance(value, bool) or not isinstance(value, int if kind == "INT" else (int, float)):

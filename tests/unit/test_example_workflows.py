@@ -32,6 +32,7 @@ EXPECTED_EXAMPLES = {
     "Qwen-Image text to image.json",
     "LTX-2 text to video.json",
     "HiDream-O1 text to image.json",
+    "MiniMax H3 image to video.json",
     "Flux schnell in 4 steps.json",
     "SDXL with EasyCache.json",
 }
@@ -43,6 +44,7 @@ TOMA_TYPES = {"ToMA", "ToMAAdvanced"}
 SEED_CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 SCALAR_WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
 NON_WIDGET_NODE_TYPES = {"Note", "MarkdownNote", "Reroute"}
+OPTIONAL_SHAPE = 7  # how the frontend saves an optional input (drawn hollow)
 
 
 def load(path: Path) -> dict:
@@ -189,7 +191,7 @@ def test_required_inputs_are_connected(workflow):
         if node["type"] in NON_WIDGET_NODE_TYPES:
             continue
         for input_ in node.get("inputs") or []:
-            if input_.get("widget"):
+            if input_.get("widget") or input_.get("shape") == OPTIONAL_SHAPE:
                 continue
             assert input_.get("link") is not None, (
                 f"node {node['id']} ({node['type']}) input {input_['name']} is not connected"
@@ -278,6 +280,7 @@ def test_txt2img_examples_sample_through_toma_at_1024(name, latent_type):
     ("Qwen-Image text to image.json", "KSampler", 1),
     ("LTX-2 text to video.json", "CFGGuider", 1),  # SamplerCustomAdvanced takes the guider
     ("HiDream-O1 text to image.json", "KSampler", 1),
+    ("MiniMax H3 image to video.json", "BasicGuider", 1),  # and its BasicScheduler, below
 ])
 def test_dit_examples_sample_every_model_through_toma(name, sampler_type, count):
     workflow = load(EXAMPLES_DIR / name)
@@ -286,6 +289,8 @@ def test_dit_examples_sample_every_model_through_toma(name, sampler_type, count)
     samplers = [n for n in workflow["nodes"] if n["type"] == sampler_type]
     assert len(samplers) == count
     assert all(_model_source(nodes, links, s)["type"] in TOMA_TYPES for s in samplers)
+    schedulers = [n for n in workflow["nodes"] if n["type"] == "BasicScheduler"]
+    assert all(_model_source(nodes, links, s)["type"] in TOMA_TYPES for s in schedulers)
     # one kind of block in both families: skip_blocks in plain indices
     toma = [n for n in workflow["nodes"] if n["type"] in TOMA_TYPES]
     assert all(n["widgets_values"][2] == "0-4" for n in toma)
