@@ -54,6 +54,9 @@ Sizes (pixels -> latent -> token grid t x h x w):
   ltx2        LTX-2 19B, video width 4096, 48 blocks: 768x512, 121 frames (VAE 32x32 pixels,
               8 frames after the first) -> 16x16x24 = 6144 video tokens (+ 121 audio tokens,
               25 a second at 25 fps; 1024 text tokens as cross-attention context)
+  minimax_h3  MiniMax H3, width 5376, 50 blocks: 1344x768, 124 frames (VAE 16x16 pixels, the
+              17k+5 frame grid) -> 37x24x42 = 37296 video tokens (+ 414 audio tokens, 40 a
+              second per stereo channel, and 512 text tokens in front, in the one sequence)
   ltxv        LTX-Video 2B, width 2048, 28 blocks: 768x512, 97 frames -> 13x16x24 = 4992
               (+ 128 text tokens as cross-attention context)
   hidream     HiDream-I1, width 2560, 16 double + 32 single blocks (MoE: 4 experts, 2 active):
@@ -123,7 +126,8 @@ DEFAULT_HOOK = "bench.speed.dit_toma:hook"
 VIDEO_TARGET = 2.2          # projected whole-model speedup of video at ratio 0.5
 LB_TARGET = 1.10            # ToMA within 10% of its lower bound
 # held to VIDEO_TARGET
-VIDEO_FAMILIES = ("wan22_5b", "wan14b", "wan_animate14b", "ltx2", "ltxv", "kandinsky5")
+VIDEO_FAMILIES = ("wan22_5b", "wan14b", "wan_animate14b", "ltx2", "ltxv", "kandinsky5",
+                  "minimax_h3")
 KIND_NAMES = {"d": "double", "s": "single"}
 COLUMNS = ("family", "variant", "ratio", "image_tokens", "text_tokens", "ms", "spread", "reps",
            "speedup", "speedup_lo", "speedup_hi", "vs_lb", "lb_speedup", "plan_ms",
@@ -172,6 +176,8 @@ class BlockCase:
     image_out(out) -> the image tokens of an output (for the error); kind: the skip_blocks
     letter of the block's kind in a family of two ("d" double, "s" single), else "";
     protect_frames: leading frames of the grid that never merge (a reference frame in front);
+    prefix_tokens: tokens in front of the grid in the block's one stream that never merge (a
+    packed sequence's text, conditioning and audio);
     full_length: the model's blocks that always run on every image token (timed beside the
     block, costed unmerged in the projection).
 
@@ -190,6 +196,7 @@ class BlockCase:
     kind: str = ""
     protect_frames: int = 0
     full_length: tuple[FullLengthBlock, ...] = ()
+    prefix_tokens: int = 0
 
     @property
     def image_tokens(self) -> int:
@@ -583,6 +590,48 @@ def ltx2_case(name: str, size: Size, text: int = 1024) -> BlockCase:
     return BlockCase(name, block, grid, text, 48, args, original, lambda out: out["img"][0])
 
 
+def minimax_h3_case(name: str, size: Size, text: int = 512) -> BlockCase:
+    """MiniMax H3 (MiniMaxH3Model's defaults: width 5376, 56 heads of 128, 50 blocks): one
+    packed sequence [text | audio | video] per call, batch size one, the stream [L, C] without
+    a batch axis. The arguments come from the model's own forward (capture_block) on a text to
+    video call: video latent [1, 24, t, h, w] (t from the 17k+5 frame grid at 24 fps: 5 frames
+    -> 2), stereo audio latent [1, 32, 2, frames / 24 fps x 40], the prompt's states at the
+    model's width (its token refiner then runs no layer), one timestep. The lower bound cuts
+    the video, its RoPE rows and its modulation segment; text and audio unchanged."""
+    try:
+        from comfy.ldm.minimax.model import MiniMaxH3Model
+    except ImportError as exc:
+        raise RuntimeError("this ComfyUI has no MiniMax H3") from exc
+    # requires_grad off: its fused RoPE runs in place, which autograd refuses (ComfyUI samples
+    # without gradients)
+    model = one_block_model(MiniMaxH3Model, ("token_refiner", "condition_proj"),
+                            num_layers=1).requires_grad_(False)
+    model.rope.inv_freq.copy_(10000.0 ** (-torch.arange(16, dtype=torch.float32) / 16))
+    frames = 2 if size.frames <= 5 else (size.frames - 5) // 17 * 5 + 2
+    h, w = size.height // size.spatial // size.patch, size.width // size.spatial // size.patch
+    grid, audio = (frames, h, w), round(size.frames / 24 * 40)
+    g = torch.Generator().manual_seed(3)
+    vx = latent_video((frames, 2 * h, 2 * w), 24, 2)
+    ax = torch.randn(1, 32, 2, audio, generator=g)
+    context = torch.randn(1, text, 5376, generator=g)
+    sigma = torch.full((1,), 700.0)
+    with torch.inference_mode():
+        captured, original = capture_block(lambda options: model(
+            [vx, ax], sigma, context, transformer_options=options))
+    block, full = model.blocks[0], math.prod(grid)
+    prefix = captured["img"].shape[0] - full
+
+    def args(keep: int | None = None) -> dict:
+        n = prefix + (keep or full)
+        *before, (start, _, row) = captured["mod_segments"]
+        return {**captured, "img": captured["img"][:n].clone(),
+                "rope_freqs": captured["rope_freqs"][:, :n],
+                "mod_segments": [*before, (start, n, row)], "transformer_options": {}}
+
+    return BlockCase(name, block, grid, prefix, 50, args, original,
+                     lambda out: out["img"][prefix:].unsqueeze(0), prefix_tokens=prefix)
+
+
 def ltxv_case(name: str, size: Size, text: int = 128) -> BlockCase:
     """LTX-Video 2B (LTXVModel's defaults, the 0.9.x 2B models): BasicTransformerBlock at width
     2048 (32 heads of 64), T5 text [1, 128, 4096] (padded to 128) with its attention mask as
@@ -884,6 +933,9 @@ FAMILIES: dict[str, tuple[Callable[[str, Size], BlockCase | tuple[BlockCase, ...
              Size(768, 512, 17, spatial=32, temporal=8, patch=1)),
     "ltxv": (ltxv_case, Size(768, 512, 97, spatial=32, temporal=8, patch=1),
              Size(768, 512, 17, spatial=32, temporal=8, patch=1)),
+    # MiniMax H3's VAE: 16x16 pixels a latent, 2x2 patches; frames on its 17k+5 grid at 24 fps
+    "minimax_h3": (minimax_h3_case, Size(1344, 768, 124, spatial=16),
+                   Size(1344, 768, 5, spatial=16)),
     "hidream": (hidream_cases, Size(1024, 1024), Size(512, 512)),
     # HunyuanImage 2.1's VAE: 32x32 pixels per latent, 1x1 patches; 2048x2048 is its native size
     "hunyuan_image": (hunyuan_image_cases, Size(2048, 2048, spatial=32, patch=1),

@@ -19,7 +19,7 @@ FAMILIES = {"wan22_5b": "wan", "wan14b": "wan", "wan_animate14b": "wan",
             "qwen_image": "qwen_image",
             "sd35_large": "sd3", "z_image": "lumina", "ltx2": "ltx", "ltxv": "ltx",
             "hidream": "hidream", "hunyuan_image": "hunyuan_image", "kandinsky5": "kandinsky5",
-            "hidream_o1": "hidream_o1"}
+            "hidream_o1": "hidream_o1", "minimax_h3": "minimax_h3"}
 
 
 def family_spec(family: str, module):
@@ -81,15 +81,17 @@ class MergedBlock:
         # hands it to the blocks in their transformer_options); its plans dict keeps the plan
         self.call = ModelCall(self.state.new_run(), grid=case.grid, merging=True,
                               txt_len=case.text_tokens)
-        if case.protect_frames:         # as the family's describe says it for the real model
-            set_grid(self.call, case.grid, protect_frames=case.protect_frames)
+        if case.protect_frames or case.prefix_tokens:    # as the family's describe says it
+            set_grid(self.call, case.grid, prefix=case.prefix_tokens,
+                     protect_frames=case.protect_frames)
         self.toma = DiTToMA(self.state, spec, {(kind.key, 0): 0})
         self.forward = (self.toma.forward_patch(kind, 0, case.block, case.block.forward)
                         if forward else None)
         self.patch = self.toma.replace_patch(kind, 0, None)
         self.extra = {"original_block": case.original_block}
-        # the tokens the block runs on: the merged grid and the protected ones before it
-        self.merged_tokens = self.build_plan().merged_tokens + self.call.prefix
+        # the image tokens the block runs on: the merged grid and the protected frames before it
+        self.merged_tokens = (self.build_plan().merged_tokens + self.call.prefix
+                              - case.prefix_tokens)
 
     def __call__(self, args: dict) -> dict:
         if self.forward is None:
