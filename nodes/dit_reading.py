@@ -126,18 +126,17 @@ class DiTReading:
         replaced = dit_patches(arguments)
         key = ("displaced", id(replaced))
         if key not in call.run.host_reads:
-            reasons, count = [], 0
+            first, count = None, 0
             for block, patch in self.patches.items():
                 other = replaced.get(block)
                 why = None if other is patch or other is None else \
                     self.family.foreign_block(other)
                 if why:
-                    count += 1
-                    reasons.append(why)
-            call.run.host_reads[key] = count and (
-                f"{reasons[0]}; that node, applied after ToMA, replaced ToMA's patch of "
-                f"{count} {self.family.label} blocks: those run without ToMA")
-        return call.run.host_reads[key] or None
+                    first, count = first or why, count + 1
+            call.run.host_reads[key] = first and (
+                f"{first}; that node, applied after ToMA, replaced ToMA's patch of {count} "
+                f"{self.family.label} blocks: those run without ToMA")
+        return call.run.host_reads[key]
 
     def neighbours(self, call: ModelCall, diffusion_model) -> tuple[str | None, dict]:
         """(who replaced the model's blocks, or None; {(kind key, index): who patched that
