@@ -181,6 +181,10 @@ def unavoidable_reason(entry: ConsoleEntry, origin: str) -> str | None:
             return "external request (update check, node docs): the test machine is offline"
         if "404" in entry.text and OPTIONAL_USER_FILES.match(url.path):
             return "optional file absent from the fresh user directory"
+        if ("404" in entry.text and url.path == "/api/view"
+                and "type=input" in url.query):
+            return ("an example's Load Image previews its image, absent from the fresh input "
+                    "directory")
     if (entry.source == "exception" and "addSetting" in entry.text
             and "reading 'id'" in entry.text):
         return "frontend 1.27 bug: a core setting's onChange runs before extensions load"
