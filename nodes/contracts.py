@@ -43,7 +43,7 @@ import functools
 import importlib
 import inspect
 import re
-import textwrap
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, is_dataclass
 
@@ -88,29 +88,49 @@ def resolve(path: str) -> tuple[object, str | None]:
     return found, None
 
 
-@functools.cache
-def source_of(obj: object) -> str | None:
-    """The source of a ComfyUI function, class or module; None where it cannot be read or the
-    object is not ComfyUI's own (another pack's replacement of a function)."""
+def _own(obj: object) -> tuple[object, str] | None:
+    """(the object, its module's name) where it is ComfyUI's own code; None for another
+    pack's replacement of a function or anything else."""
     target = inspect.unwrap(obj) if callable(obj) else obj
     module = getattr(target, "__name__", "") if inspect.ismodule(target) else \
         getattr(target, "__module__", "") or ""
-    if module.split(".")[0] not in COMFY_PACKAGES:
-        return None
-    try:
-        return textwrap.dedent(inspect.getsource(target))
-    except (OSError, TypeError):
-        return None
+    return (target, module) if module.split(".")[0] in COMFY_PACKAGES else None
 
 
 @functools.cache
-def tree_of(obj: object) -> ast.AST | None:
-    """source_of parsed."""
-    source = source_of(obj)
+def module_tree(module: str) -> ast.Module | None:
+    """The syntax tree of a loaded module's source, parsed once; None where it cannot be read."""
     try:
-        return None if source is None else ast.parse(source)
-    except SyntaxError:
+        return ast.parse(inspect.getsource(sys.modules[module]))
+    except (KeyError, OSError, TypeError, SyntaxError):
         return None
+
+
+def tree_of(obj: object) -> ast.AST | None:
+    """The syntax tree of a ComfyUI function, class or module (found by its qualified name in
+    its module's tree); None where it cannot be read or the object is not ComfyUI's own."""
+    own = _own(obj)
+    if own is None:
+        return None
+    target, module = own
+    node: ast.AST | None = module_tree(module)
+    if inspect.ismodule(target):
+        return node
+    for part in getattr(target, "__qualname__", "<none>").split("."):
+        node = next((child for child in _definitions(node) if child.name == part), None)
+    return node
+
+
+def _definitions(node: ast.AST | None):
+    """The classes and functions a module or class body defines, also under if/try."""
+    for child in getattr(node, "body", ()):
+        if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield child
+        elif isinstance(child, (ast.If, ast.Try)):
+            yield from _definitions(child)
+            for branch in (child.orelse, *(h for h in getattr(child, "handlers", ()))):
+                yield from _definitions(branch if isinstance(branch, ast.AST)
+                                        else ast.Module(body=branch, type_ignores=[]))
 
 
 def _strings(node: ast.AST | None) -> bool:
@@ -444,7 +464,7 @@ class Probe(Need):
         found, why = resolve(self.function)
         if found is None:
             return [why]
-        if source_of(found) is None:
+        if _own(found) is None:
             return []           # not ComfyUI's own function
         try:
             found_wrong = self.check(found)
