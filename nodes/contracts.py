@@ -44,7 +44,7 @@ import importlib
 import inspect
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 
 # ComfyUI's own packages: a model class found by name must come from one of them
@@ -117,20 +117,21 @@ def tree_of(obj: object) -> ast.AST | None:
     if inspect.ismodule(target):
         return node
     for part in getattr(target, "__qualname__", "<none>").split("."):
-        node = next((child for child in _definitions(node) if child.name == part), None)
+        # the last definition of a name is the one Python keeps
+        found = [child for child in _definitions(getattr(node, "body", ())) if child.name == part]
+        node = found[-1] if found else None
     return node
 
 
-def _definitions(node: ast.AST | None):
-    """The classes and functions a module or class body defines, also under if/try."""
-    for child in getattr(node, "body", ()):
+def _definitions(body: Iterable[ast.stmt]) -> Iterator[ast.AST]:
+    """The classes and functions a module's or class's body defines, also under if/try."""
+    for child in body:
         if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             yield child
         elif isinstance(child, (ast.If, ast.Try)):
-            yield from _definitions(child)
-            for branch in (child.orelse, *(h for h in getattr(child, "handlers", ()))):
-                yield from _definitions(branch if isinstance(branch, ast.AST)
-                                        else ast.Module(body=branch, type_ignores=[]))
+            for block in (child.body, child.orelse, getattr(child, "finalbody", ()),
+                          *(h.body for h in getattr(child, "handlers", ()))):
+                yield from _definitions(block)
 
 
 def _strings(node: ast.AST | None) -> bool:

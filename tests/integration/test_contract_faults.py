@@ -99,7 +99,8 @@ def faults_of(need, tree: Path) -> list[tuple[dict, tuple]]:
     elif kind == "Hands":
         model, _ = contracts.resolve(need.model)
         handing = next(cls for cls in inspect.getmro(model)
-                       if contracts.handed_dicts(contracts.tree_of(cls) or ast_none(), need.key))
+                       if (tree_of := contracts.tree_of(cls)) is not None
+                       and contracts.handed_dicts(tree_of, need.key))
         target = f"{handing.__module__}:{handing.__qualname__}"
         op, items = "rename_strings", need.arguments
     else:
@@ -107,12 +108,6 @@ def faults_of(need, tree: Path) -> list[tuple[dict, tuple]]:
     file, qualname = place(target, tree)
     return [({"file": file, "qualname": qualname, "op": op, "arg": item},
              (op, file, qualname, item)) for item in items]
-
-
-def ast_none():
-    import ast
-
-    return ast.Module(body=[], type_ignores=[])
 
 
 def block_classes() -> dict[str, dict[str, list[str]]]:
