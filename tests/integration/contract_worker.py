@@ -42,9 +42,6 @@ def report(spec: dict) -> dict:
 
     ch.ensure_comfy()
     pack_loader.load_pack()
-    import comfy.model_base
-    import comfy.supported_models  # noqa: F401
-
     from toma_pack.nodes import apply, contracts, unet_patch
     from toma_pack.nodes.families import MODULES
 
