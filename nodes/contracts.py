@@ -6,8 +6,8 @@ class need besides), what every model of the family needs (`needs`), and the par
 blocks' forwards take (`blocks`, read from the model's own blocks). A `Need` names a ComfyUI
 object by "module:qualname" and checks what ComfyUI does where a small call can show it, and
 otherwise the names ComfyUI's code uses (parameters, keys, attributes), never the text of a
-line: a re-spelling that keeps the behaviour (locals renamed, lines reformatted or reordered)
-meets every need.
+line: a re-spelling that keeps the behaviour (locals renamed, lines reformatted) meets every
+need.
 
 - Probe: a function run on a small input (a few tensor elements, a `bare` object for self),
   its output read as the family reads it (a conditioning's layout: which channels hold a
@@ -44,6 +44,7 @@ import importlib
 import inspect
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 
@@ -107,12 +108,15 @@ def module_tree(module: str) -> ast.Module | None:
 
 
 def tree_of(obj: object) -> ast.AST | None:
-    """The syntax tree of a ComfyUI function, class or module (found by its qualified name in
-    its module's tree); None where it cannot be read or the object is not ComfyUI's own."""
+    """The syntax tree of a ComfyUI function, class or module; None where it cannot be read or
+    the object is not ComfyUI's own. A function's own source is parsed (a few lines); a class
+    is found by its qualified name in its module's tree, parsed once."""
     own = _own(obj)
     if own is None:
         return None
     target, module = own
+    if inspect.isfunction(target):
+        return _function_tree(target)
     node: ast.AST | None = module_tree(module)
     if inspect.ismodule(target):
         return node
@@ -121,6 +125,14 @@ def tree_of(obj: object) -> ast.AST | None:
         found = [child for child in _definitions(getattr(node, "body", ())) if child.name == part]
         node = found[-1] if found else None
     return node
+
+
+@functools.cache
+def _function_tree(function: object) -> ast.AST | None:
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
 
 
 def _definitions(body: Iterable[ast.stmt]) -> Iterator[ast.AST]:
