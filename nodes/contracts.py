@@ -4,21 +4,30 @@ ComfyUI that runs when the node patches a model.
 A family states one `Contract`: the model classes it patches (each with what models of that
 class need besides), what every model of the family needs (`needs`), and the parameters its
 blocks' forwards take (`blocks`, read from the model's own blocks). A `Need` names a ComfyUI
-object by "module:qualname" and reads it from the code that is loaded:
+object by "module:qualname" and checks what ComfyUI does where a small call can show it, and
+otherwise the names ComfyUI's code uses (parameters, keys, attributes), never the text of a
+line: a re-spelling that keeps the behaviour (locals renamed, lines reformatted) meets every
+need.
 
+- Probe: a function run on a small input (a few tensor elements, a `bare` object for self),
+  its output read as the family reads it (a conditioning's layout: which channels hold a
+  mask, which frames it marks given);
 - Takes: a function's parameters (a block forward's, apply_model's, the sampler's);
-- Hands: the arguments ComfyUI's block loop hands a "dit" replace patch (a dict literal);
-- Gives: keys a function stores in the dict it builds (conditioning from model_base's
+- Hands: the keys of the dict ComfyUI's block loop hands a "dit" replace patch;
+- Gives: keys a function stores in the dicts it builds (conditioning from model_base's
   extra_conds, transformer_options a model sets for its blocks);
 - Sets: attributes a function sets on `self`; Has: names a class or module has; Equals: a
-  constant's value; Holds: code a function holds (a layout the family reads tensors by);
-  Mentions: strings a function or module uses (a marker of a feature);
-- JoinOrder: the order a model joins two streams into one sequence, against the flag ToMA
-  reads that order from.
+  constant's value; Mentions: strings a function or module uses (a marker of a feature);
+- JoinOrder: the order in which a block loop joins the two streams it hands its double-stream
+  patches (by their keys) into the sequence it hands its single-stream patches, against the
+  flag ToMA reads that order from.
 
 A need can apply only from a ComfyUI version on (`since`) or only where another need is met
 (`when`: a feature's marker). Where the object's code cannot be read (no source, another
 pack's replacement of it) a need is taken as met: the check reports what it can see changed.
+A probe that raises refuses its family only. tests/integration/test_contract_faults.py breaks
+each need of every contract on a copy of ComfyUI (one fault each) and re-spells every function
+the contracts name.
 
 `claimed` tells whether a model is of a contract's classes: by identity, or by name (within
 ComfyUI's `comfy` package) where that class no longer imports, so that a model of a class that
@@ -34,8 +43,9 @@ import functools
 import importlib
 import inspect
 import re
+import sys
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 
 # ComfyUI's own packages: a model class found by name must come from one of them
@@ -79,29 +89,61 @@ def resolve(path: str) -> tuple[object, str | None]:
     return found, None
 
 
-@functools.cache
-def source_of(obj: object) -> str | None:
-    """The source of a ComfyUI function, class or module; None where it cannot be read or the
-    object is not ComfyUI's own (another pack's replacement of a function)."""
+def _own(obj: object) -> tuple[object, str] | None:
+    """(the object, its module's name) where it is ComfyUI's own code; None for another
+    pack's replacement of a function or anything else."""
     target = inspect.unwrap(obj) if callable(obj) else obj
     module = getattr(target, "__name__", "") if inspect.ismodule(target) else \
         getattr(target, "__module__", "") or ""
-    if module.split(".")[0] not in COMFY_PACKAGES:
-        return None
-    try:
-        return textwrap.dedent(inspect.getsource(target))
-    except (OSError, TypeError):
-        return None
+    return (target, module) if module.split(".")[0] in COMFY_PACKAGES else None
 
 
 @functools.cache
-def tree_of(obj: object) -> ast.AST | None:
-    """source_of parsed."""
-    source = source_of(obj)
+def module_tree(module: str) -> ast.Module | None:
+    """The syntax tree of a loaded module's source, parsed once; None where it cannot be read."""
     try:
-        return None if source is None else ast.parse(source)
-    except SyntaxError:
+        return ast.parse(inspect.getsource(sys.modules[module]))
+    except (KeyError, OSError, TypeError, SyntaxError):
         return None
+
+
+def tree_of(obj: object) -> ast.AST | None:
+    """The syntax tree of a ComfyUI function, class or module; None where it cannot be read or
+    the object is not ComfyUI's own. A function's own source is parsed (a few lines); a class
+    is found by its qualified name in its module's tree, parsed once."""
+    own = _own(obj)
+    if own is None:
+        return None
+    target, module = own
+    if inspect.isfunction(target):
+        return _function_tree(target)
+    node: ast.AST | None = module_tree(module)
+    if inspect.ismodule(target):
+        return node
+    for part in getattr(target, "__qualname__", "<none>").split("."):
+        # the last definition of a name is the one Python keeps
+        found = [child for child in _definitions(getattr(node, "body", ())) if child.name == part]
+        node = found[-1] if found else None
+    return node
+
+
+@functools.cache
+def _function_tree(function: object) -> ast.AST | None:
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+
+
+def _definitions(body: Iterable[ast.stmt]) -> Iterator[ast.AST]:
+    """The classes and functions a module's or class's body defines, also under if/try."""
+    for child in body:
+        if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield child
+        elif isinstance(child, (ast.If, ast.Try)):
+            for block in (child.body, child.orelse, getattr(child, "finalbody", ()),
+                          *(h.body for h in getattr(child, "handlers", ()))):
+                yield from _definitions(block)
 
 
 def _strings(node: ast.AST | None) -> bool:
@@ -179,23 +221,6 @@ class Hands(Need):
     key: str
     arguments: tuple[str, ...]
 
-    def handed(self, tree: ast.AST) -> list[set[str]]:
-        """The keys of each dict a class's source hands `key` replace patches: a dict literal,
-        or a name it builds one under (`args = {...}`, `args["img"] = ...`)."""
-        out = []
-        for call in ast.walk(tree):
-            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Subscript)
-                    and isinstance(call.func.slice, ast.Tuple) and call.func.slice.elts
-                    and _strings(call.func.slice.elts[0])
-                    and call.func.slice.elts[0].value == self.key and call.args):
-                continue
-            handed = call.args[0]
-            if isinstance(handed, ast.Dict):
-                out.append({k.value for k in handed.keys if _strings(k)})
-            elif isinstance(handed, ast.Name):
-                out.append(keys_built(tree, handed.id))
-        return out
-
     def problems(self) -> list[str]:
         found, why = resolve(self.model)
         if found is None:
@@ -206,7 +231,7 @@ class Hands(Need):
             tree = tree_of(cls)
             if tree is None:
                 return []       # no source to read
-            handed = self.handed(tree)
+            handed = handed_dicts(tree, self.key)
             if handed:
                 break
         else:
@@ -218,19 +243,49 @@ class Hands(Need):
         return list(dict.fromkeys(out))
 
 
-def keys_built(tree: ast.AST, name: str) -> set[str]:
-    """String keys of the dicts a source builds under `name`: assigned as dict literals, or
-    stored one by one."""
-    keys: set[str] = set()
+def handed_dicts(tree: ast.AST, key: str) -> list[dict[str, ast.expr]]:
+    """Each dict a source hands the replace patches under (`key`, i), as its keys -> their
+    value expressions: a dict literal or dict(...) call in the call, or a name it builds one
+    under (`args = {...}`, `args = dict(...)`, `args["img"] = ...`)."""
+    out = []
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Subscript)
+                and isinstance(call.func.slice, ast.Tuple) and call.func.slice.elts
+                and _strings(call.func.slice.elts[0])
+                and call.func.slice.elts[0].value == key and call.args):
+            continue
+        handed = call.args[0]
+        if isinstance(handed, ast.Name):
+            out.append(built(tree, handed.id))
+        else:
+            out.append(dict_items(handed) or {})
+    return out
+
+
+def dict_items(node: ast.AST) -> dict[str, ast.expr] | None:
+    """String keys -> value expressions of a dict literal or a dict(...) call; None for
+    anything else."""
+    if isinstance(node, ast.Dict):
+        return {k.value: v for k, v in zip(node.keys, node.values, strict=True) if _strings(k)}
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "dict":
+        return {k.arg: k.value for k in node.keywords if k.arg}
+    return None
+
+
+def built(tree: ast.AST, name: str) -> dict[str, ast.expr]:
+    """String keys -> value expressions of the dicts a source builds under `name`: assigned
+    as dict literals or dict(...) calls, or stored one by one."""
+    items: dict[str, ast.expr] = {}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+        if (isinstance(node, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)):
-            keys |= {k.value for k in node.value.keys if _strings(k)}
-        elif (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store)
-              and isinstance(node.value, ast.Name) and node.value.id == name
-              and _strings(node.slice)):
-            keys.add(node.slice.value)
-    return keys
+            items |= dict_items(node.value) or {}
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                        and target.value.id == name and _strings(target.slice)):
+                    items[target.slice.value] = node.value
+    return items
 
 
 def stored_keys(tree: ast.AST) -> set[str]:
@@ -327,29 +382,6 @@ class Equals(Need):
             f"{shown(self.path)} is {found!r}, not {self.value!r}"]
 
 
-def _code(text: str) -> str:
-    return re.sub(r"\s+", "", text)
-
-
-@dataclass(frozen=True)
-class Holds(Need):
-    """`function` holds these lines of code (whitespace aside): a layout ToMA reads tensors by."""
-
-    function: str
-    fragments: tuple[str, ...]
-
-    def problems(self) -> list[str]:
-        found, why = resolve(self.function)
-        if found is None:
-            return [why]
-        source = source_of(found)
-        if source is None:
-            return []
-        code = _code(source)
-        return [f"{shown(self.function)} no longer holds `{fragment}`"
-                for fragment in self.fragments if _code(fragment) not in code]
-
-
 @dataclass(frozen=True)
 class Mentions(Need):
     """The function or module at `path` uses these strings (a marker of a feature)."""
@@ -368,9 +400,11 @@ class Mentions(Need):
 
 @dataclass(frozen=True)
 class JoinOrder(Need):
-    """`function` joins two streams into one sequence (`target = torch.cat((a, b), ...)`) in
-    `order`, or in the reverse order where `model` builds its blocks with `flag=True`; ToMA
-    reads the order from that flag on the blocks, which `block`'s constructor must then set."""
+    """`function` joins the two streams it hands the `streams` patches under the keys in
+    `order` into the one sequence it hands the `joined` patches under `target`
+    (`torch.cat((a, b), ...)` of those tensors, whatever its locals are called), in `order`,
+    or in the reverse order where `model` builds its blocks with `flag=True`; ToMA reads the
+    order from that flag on the blocks, which `block`'s constructor must then set."""
 
     function: str
     target: str
@@ -378,37 +412,87 @@ class JoinOrder(Need):
     model: str
     flag: str
     block: str
+    streams: str = "double_block"
+    joined: str = "single_block"
 
     def problems(self) -> list[str]:
         found, why = resolve(self.function)
-        built, why_model = resolve(self.model)
-        if found is None or built is None:
+        built_by, why_model = resolve(self.model)
+        if found is None or built_by is None:
             return [why or why_model]
-        tree, model_tree = tree_of(found), tree_of(built)
+        tree, model_tree = tree_of(found), tree_of(built_by)
         if tree is None or model_tree is None:
             return []
         flagged = any(isinstance(k, ast.keyword) and k.arg == self.flag
                       and isinstance(k.value, ast.Constant) and k.value.value is True
                       for k in ast.walk(model_tree))
         expected = self.order[::-1] if flagged else self.order
-        joined = [tuple(e.id for e in node.value.args[0].elts) for node in ast.walk(tree)
-                  if isinstance(node, ast.Assign) and len(node.targets) == 1
-                  and isinstance(node.targets[0], ast.Name) and node.targets[0].id == self.target
-                  and isinstance(node.value, ast.Call) and node.value.args
-                  and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "cat"
-                  and isinstance(node.value.args[0], (ast.Tuple, ast.List))
-                  and all(isinstance(e, ast.Name) for e in node.value.args[0].elts)
-                  and set(e.id for e in node.value.args[0].elts) == set(self.order)]
         flag = f"{shown(self.model)} {'sets' if flagged else 'does not set'} {self.flag}"
+        joined = self.joins(tree)
         if not joined:
-            return [f"{shown(self.function)} no longer joins {' and '.join(self.order)} "
-                    f"with torch.cat ({flag})"]
+            return [f"{shown(self.function)} no longer hands its {self.joined} patches' "
+                    f"{self.target!r} as {' and '.join(self.order)} of its {self.streams} "
+                    f"patches joined with torch.cat ({flag})"]
         out = [f"{shown(self.function)} joins {self.target} as ({', '.join(order)}), where "
                f"ToMA expects ({', '.join(expected)}): {flag}"
                for order in dict.fromkeys(joined) if order != expected]
         if flagged:
             out += Sets(self.block, (self.flag,)).problems()
         return out
+
+    def joins(self, tree: ast.AST) -> list[tuple[str, ...]]:
+        """The orders, as the streams' keys, of each torch.cat of the two streams' tensors
+        into the tensor the joined patches get."""
+        streams = {_name(v): k for d in handed_dicts(tree, self.streams)
+                   for k, v in d.items() if k in self.order and _name(v)}
+        targets = {_name(d.get(self.target)) for d in handed_dicts(tree, self.joined)} - {None}
+        out = []
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and _name(node.targets[0]) in targets and isinstance(node.value, ast.Call)
+                    and isinstance(node.value.func, ast.Attribute)
+                    and node.value.func.attr == "cat" and node.value.args
+                    and isinstance(node.value.args[0], (ast.Tuple, ast.List))):
+                continue
+            keys = tuple(streams.get(_name(e)) for e in node.value.args[0].elts)
+            if sorted(map(str, keys)) == sorted(self.order):
+                out.append(keys)
+        return out
+
+
+def _name(node: ast.AST | None) -> str | None:
+    return node.id if isinstance(node, ast.Name) else None
+
+
+@dataclass(frozen=True)
+class Probe(Need):
+    """`function` does what ToMA reads from it: `check(function)` runs it on a small input
+    (a few tensor elements and a bare object for self, no model) and returns what it found
+    wrong. A check that raises is a problem too (its family is refused, not the others)."""
+
+    function: str
+    check: Callable[[object], list[str]]
+
+    def problems(self) -> list[str]:
+        found, why = resolve(self.function)
+        if found is None:
+            return [why]
+        if _own(found) is None:
+            return []           # not ComfyUI's own function
+        try:
+            found_wrong = self.check(found)
+        except Exception as error:
+            return [f"probing {shown(self.function)} failed ({type(error).__name__}: {error})"]
+        return [f"{shown(self.function)} {problem}" for problem in found_wrong]
+
+
+def bare(cls: type, **attributes: object) -> object:
+    """An object of `cls` made without its constructor, holding only these attributes: the
+    `self` a probe hands a ComfyUI method (a model class whose constructor builds a model)."""
+    obj = cls.__new__(cls)
+    for name, value in attributes.items():
+        object.__setattr__(obj, name, value)
+    return obj
 
 
 # Contracts --------------------------------------------------------------------------------------

@@ -45,9 +45,11 @@ is its CONTRACT, checked when the node patches a model."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
-from ..contracts import Contract, Gives, Hands, Holds, Sets, Takes, claimed
+from ..contracts import Contract, Gives, Hands, Probe, Sets, Takes, bare, claimed, resolve
 from ..dit_families import (
     VIDEO_REGION_FRAMES,
     BlockKind,
@@ -84,11 +86,7 @@ CONTRACT = Contract(
         VACE: (Hands(VACE, *_LOOP),
                Gives("comfy.model_base:WAN21_Vace.extra_conds", ("vace_context",),
                      what="conditioning"),
-               # vace_context [B, inputs, 32 + 64, T, H, W]: the mask's 64 channels last
-               Holds("comfy.model_base:WAN21_Vace.extra_conds",
-                     ("noise_shape[1] = 64",
-                      "vf = torch.cat([vf, mask[j].to(device=noise.device, dtype=noise.dtype)], "
-                      "dim=1)"),
+               Probe("comfy.model_base:WAN21_Vace.extra_conds", lambda f: probe_vace(f),
                      why="the VACE mask ToMA reads kept frames from")),
         CAMERA: (Hands(CAMERA, *_LOOP),),
         ANIMATE: (Hands(ANIMATE, *_LOOP),),
@@ -99,13 +97,8 @@ CONTRACT = Contract(
         Gives("comfy.model_base:WAN21.extra_conds", ("time_dim_concat", "reference_latent"),
               what="conditioning"),
         Gives("comfy.model_base:WAN22.extra_conds", ("denoise_mask",), what="conditioning"),
-        # c_concat: 4 mask channels (1 on given frames) before the image latent, or after
-        # the control latent at concat_mask_index
-        Holds("comfy.model_base:WAN21.concat_cond",
-              ("mask = 1.0 - mask", "return torch.cat((mask, image), dim=1)",
-               "torch.cat((image[:, :concat_mask_index], mask, image[:, concat_mask_index:]), "
-               "dim=1)"),
-              why="the concatenated mask ToMA reads given frames from"),
+        Probe("comfy.model_base:WAN21.concat_cond", lambda f: probe_concat(f),
+              why="the concatenated mask or image ToMA reads given frames from"),
         Sets("comfy.ldm.wan.model:WanModel.__init__", ("patch_size", "ref_conv")),
     ),
     blocks={"blocks": ("x", "e", "freqs", "context")},
@@ -192,6 +185,80 @@ def vace_kept_frames(call, vace_context: object, frames: int) -> int:
         kept = (masks.abs().amax(dim=(0, 2, 4, 5)) == 0).tolist()     # [inputs][T], one read
         call.run.host_reads[key] = max(leading_true(flags) for flags in kept)
     return call.run.host_reads[key]
+
+
+# Probes of the conditioning layouts ToMA reads: three latent frames of 2 x 2 cells, the first
+# given (its concat_mask or VACE mask 0, an image there only), read by the readers above.
+_C, _FRAMES = 16, 3
+
+
+def _first_frame(channels: int, value: float, rest: float) -> torch.Tensor:
+    out = torch.full((1, channels, _FRAMES, 2, 2), rest)
+    out[:, :, 0] = value
+    return out
+
+
+def _probe_call() -> SimpleNamespace:
+    """The little of a ModelCall the frame readers use (their host-read memo)."""
+    return SimpleNamespace(identity=None, run=SimpleNamespace(host_reads={}))
+
+
+def _bare_model(path: str, in_dim: int) -> object:
+    """A bare model_base model of class `path` whose diffusion model takes `in_dim` channels,
+    with a latent format of _C channels that leaves latents as they are."""
+    cls, why = resolve(path)
+    if cls is None:
+        raise LookupError(why)
+    weight = SimpleNamespace(weight=torch.empty(0, in_dim))
+    return bare(cls, diffusion_model=SimpleNamespace(patch_embedding=weight),
+                latent_format=SimpleNamespace(latent_channels=_C, process_in=lambda x: x),
+                image_to_video=True)
+
+
+def probe_concat(concat_cond) -> list[str]:
+    """WAN21.concat_cond run on every layout ToMA reads given frames from: a start image (0.5
+    on frame 0) with its mask (concat_mask 0 there) read by concat_mask and given_frames, with
+    a control latent in front (concat_mask_index), and both without a mask, read by
+    image_frames. What reads another count than the one given frame."""
+    noise, image, control = (torch.zeros(1, _C, _FRAMES, 2, 2), _first_frame(_C, 0.5, 0.0),
+                             torch.ones(1, _C, _FRAMES, 2, 2))
+    mask, both = _first_frame(1, 0.0, 1.0), torch.cat((control, image), dim=1)
+
+    def masked(c_concat):
+        return given_frames(_probe_call(), concat_mask(c_concat, noise))
+
+    def unmasked(c_concat):
+        return image_frames(_probe_call(), c_concat, noise)
+
+    cases = (("a start image with its mask", 2 * _C + 4,
+              {"concat_latent_image": image, "concat_mask": mask}, masked),
+             ("a control latent and a start image with its mask", 3 * _C + 4,
+              {"concat_latent_image": both, "concat_mask": mask, "concat_mask_index": _C},
+              masked),
+             ("a start image without a mask", 2 * _C, {"concat_latent_image": image}, unmasked),
+             ("a control latent and a start image without a mask", 3 * _C,
+              {"concat_latent_image": both}, unmasked))
+    out = []
+    for what, in_dim, given, read in cases:
+        model = _bare_model("comfy.model_base:WAN21", in_dim)
+        found = read(concat_cond(model, noise=noise, device=noise.device, **given))
+        if found != 1:
+            out.append(f"lays out {what} where ToMA reads {found} given frames, not 1")
+    return out
+
+
+def probe_vace(extra_conds) -> list[str]:
+    """WAN21_Vace.extra_conds run on one VACE input whose mask is 0 on frame 0 (a reference
+    frame), its latents 0.5: what vace_kept_frames reads from the vace_context it gives, if
+    not that frame."""
+    noise = torch.zeros(1, _C, _FRAMES, 2, 2)
+    model = _bare_model("comfy.model_base:WAN21_Vace", _C)
+    conds = extra_conds(model, noise=noise, device=noise.device,
+                        vace_frames=[torch.full((1, 2 * _C, _FRAMES, 2, 2), 0.5)],
+                        vace_mask=[_first_frame(VACE_MASK_CHANNELS, 0.0, 1.0)])
+    found = vace_kept_frames(_probe_call(), conds["vace_context"].cond, _FRAMES)
+    return [] if found == 1 else [f"gives a vace_context where ToMA reads {found} kept frames, "
+                                  f"not 1"]
 
 
 def description(patch: tuple[int, int, int], describe=None,

@@ -1,9 +1,10 @@
 """Simulated ComfyUI updates that break one model family: the node refuses that family with
 what changed and the ComfyUI version, and every other family still patches and merges.
 
-Each fault changes a scratch copy of the ComfyUI under test (its comfy/ and comfy_extras/
-Python files copied, everything else linked) and runs fault_probe.py in a fresh Python on it:
-one process per fault, every model checked inside it.
+Each fault changes a scratch copy of the ComfyUI under test (comfy_edits.changed_copy) and
+runs fault_probe.py in a fresh Python on it: one process per fault, every model sampled inside
+it. test_contract_faults.py makes a fault for every need of every contract, checked without
+sampling; these three go through the node and the sampler.
 
 - moved: comfy/ldm/chroma/model.py moved to chroma_model.py, every import of it following: a
   class the Flux family names no longer imports where it says. Chroma is refused; Flux (its
@@ -22,43 +23,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from comfy_edits import COPIED, changed_copy
 
 import comfy_harness as ch
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "fault_probe.py"
-# the packages a fault may change: copied (their .py files); the rest of the tree is linked
-COPIED = ("comfy", "comfy_extras")
 PROBE_SECONDS = 240
-
-
-def changed_copy(tree: Path, dest: Path) -> Path:
-    """A ComfyUI at `dest`: COPIED packages' Python files copied (writable), their other files
-    and every other entry of `tree` linked."""
-    dest.mkdir()
-    for entry in tree.iterdir():
-        if entry.name not in COPIED:
-            (dest / entry.name).symlink_to(entry)
-            continue
-        for folder, _, files in os.walk(entry):
-            if Path(folder).name == "__pycache__":
-                continue
-            target = dest / Path(folder).relative_to(tree)
-            target.mkdir(parents=True, exist_ok=True)
-            for name in files:
-                source = Path(folder) / name
-                if name.endswith(".py"):
-                    shutil.copyfile(source, target / name)
-                else:
-                    (target / name).symlink_to(source)
-    return dest
 
 
 def edit(path: Path, change: Callable[[str], str]) -> None:
