@@ -15,8 +15,16 @@ import math
 from pathlib import Path
 
 from bench.shared.common import commit, machine_info, markdown_table, write_result
-from toma_core import make_regions
-from toma_core.shards import ShardGeometry, dropped_share, local_cap, shard_regions
+from bench.shared.config import load_pack
+
+load_pack()
+from toma_pack.toma_core import make_regions  # noqa: E402
+from toma_pack.toma_core.shards import (  # noqa: E402
+    ShardGeometry,
+    dropped_share,
+    local_cap,
+    shard_regions,
+)
 
 RATIO = 0.5
 RANKS = (2, 4, 8)
@@ -58,12 +66,12 @@ def main() -> None:
     out = parser.parse_args().out
     rows = [row(*case, ranks) for case in CASES for ranks in RANKS]
     columns = list(rows[0])
-    result = {"commit": commit(), "machine": machine_info(), "ratio": RATIO,
-              "local_cap": local_cap(RATIO),
-              "command": f"python -m bench.gpu.shard_drops --out {out}", "rows": rows}
+    config = {"commit": commit(), "command": f"python -m bench.gpu.shard_drops --out {out}",
+              "ratio": RATIO, "local_cap": local_cap(RATIO)}
+    result = {"config": config, "machine": machine_info(), "rows": rows}
     text = "\n".join([
         "# Grid tokens dropped under sequence parallelism (toma_core/shards.py)", "",
-        f"commit: {result['commit']}", f"command: `{result['command']}`",
+        f"commit: {config['commit']}", f"command: `{config['command']}`",
         f"machine: {result['machine']['cpu']} (host arithmetic only: no model ran)", "",
         f"ratio {RATIO}; a rank drops at most {local_cap(RATIO)} of its own grid tokens "
         "(toma_core.shards.local_cap); every rank drops drop_per_rank tokens; grid_dropped: "
