@@ -214,16 +214,15 @@ class RayWorkerWithToMA:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") and name not in RAY_METHODS:
             raise AttributeError(name)
+        if name in OTHER_METHODS or name in RAY_METHODS:    # clear_sampling_vram among them
+            self._group.passing()
+            return getattr(self._actor, name)
         if name in SAMPLING or "sampl" in name:
             return SamplingWithToMA(self._group, self._index, getattr(self._actor, name))
-        if name not in OTHER_METHODS and name not in RAY_METHODS:
-            raise RuntimeError(
-                f"ToMA Token Merge (Ray) does not know raylight's GPU method {name!r} (it "
-                f"knows raylight 1.5.1's): it cannot tell whether that samples, and would let "
-                f"it sample unmerged. Take ToMA Token Merge (Ray) out of this graph, or update "
-                f"the ToMA pack.")
-        self._group.passing()
-        return getattr(self._actor, name)
+        raise RuntimeError(
+            f"ToMA Token Merge (Ray) does not know raylight's GPU method {name!r} (it knows "
+            f"raylight 1.5.1's): it cannot tell whether that samples, and would let it sample "
+            f"unmerged. Take ToMA Token Merge (Ray) out of this graph, or update the ToMA pack.")
 
     def __reduce__(self) -> tuple:
         """Pickled (raylight's custom samplers send their RAY_GUIDER, which holds the actors,

@@ -49,6 +49,9 @@ class StandInWorker:
     def get_parallel_dict(self) -> dict:
         return {}
 
+    def clear_sampling_vram(self) -> None:
+        """raylight's, after sampling where asked to (a name holding "sampl" that samples not)."""
+
     def model_function_runner_get_values(self, fn, *args, **kwargs) -> Any:
         return fn(self.model, *args, **kwargs)
 

@@ -261,4 +261,5 @@ def test_an_unknown_gpu_method_is_refused(ray_actors) -> None:
         worker.render.remote()
     assert isinstance(worker.sample_video, SamplingWithToMA)
     assert isinstance(worker.common_ksampler, SamplingWithToMA)
-    assert worker.get_parallel_dict is not None
+    assert not isinstance(worker.get_parallel_dict, SamplingWithToMA)
+    assert not isinstance(worker.clear_sampling_vram, SamplingWithToMA)
