@@ -229,13 +229,13 @@ class DiTToMA:
                       f"whole blocks (merge_scope attention applies on one GPU)")
         key = (kind.key, group, call.grid, geometry, shard.rank, stream.shape[0],
                call.pass_of(layer))
-        plan = call.plan(key, lambda: self.build_shard(call, stream, offset, geometry))
+        plan = call.plan(key, lambda: self.build_shard(call, kind, stream, offset, geometry))
         # this rank's grid tokens and what they merge to: the stats of a rank are its own
         call.record(layer, call.level, math.prod(call.grid) if plan is None else plan.tokens,
                     plan)
         return None if plan is None else (plan, lay, {}, key)
 
-    def build_shard(self, call: ModelCall, stream: torch.Tensor, offset: int,
+    def build_shard(self, call: ModelCall, kind: BlockKind, stream: torch.Tensor, offset: int,
                     geometry: ShardGeometry) -> MergePlan | None:
         """This rank's plan: its clipped regions (every rank's, computed alike on every rank and
         kept for the run), built from its own shard's tokens [B, S, C] from row `offset`."""
@@ -246,7 +246,8 @@ class DiTToMA:
                                                    shard_regions(geometry, o.ratio))
             if spans:
                 span = next(span for span in spans if span is not None)
-                call.note(f"{self.family.label} on {geometry.world} GPUs: each drops "
+                call.note(f"{self.family.label}'s {kind.key} blocks on {geometry.world} GPUs: "
+                          f"each drops "
                           f"{span.tokens - sum(span.counts)} grid tokens, "
                           f"{dropped_share(spans):.1%} of the {geometry.base.tokens}-token grid "
                           f"at ratio {o.ratio} (a GPU holding fewer grid tokens merges up to "
