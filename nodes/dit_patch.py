@@ -48,7 +48,7 @@ import torch
 
 from ..toma_core import MergePlan, Regions, build_plan, make_regions
 from ..toma_core.merge_plan import Pending
-from ..toma_core.shards import ShardGeometry, shard_regions
+from ..toma_core.shards import ShardGeometry, dropped_share, local_cap, shard_regions
 from .dit_families import BlockKind, Family
 from .dit_reading import DiTReading, existing_replace
 from .forward_patches import ForwardPatches, kept_allocations
@@ -106,7 +106,7 @@ class DiTToMA:
         stream = stream_of(kind, args.get(kind.stream))
         call = self.state.block_call_of(options, None if stream is None else stream.device)
         txt = args.get(kind.txt) if kind.txt else None
-        if call is not None and isinstance(txt, torch.Tensor):
+        if call is not None and call.shard is None and isinstance(txt, torch.Tensor):
             call.txt_len = txt.shape[1]     # for single-stream blocks after these
         found = self.plan_for(kind, index, args, stream, options, call, layer)
         if found is None:
@@ -236,13 +236,13 @@ class DiTToMA:
                       f"whole blocks (merge_scope attention applies on one GPU)")
         key = (kind.key, group, call.grid, geometry, shard.rank, stream.shape[0],
                call.pass_of(layer))
-        plan = call.plan(key, lambda: self.build_shard(call, stream, offset, geometry))
+        plan = call.plan(key, lambda: self.build_shard(call, kind, stream, offset, geometry))
         # this rank's grid tokens and what they merge to: the stats of a rank are its own
         call.record(layer, call.level, math.prod(call.grid) if plan is None else plan.tokens,
                     plan)
         return None if plan is None else (plan, lay, {}, key)
 
-    def build_shard(self, call: ModelCall, stream: torch.Tensor, offset: int,
+    def build_shard(self, call: ModelCall, kind: BlockKind, stream: torch.Tensor, offset: int,
                     geometry: ShardGeometry) -> MergePlan | None:
         """This rank's plan: its clipped regions (every rank's, computed alike on every rank and
         kept for the run), built from its own shard's tokens [B, S, C] from row `offset`."""
@@ -251,6 +251,14 @@ class DiTToMA:
         if spans is None:
             spans = call.run.host_reads.setdefault(("shard_regions", geometry, o.ratio),
                                                    shard_regions(geometry, o.ratio))
+            if spans:
+                span = next(span for span in spans if span is not None)
+                call.note(f"{self.family.label}'s {kind.key} blocks on {geometry.world} GPUs: "
+                          f"each drops "
+                          f"{span.tokens - sum(span.counts)} grid tokens, "
+                          f"{dropped_share(spans):.1%} of the {geometry.base.tokens}-token grid "
+                          f"at ratio {o.ratio} (a GPU holding fewer grid tokens merges up to "
+                          f"{local_cap(o.ratio):.0%} of its own)")
         if not spans:
             call.note(f"some GPU of the {geometry.world} holds too few of the "
                       f"{self.family.label} grid's tokens to drop any, and every GPU must "
@@ -372,7 +380,9 @@ class DiTToMA:
             value = args[name]
             out[name] = self.once(call, ("spans", name, key), value, lambda v=value: (
                 merged_spans(v, lay.offset, plan.tokens, plan.merged_tokens)))
-        out["transformer_options"] = merged_options(options, lay.seq_start, plan, call.grid)
+        out["transformer_options"] = merged_options(
+            options, lay.seq_start, plan, call.grid,
+            call.shard is not None and kind.text == "stream_before")
         return out, merged, base
 
     def merged_rows(self, call: ModelCall, plan: MergePlan, lay: Layout, value: object,

@@ -95,8 +95,9 @@ class ModelCall:
     prefix, protected_frames, level: set with the grid by the family (dit_families.set_grid):
     tokens before the mergeable grid in the stream (text, protected frames), the leading frames
     that never merge, the grid's name in the stats;
-    txt_len: text tokens in front of the image where single-stream blocks need it (read by the
-    family on the host, or recorded by the double-stream blocks before them);
+    txt_len: the whole text's tokens in front of the image where single-stream blocks need it
+    (read by the family on the host, or recorded by the double-stream blocks before them; never
+    recorded from a sequence shard, whose blocks see a shard of the text);
     foreign_attention: (kind key, index) of merged blocks whose self-attention another pack
     patches (those run unmerged);
     prompt_length / prompt: HiDream-O1's causal prompt length, and the call's kept prompt entry

@@ -4,24 +4,29 @@ raylight's nodes pass RAY_ACTORS (one Ray actor per GPU, each holding its own Co
 ModelPatcher), not MODEL, so a patch on a graph's MODEL never reaches its GPUs. This node takes
 RAY_ACTORS and, once the first GPU's model has been checked (a model ToMA cannot patch is
 refused as the ToMA node refuses it), returns them with each actor wrapped
-(RayWorkerWithToMA): when a sampler of the
-graph after it samples on an actor, the actor first installs ToMA on its ModelPatcher (through
-raylight's own `model_function_runner`, as its "(Ray)" nodes do), samples, and then puts its
-ModelPatcher back as it was. Ray runs one caller's tasks on an actor in the order they were
-sent, so the three run back to back. Nothing stays on the actors: running the graph again
-installs ToMA once again for that sampling, and a graph without the node (or ratio 0, which
-returns the actors as they came) samples unmerged.
+(RayWorkerWithToMA): when a sampler of the graph after it samples, ToMA is first installed on
+every actor's ModelPatcher (through raylight's own `model_function_runner`, as its "(Ray)" nodes
+do) and the node waits for all of them: a failure on any GPU is raised to the user, with ToMA
+taken off the others, before anything samples (ToMAOnActors). Each actor samples, and then puts
+its ModelPatcher back as it was; a failure there is raised once the sampling returns. Nothing
+stays on the actors: running the graph again installs ToMA once again for that sampling, and a
+graph without the node (or ratio 0, which returns the actors as they came) samples unmerged. A
+method of the actors that ToMA does not know is refused rather than let it sample unmerged.
 
-The function an actor runs arrives in another process, which never imported this pack, by
-pickle: it is a closure that only uses the standard library to import the pack there from its
-folder (by the same package name), and then calls `install_on` / `remove_from` below.
+The function an actor runs arrives in another process, which never imported this pack and may
+run on another machine, by pickle: a closure holding the pack's sources (pack_sources), which
+uses only the standard library to import the pack from them there (by the same package name),
+and then calls `install_on` / `remove_from` below.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import operator
 import sys
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,8 +39,19 @@ log = logging.getLogger("ToMA")
 
 PACK_DIR = str(Path(__file__).resolve().parents[1])
 PACKAGE = __name__.rsplit(".", 2)[0]        # the name the pack was imported under
-# raylight's actor methods that sample with the actor's ModelPatcher (RayWorker, raylight 1.5.1)
+# raylight's actor methods that sample with the actor's ModelPatcher (RayWorker, raylight 1.5.1);
+# a method whose name holds "sampl" is taken for one too
 SAMPLING = ("common_ksampler", "custom_sampler", "custom_sampler_advanced")
+# raylight 1.5.1's other RayWorker methods (none samples), and Ray's own on every actor
+OTHER_METHODS = frozenset((
+    "get_meta_model", "set_meta_model", "clear_sampling_vram", "check_model_loaded",
+    "set_state_dict", "get_compute_capability", "get_parallel_dict", "get_exec_group_info",
+    "set_parallel_dict", "model_function_runner", "model_function_runner_get_values",
+    "get_local_rank", "get_is_model_loaded", "patch_cfg", "patch_usp", "patch_pipefusion",
+    "load_unet", "load_gguf_unet", "set_lora_list", "get_lora_list", "load_lora", "kill",
+    "ray_vae_loader", "ray_vae_decode", "ray_vae_decode_partial", "ray_vae_decode_finalize",
+    "load_controlnet", "free_cached_controlnet", "free_cached_vae"))
+RAY_METHODS = frozenset(("__ray_ready__", "__ray_terminate__"))
 # where an installed ToMA keeps the ModelPatcher it was installed on
 BASE = "toma_ray_base"
 
@@ -93,24 +109,120 @@ def patch_ray_actors(ray_actors: Any, ratio: float, tile_count: int, skip_blocks
         raise ValueError(refusal)
     if ratio == 0:
         return ray_actors
-    install = shipped("install_on", settings)
-    remove = shipped("remove_from")
-    return {**ray_actors, "workers": [RayWorkerWithToMA(worker, install, remove)
-                                      for worker in workers]}
+    group = ToMAOnActors(workers, shipped("install_on", settings), shipped("remove_from"))
+    return {**ray_actors, "workers": [RayWorkerWithToMA(group, i) for i in range(len(workers))]}
+
+
+class ToMAOnActors:
+    """The GPU actors of one node's output, which get ToMA together: when a raylight sampler
+    sends the first of them a sampling call, ToMA is installed on every one of them and the
+    node waits for all (merged everywhere or nowhere: a failure on any takes ToMA off the
+    others and raises, before anything samples); each actor's removal is sent right after its
+    sampling call (Ray runs one caller's calls on an actor in order), and waited for, its
+    failure raised, on the next call through a wrapped actor once every actor has been sent its
+    sampling (raylight's samplers call get_parallel_dict after sampling) or on the next
+    sampling."""
+
+    def __init__(self, actors: list, install: Callable, remove: Callable) -> None:
+        self.actors, self.install, self.remove = actors, install, remove
+        self.waiting: set[int] = set()        # actors with ToMA installed, not yet sampled
+        self.removals: list[tuple[int, Any]] = []
+
+    def sample(self, index: int, method: Any, args: tuple, kwargs: dict) -> Any:
+        if index not in self.waiting:
+            self.settle()
+            self.install_everywhere()
+        self.waiting.discard(index)
+        result = method.remote(*args, **kwargs)
+        self.removals.append((index, self.actors[index].model_function_runner.remote(
+            self.remove)))
+        return result
+
+    def install_everywhere(self) -> None:
+        import ray
+
+        targets = [i for i in range(len(self.actors)) if i not in self.waiting]
+        sent = [(i, self.actors[i].model_function_runner.remote(self.install)) for i in targets]
+        failures = []
+        for i, ref in sent:
+            try:
+                ray.get(ref)
+                self.waiting.add(i)
+            except Exception as error:      # whatever failed there is the user's to see
+                failures.append((i, error))
+        if failures:
+            undone = self.take_off(sorted(self.waiting))
+            i, error = failures[0]
+            raise RuntimeError(
+                f"ToMA Token Merge (Ray): installing ToMA failed on GPU {i + 1} of "
+                f"{len(self.actors)}{f' (and {len(failures) - 1} more)' if failures[1:] else ''}"
+                f": {cause(error)}. Nothing sampled; ToMA was taken off the other GPUs"
+                f"{undone}.") from error
+
+    def take_off(self, indices: list[int]) -> str:
+        """Remove ToMA from the actors `indices` now; '' or what failed there."""
+        import ray
+
+        self.waiting.clear()
+        failed = []
+        for i in indices:
+            try:
+                ray.get(self.actors[i].model_function_runner.remote(self.remove))
+            except Exception as error:
+                failed.append(f"GPU {i + 1}: {cause(error)}")
+        return f" (except {'; '.join(failed)})" if failed else ""
+
+    def settle(self) -> None:
+        """Wait for the removals sent after sampling; raise the first that failed."""
+        import ray
+
+        removals, self.removals = self.removals, []
+        failures = []
+        for i, ref in removals:
+            try:
+                ray.get(ref)
+            except Exception as error:
+                failures.append((i, error))
+        if failures:
+            i, error = failures[0]
+            raise RuntimeError(f"ToMA Token Merge (Ray): taking ToMA off GPU {i + 1} of "
+                               f"{len(self.actors)} after sampling failed: "
+                               f"{cause(error)}") from error
+
+    def passing(self) -> None:
+        """A call other than sampling through a wrapped actor: once every actor has been sent
+        its sampling, the removals are waited for here."""
+        if self.removals and not self.waiting:
+            self.settle()
+
+
+def cause(error: BaseException) -> str:
+    """What went wrong on an actor, without Ray's wrapping (RayTaskError.cause)."""
+    found = getattr(error, "cause", None) or error
+    return f"{type(found).__name__}: {found}"
 
 
 class RayWorkerWithToMA:
-    """One raylight GPU actor in the graph after the node: its sampling methods install ToMA on
-    the actor's ModelPatcher first and remove it after; every other attribute is the actor's."""
+    """One raylight GPU actor in the graph after the node: its sampling methods go through its
+    group (ToMAOnActors); raylight 1.5.1's other methods are the actor's; any other method is
+    refused, since ToMA cannot tell whether it samples (it would sample unmerged)."""
 
-    def __init__(self, actor: Any, install: Callable, remove: Callable) -> None:
-        self._actor, self._install, self._remove = actor, install, remove
+    def __init__(self, group: ToMAOnActors, index: int) -> None:
+        self._group, self._index = group, index
+        self._actor = group.actors[index]
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
+        if name.startswith("_") and name not in RAY_METHODS:
             raise AttributeError(name)
-        method = getattr(self._actor, name)
-        return SamplingWithToMA(self, method) if name in SAMPLING else method
+        if name in OTHER_METHODS or name in RAY_METHODS:    # clear_sampling_vram among them
+            self._group.passing()
+            return getattr(self._actor, name)
+        if name in SAMPLING or "sampl" in name:
+            return SamplingWithToMA(self._group, self._index, getattr(self._actor, name))
+        raise RuntimeError(
+            f"ToMA Token Merge (Ray) does not know raylight's GPU method {name!r} (it knows "
+            f"raylight 1.5.1's): it cannot tell whether that samples, and would let it sample "
+            f"unmerged. Take ToMA Token Merge (Ray) out of this graph, or update the ToMA pack.")
 
     def __reduce__(self) -> tuple:
         """Pickled (raylight's custom samplers send their RAY_GUIDER, which holds the actors,
@@ -121,35 +233,72 @@ class RayWorkerWithToMA:
 class SamplingWithToMA:
     """A sampling method of a wrapped actor: `.remote(...)` as raylight calls it."""
 
-    def __init__(self, worker: RayWorkerWithToMA, method: Any) -> None:
-        self.worker, self.method = worker, method
+    def __init__(self, group: ToMAOnActors, index: int, method: Any) -> None:
+        self.group, self.index, self.method = group, index, method
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        runner = self.worker._actor.model_function_runner
-        runner.remote(self.worker._install)
-        try:
-            return self.method.remote(*args, **kwargs)
-        finally:
-            runner.remote(self.worker._remove)
+        return self.group.sample(self.index, self.method, args, kwargs)
+
+
+@functools.cache
+def pack_sources() -> bytes:
+    """The pack's product code (its __init__, nodes/ and toma_core/ sources) as compressed
+    JSON: {module name below the package ("" for the package): [is a package, source, path]}.
+    Read once per process."""
+    root = Path(PACK_DIR)
+    found = {"": [True, (root / "__init__.py").read_text(), str(root / "__init__.py")]}
+    for folder in ("nodes", "toma_core"):
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            package = parts[-1] == "__init__"
+            name = ".".join(parts[:-1] if package else parts)
+            found[name] = [package, path.read_text(), str(path)]
+    return zlib.compress(json.dumps(found).encode())
 
 
 def shipped(function: str, *args: Any) -> Callable:
     """fn(model) -> model for an actor's model_function_runner: imports this pack in the
-    actor's process from PACK_DIR under PACKAGE (once), then runs `function`(model, *args) of
-    this module there. Only the standard library and plain values travel with it."""
-    pack_dir, package = PACK_DIR, PACKAGE
+    actor's process under PACKAGE (once) from its sources, which travel with the function (the
+    actor's machine need not hold the pack: a Ray cluster of several machines), then runs
+    `function`(model, *args) of this module there. Only the standard library and plain values
+    travel with it."""
+    package, sources = PACKAGE, pack_sources()
 
     def run(model: Any) -> Any:
         import importlib
+        import importlib.abc
         import importlib.util
+        import json as json_module
         import sys as system
+        import zlib as zlib_module
 
         if package not in system.modules:
-            spec = importlib.util.spec_from_file_location(
-                package, f"{pack_dir}/__init__.py", submodule_search_locations=[pack_dir])
-            module = importlib.util.module_from_spec(spec)
-            system.modules[package] = module
-            spec.loader.exec_module(module)
+            code = json_module.loads(zlib_module.decompress(sources))
+
+            class ShippedPack(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+                """The pack's modules from the shipped sources (first on the meta path, so
+                that the actor runs the driver's code)."""
+
+                def find_spec(self, name, path=None, target=None):
+                    below = "" if name == package else name[len(package) + 1:]
+                    if (name != package and not name.startswith(package + ".")) \
+                            or below not in code:
+                        return None
+                    return importlib.util.spec_from_loader(name, self, origin=code[below][2],
+                                                           is_package=code[below][0])
+
+                def create_module(self, spec):
+                    return None
+
+                def exec_module(self, module):
+                    below = "" if module.__name__ == package else \
+                        module.__name__[len(package) + 1:]
+                    _, source, origin = code[below]
+                    module.__file__ = origin
+                    exec(compile(source, origin, "exec"), module.__dict__)
+
+            system.meta_path.insert(0, ShippedPack())
+            importlib.import_module(package)
         target = importlib.import_module(f"{package}.nodes.raylight_node")
         return getattr(target, function)(model, *args)
 
@@ -171,10 +320,12 @@ def check_on(model: Any, settings: dict) -> str | None:
 
 def install_on(model: Any, settings: dict) -> Any:
     """ToMA on the actor's ModelPatcher (a clone: `model` stays as it is, and comes back with
-    remove_from); the model itself where ToMA must leave it alone under raylight."""
+    remove_from); the model itself where ToMA must leave it alone under raylight. A model
+    still holding ToMA (its removal failed, and said so) is put back first."""
     from .apply import apply_toma
     from .sequence_parallel import install_refusal
 
+    model = getattr(model, BASE, model)
     refusal = install_refusal(model)
     if refusal is not None:
         log.warning("ToMA: %s", refusal)
@@ -195,8 +346,9 @@ def remove_from(model: Any) -> Any:
 
 
 def say(model: Any) -> None:
-    """One line per GPU: its rank, the tokens of its shard's grid and what they merged to, and
-    ToMA's notes."""
+    """One line per GPU: its rank, the ratio asked, the tokens of its shard's grid and what
+    they merged to (the share of them dropped), and ToMA's notes (under sequence parallelism
+    they say what all GPUs dropped of the whole grid)."""
     from comfy.patcher_extension import WrappersMP
 
     wrappers = model.get_wrappers(WrappersMP.OUTER_SAMPLE, "toma")
@@ -212,8 +364,10 @@ def say(model: Any) -> None:
                     f"{state.get_sequence_parallel_world_size()}")
     except AssertionError:      # xfuser imported, its groups not made: no rank to name
         pass
-    levels = ", ".join(f"{level['tokens']} -> {level['merged_tokens']} tokens"
-                       for level in stats["levels"]) or "nothing merged"
+    levels = ", ".join(f"{level['tokens']} -> {level['merged_tokens']} tokens "
+                       f"({1 - level['merged_tokens'] / level['tokens']:.0%} dropped)"
+                       for level in stats["levels"] if level["tokens"]) or "nothing merged"
     note = f"; {stats['note']}" if stats.get("note") else ""
-    print(f"[ToMA] {rank}: {levels}; {stats['layers_merged']}/{stats['layers_total']} layers "
+    print(f"[ToMA] {rank}: ratio {stats['ratio']} asked; {levels}; "
+          f"{stats['layers_merged']}/{stats['layers_total']} layers "
           f"and {stats['steps_merged']}/{stats['steps_total']} steps merged{note}", flush=True)

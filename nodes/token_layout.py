@@ -121,15 +121,17 @@ def sequence_positions(value: object, item: int | None) -> list[torch.Tensor]:
     return [picked] if isinstance(picked, torch.Tensor) else []
 
 
-def merged_options(options: dict, start: int, plan: MergePlan,
-                   grid: tuple[int, ...]) -> dict:
+def merged_options(options: dict, start: int, plan: MergePlan, grid: tuple[int, ...],
+                   shard: bool = False) -> dict:
     """transformer_options for a block running on a merged sequence: MERGED_FLAG with where the
     merged grid is, and `img_slice` (the image part of the sequence, [start, end)) shortened by
-    the tokens merged away when it holds the grid that starts at `start`."""
+    the tokens merged away when it holds the grid that starts at `start`. shard: a block of a
+    sequence-parallel call, whose img_slice is [the whole text's length, this shard's length]
+    (raylight's single blocks): its end is shortened on every rank, each rank dropping alike."""
     out = {**options, MERGED_FLAG: {"start": start, "tokens": plan.tokens,
                                     "merged_tokens": plan.merged_tokens, "grid": grid}}
     span = options.get("img_slice")
-    if span is not None and len(span) == 2 and span[0] <= start < span[1]:
+    if span is not None and len(span) == 2 and (shard or span[0] <= start < span[1]):
         out["img_slice"] = [span[0], span[1] - (plan.tokens - plan.merged_tokens)]
     return out
 

@@ -14,10 +14,16 @@ computes every rank's spans, with no communication), and each piece keeps a numb
 destinations proportional to its size, adjusted by one here and there so that each rank's
 pieces keep exactly (its grid tokens - D). Pieces therefore keep unequal numbers of
 destinations ("ragged" counts, see MergePlan).
+
+D is the requested share of the whole grid spread evenly over the ranks (common_drop). A rank
+holding fewer grid tokens than the others (the text or protected frames lie on the first rank,
+pad rows on the last) so merges its own grid harder than the ratio, up to local_cap; where even
+that cannot reach the even share, every rank drops what that rank can.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -201,15 +207,31 @@ class ShardGeometry:
         return self.world * self.shard >= self.grid_start + self.base.tokens
 
 
+def local_cap(ratio: float) -> float:
+    """The most of its own grid tokens one rank may drop: it keeps at least half of what the
+    ratio would keep (0.75 at ratio 0.5), so that no tile merges far harder than asked."""
+    return (1.0 + ratio) / 2.0
+
+
+def common_drop(held: list[int], pieces: list[int], ratio: float) -> int:
+    """Tokens every rank drops, ranks holding held[r] grid tokens in pieces[r] pieces: the
+    ratio's share of the whole grid spread evenly (round(ratio x sum(held) / P)), at most what
+    every rank can drop (local_cap of its tokens; each piece keeps one). 0 or less: no rank
+    can drop alike, and none merges."""
+    even = round(ratio * sum(held) / len(held))
+    cap = local_cap(ratio)
+    return min(even, *(min(math.floor(cap * n + 1e-9), n - k)
+                       for n, k in zip(held, pieces, strict=True)))
+
+
 def shard_regions(geometry: ShardGeometry, ratio: float) -> list[SpanRegions | None]:
     """Every rank's clipped regions and destination counts (None for a rank without grid
-    tokens), all ranks dropping the same number of tokens: the fewest that the ratio asks of
-    any rank and that every rank can drop (each piece keeps at least one token). An empty list
-    when no token can be dropped on every rank: then no rank merges."""
+    tokens), all ranks dropping common_drop tokens. An empty list when no token can be
+    dropped on every rank: then no rank merges."""
     spans = [geometry.span(rank) for rank in range(geometry.world)]
     found = [span_sizes(geometry.base, lo, hi) if hi > lo else ((), ()) for lo, hi in spans]
-    drop = min(min(round(ratio * (hi - lo)), hi - lo - len(pieces))
-               for (lo, hi), (pieces, _) in zip(spans, found, strict=True))
+    drop = common_drop([hi - lo for lo, hi in spans], [len(pieces) for pieces, _ in found],
+                       ratio)
     if drop <= 0:
         return []
     counts = [spread_counts(sizes, hi - lo - drop) if hi > lo else ()
@@ -219,6 +241,13 @@ def shard_regions(geometry: ShardGeometry, ratio: float) -> list[SpanRegions | N
     return [SpanRegions(geometry.base, (lo, hi), tuple((0, p) for p in pieces), sizes, kept,
                         width, places) if hi > lo else None
             for (lo, hi), (pieces, sizes), kept in zip(spans, found, counts, strict=True)]
+
+
+def dropped_share(spans: list[SpanRegions | None]) -> float:
+    """The share of the whole grid's tokens that the ranks of `spans` (shard_regions) drop
+    together."""
+    present = [span for span in spans if span is not None]
+    return sum(span.tokens - sum(span.counts) for span in present) / present[0].base.tokens
 
 
 def union_of(spans: list[SpanRegions | None]) -> SpanRegions:

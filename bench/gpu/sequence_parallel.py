@@ -28,7 +28,8 @@ The split, as raylight (komikndr/raylight, xDiT/xfuser's USP with Ulysses) runs 
 
 ToMA under the split (toma_core/shards.py): in a block it merges, each rank merges only its own
 shard's grid (video) tokens; every rank drops the same number of tokens (the all-to-all needs
-equal lengths), the fewest that round(ratio x its grid tokens) asks of any rank. Text tokens
+equal lengths): the ratio's share of the whole grid spread evenly over the ranks, a rank
+holding fewer grid tokens (the text lies on the first) merging its own harder. Text tokens
 never merge. So in a merged block every tensor of the block, and every all-to-all of its
 attention, is (S - dropped) rows long instead of S.
 
@@ -220,9 +221,15 @@ def grid_per_rank(rows: int, ranks: int, start: int, tokens: int) -> list[int]:
 
 
 def dropped(grid: Iterable[int], ratio: float) -> int:
-    """Tokens every rank drops in a merged block (toma_core/shards.py shard_regions): the same
-    on every rank, the fewest that round(ratio x its grid tokens) asks of any rank."""
-    return min(round(ratio * n) for n in grid)
+    """Tokens every rank drops in a merged block: toma_core/shards.py's common_drop, the same
+    on every rank (the ratio's share of the grid spread evenly; a rank holding fewer grid
+    tokens merges its own harder, up to local_cap). The one token each region piece keeps
+    never binds at these sizes, and is left out."""
+    load_pack()
+    from toma_pack.toma_core.shards import common_drop
+
+    held = list(grid)
+    return common_drop(held, [0] * len(held), ratio)
 
 
 # Kernels and messages ----------------------------------------------------------------------------

@@ -84,30 +84,48 @@ from toma_pack.toma_core import build_plan  # noqa: E402
 from toma_pack.toma_core.shards import ShardGeometry, shard_regions, union_of  # noqa: E402
 
 RATIO = 0.5
+# the img_slice each merged block got (transformer_options), recorded per run
+IMG_SLICES: set = set()
+_merged_options = dit_patch.merged_options
+
+
+def recording_merged_options(*args, **kwargs) -> dict:
+    out = _merged_options(*args, **kwargs)
+    if out.get("img_slice") is not None:
+        IMG_SLICES.add(tuple(int(v) for v in out["img_slice"]))
+    return out
+
+
+dit_patch.merged_options = recording_merged_options
 
 
 def model_and_inputs(case: dict):
     """A fresh tiny ModelPatcher (the same seeded weights every time) and its sampling inputs:
-    latent, positive conditioning with case["text"] text tokens, noise mask."""
-    family, text = case["family"], case["text"]
+    latent of case["batch"] items (default 1), positive and negative conditioning with
+    case["text"] text tokens, noise mask."""
+    family, text, batch = case["family"], case["text"], case.get("batch", 1)
     frames, height, width = (int(v) for v in case["size"].split("x"))
     if family == "flux":
         patcher = ch.tiny_flux_patcher()
-        latent = ch.empty_latent(patcher, 1, height * 2, width * 2)
-        positive, _ = ch.flux_conds(1, text)
-        return patcher, (latent, positive, None)
+        latent = ch.empty_latent(patcher, batch, height * 2, width * 2)
+        positive, negative = ch.flux_conds(batch, text)
+        return patcher, (latent, positive, negative, None)
     patcher = tiny_models.tiny_patcher(family)
-    x = tiny_models.inputs(family, patcher, batch=1, height=height, width=width,
+    x = tiny_models.inputs(family, patcher, batch=batch, height=height, width=width,
                            frames=frames)
-    [[context, extras]] = x.positive
-    words = torch.randn(1, text, context.shape[-1], generator=torch.Generator().manual_seed(5))
-    return patcher, (x.latent, [[words, extras]], x.noise_mask)
+    conds = []
+    for seed, [[context, extras]] in ((5, x.positive), (6, x.negative)):
+        words = torch.randn(batch, text, context.shape[-1],
+                            generator=torch.Generator().manual_seed(seed))
+        conds.append([[words, extras]])
+    return patcher, (x.latent, *conds, x.noise_mask)
 
 
 def sample(case: dict, patcher, inputs: tuple) -> torch.Tensor:
-    latent, positive, mask = inputs
-    return ch.sample(patcher, latent, positive, positive, steps=case["steps"], cfg=1.0,
-                     noise_mask=mask)
+    """ComfyUI's KSampler path at case["cfg"] (default 1: the negative is never run)."""
+    latent, positive, negative, mask = inputs
+    return ch.sample(patcher, latent, positive, negative, steps=case["steps"],
+                     cfg=case.get("cfg", 1.0), noise_mask=mask)
 
 
 def run_stats(patched) -> dict:
@@ -158,11 +176,13 @@ def run_case(case: dict) -> dict:
                            USPInjectRegistry.inject)
         model = toma(fresh) if merged else fresh.clone()
         TRAFFIC.update(bytes=0, calls=0)
+        IMG_SLICES.clear()
         out = sample(case, model, inputs)
         ch.unload_models()
         everyone = [None] * WORLD
         dist.all_gather_object(everyone, {"traffic": dict(TRAFFIC),
-                                          "stats": run_stats(model) if merged else None})
+                                          "stats": run_stats(model) if merged else None,
+                                          "img_slices": sorted(IMG_SLICES)})
         runs[name] = (out, everyone)
         if merged:
             # ToMA put again on the same ModelPatcher, whose model raylight has changed by now
@@ -176,7 +196,8 @@ def run_case(case: dict) -> dict:
         "sp_merged_vs_sp_unmerged": relative(runs["toma"][0], runs["unmerged"][0]),
         "sp_again_vs_first": relative(runs["again"][0], runs["toma"][0]),
         "merge_moves_output": relative(reference, plain),
-        "ranks": [{"unmerged": u["traffic"], "toma": t["traffic"], "stats": t["stats"]}
+        "ranks": [{"unmerged": u["traffic"], "toma": t["traffic"], "stats": t["stats"],
+                   "img_slices": t["img_slices"]}
                   for u, t in zip(runs["unmerged"][1], runs["toma"][1], strict=True)],
     }
 

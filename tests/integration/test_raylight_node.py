@@ -17,7 +17,13 @@ import torch
 
 import comfy_harness as ch
 from toma_pack.nodes import raylight_node
-from toma_pack.nodes.raylight_node import PACKAGE, RayWorkerWithToMA, patch_ray_actors
+from toma_pack.nodes.raylight_node import (
+    PACK_DIR,
+    PACKAGE,
+    RayWorkerWithToMA,
+    SamplingWithToMA,
+    patch_ray_actors,
+)
 from toma_pack.nodes.toma_node import patch_model
 
 pytestmark = pytest.mark.newest_tree
@@ -54,14 +60,17 @@ def sampling_inputs():
 
 
 def ray_sample(ray_actors: dict) -> list[torch.Tensor]:
-    """What raylight's KSampler (Ray) node does: common_ksampler on every worker."""
+    """What raylight's KSampler (Ray) node does: common_ksampler on every worker, then
+    (_clear_ray_worker_vram_after_sampling) the first worker's get_parallel_dict."""
     import ray
 
     latent, positive = sampling_inputs()
     futures = [actor.common_ksampler.remote(0, 2, 1.0, "euler", "normal", positive, positive,
                                             {"samples": latent})
                for actor in ray_actors["workers"]]
-    return [out[0]["samples"] for out in ray.get(futures)]
+    results = ray.get(futures)
+    ray.get(ray_actors["workers"][0].get_parallel_dict.remote())
+    return [out[0]["samples"] for out in results]
 
 
 def states(ray_actors: dict) -> list[dict]:
@@ -171,3 +180,86 @@ def test_hunyuan_video_under_raylight_is_left_alone(caplog) -> None:
     with caplog.at_level("WARNING", logger="ToMA"):
         assert raylight_node.install_on(patcher, SETTINGS) is patcher
     assert "raylight" in caplog.text and "HunyuanVideo" in caplog.text
+
+
+def local_toma() -> torch.Tensor:
+    latent, positive = sampling_inputs()
+    return ch.sample(patch_model(tiny_models.tiny_patcher(FAMILY), **SETTINGS), latent,
+                     positive, positive, steps=2, cfg=1.0)
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_an_install_failure_on_any_gpu_reaches_the_user(ray_actors, failing) -> None:
+    """Installing ToMA fails on one GPU (a stand-in failure, as out of memory): the sampler
+    node raises it, naming that GPU, every time; nothing sampled anywhere and no GPU keeps
+    ToMA (merged everywhere or nowhere). Once the GPU is well, the same node output samples
+    merged."""
+    import ray
+
+    actors = ray_actors["workers"]
+    wrapped = patch_ray_actors(ray_actors, **SETTINGS)
+    before = states(ray_actors)
+    for _ in range(2):
+        ray.get(actors[failing].fail_runs.remote(1))
+        with pytest.raises(RuntimeError, match=f"GPU {failing + 1} of 2: RuntimeError: "
+                                               "stand-in failure"):
+            ray_sample(wrapped)
+        after = states(ray_actors)
+        assert [s["samplings"] for s in after] == [s["samplings"] for s in before]
+        assert not any(s["toma_wrappers"] for s in after)
+        assert [s["model_id"] for s in after] == [s["model_id"] for s in before]
+    for merged in ray_sample(wrapped):
+        torch.testing.assert_close(merged, local_toma())
+
+
+def test_a_removal_failure_reaches_the_user(ray_actors) -> None:
+    """Taking ToMA off a GPU after sampling fails: the sampler node raises it once the sampling
+    has returned (at raylight's call after sampling), naming the GPU. The next sampling puts
+    that GPU's ModelPatcher back first, and samples as ToMA does, once."""
+    import ray
+
+    wrapped = patch_ray_actors(ray_actors, **SETTINGS)
+    actors = ray_actors["workers"]
+    ray.get(actors[1].fail_runs.remote(1, after=1))        # the install passes, the removal not
+    with pytest.raises(RuntimeError, match="taking ToMA off GPU 2 of 2 after sampling failed: "
+                                           "RuntimeError: stand-in failure"):
+        ray_sample(wrapped)
+    assert states(ray_actors)[1]["toma_wrappers"] == 1
+    for merged in ray_sample(wrapped):
+        torch.testing.assert_close(merged, local_toma())
+    assert not any(s["toma_wrappers"] for s in states(ray_actors))
+
+
+def test_the_pack_need_not_be_on_the_gpus_machine() -> None:
+    """An actor whose process cannot see the pack (off sys.path and the working directory, its
+    files refused, as on another machine of a Ray cluster): the node's check, install and
+    removal run there from the sources shipped with the function, and it samples as ToMA does
+    in this process."""
+    import ray
+    from ray_stand_in import StandInWorker
+
+    actor = ray.remote(StandInWorker).remote(FAMILY, hide=PACK_DIR)
+    try:
+        assert not ray.get(actor.state.remote(PACKAGE))["pack_imported"]
+        with pytest.raises(PermissionError):
+            ray.get(actor.model_function_runner_get_values.remote(
+                lambda model, path: open(path).read(), f"{PACK_DIR}/__init__.py"))
+        wrapped = patch_ray_actors({"workers": [actor]}, **SETTINGS)
+        [merged] = ray_sample(wrapped)
+        torch.testing.assert_close(merged, local_toma())
+        state = ray.get(actor.state.remote(PACKAGE))
+        assert state["pack_imported"] and not state["toma_wrappers"]
+    finally:
+        ray.kill(actor)
+
+
+def test_an_unknown_gpu_method_is_refused(ray_actors) -> None:
+    """A method ToMA does not know (a newer raylight's) is refused loudly, rather than let it
+    sample unmerged; a method named like a sampler goes through ToMA; known ones pass."""
+    worker = patch_ray_actors(ray_actors, **SETTINGS)["workers"][0]
+    with pytest.raises(RuntimeError, match="does not know raylight's GPU method 'render'"):
+        worker.render.remote()
+    assert isinstance(worker.sample_video, SamplingWithToMA)
+    assert isinstance(worker.common_ksampler, SamplingWithToMA)
+    assert not isinstance(worker.get_parallel_dict, SamplingWithToMA)
+    assert not isinstance(worker.clear_sampling_vram, SamplingWithToMA)

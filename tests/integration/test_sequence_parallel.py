@@ -68,6 +68,11 @@ EXTRA_AT_TWO = {
                       "steps": 1},
     "chroma_single": {"family": "chroma", "size": "1x8x8", "text": 8, "skip": "d0-1",
                       "steps": 1},
+    # a batch of 2 at CFG above 1: the model call holds 4 items (cond and uncond of each)
+    "wan_batch_cfg": {"family": "wan21_t2v", "size": "4x8x8", "text": 8, "skip": "",
+                      "steps": 1, "batch": 2, "cfg": 3.0},
+    "qwen_batch_cfg": {"family": "qwen_image", "size": "1x16x16", "text": 8, "skip": "",
+                       "steps": 1, "batch": 2, "cfg": 3.0},
 }
 EXACT = {"wan", "flux_double", "flux_single", "qwen_image"}
 EXACT_AT_TWO = {"wan21_i2v", "wan22_14b_i2v", "wan_vace", "chroma_double"}
@@ -224,3 +229,50 @@ def test_per_frame_rows_raylight_does_not_split_run_unmerged(runs) -> None:
         assert stats["layers_merged"] == 0
         assert "raylight" in stats["note"] and "vec rows" in stats["note"]
     assert result["sp_merged_vs_sp_unmerged"] == 0.0
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_img_slice_means_one_thing_on_every_rank(runs, world) -> None:
+    """raylight hands Flux's single blocks img_slice [the whole text's length, this shard's
+    length]: in a merged block every rank gets it shortened by the tokens it dropped (all
+    alike), so every rank's blocks see the same img_slice, its end their merged stream's."""
+    ranks = runs[world]["flux_single"]["ranks"]
+    slices = [tuple(map(tuple, rank["img_slices"])) for rank in ranks]
+    assert len(set(slices)) == 1 and len(slices[0]) == 1, slices
+    text, end = slices[0][0]
+    level = ranks[-1]["stats"]["levels"][0]
+    assert (text, end) == (8, level["merged_tokens"]), (slices, level)
+
+
+@pytest.mark.parametrize("name", ["wan_batch_cfg", "qwen_batch_cfg"])
+def test_a_batch_at_cfg_above_one_merges_as_one_process(runs, name) -> None:
+    """A batch of 2 at CFG 3 (cond and uncond of both items in one model call, one step: see
+    the module's note on ties): every rank merges every block and drops alike, and the samples
+    equal single-process ToMA with the same regions."""
+    result = runs[2][name]
+    assert result["sp_unmerged_vs_plain"] < EXACT_BOUND
+    assert result["sp_merged_vs_reference"] < EXACT_BOUND, result["sp_merged_vs_reference"]
+    assert result["merge_moves_output"] > 0.05
+    stats = merged_ranks(result)
+    assert all(s["layers_merged"] == s["layers_total"] for s in stats), stats
+    drops = {s["levels"][0]["tokens"] - s["levels"][0]["merged_tokens"] for s in stats}
+    assert len(drops) == 1 and drops.pop() > 0
+
+
+def test_the_rank_holding_fewer_grid_tokens_merges_harder(runs) -> None:
+    """Every rank drops the ratio's even share of the whole grid, the rank holding the text or
+    the start frame merging its own harder, up to 0.75 of it at ratio 0.5, and each GPU's notes
+    say what all dropped. Flux's single blocks on 4 ranks: rank 0 holds 10 grid tokens beside
+    the 8 text tokens, the others 18; the even share (8) is more than 0.75 of 10, so each drops
+    7 (rank 0: 70% of its own), 28 of the 64 (43.8%). Wan 2.1 image to video on 2 ranks: the
+    start frame on rank 0, which drops 12 of its 16 as rank 1 does of its 32 (50% of 48)."""
+    stats = merged_ranks(runs[4]["flux_single"])
+    assert [(s["levels"][0]["tokens"], s["levels"][0]["merged_tokens"]) for s in stats] == \
+        [(10, 3)] + [(18, 11)] * 3
+    assert all("single_block blocks on 4 GPUs: each drops 7 grid tokens, 43.8% of the "
+               "64-token grid at ratio 0.5" in s["note"] for s in stats), stats[0]["note"]
+    stats = merged_ranks(runs[2]["wan21_i2v"])
+    assert [(s["levels"][0]["tokens"], s["levels"][0]["merged_tokens"]) for s in stats] == \
+        [(16, 4), (32, 20)]
+    assert all("each drops 12 grid tokens, 50.0% of the 48-token grid" in s["note"]
+               for s in stats), stats[0]["note"]

@@ -12,6 +12,9 @@ from toma_pack.toma_core import build_plan, make_regions
 from toma_pack.toma_core.shards import (
     ShardGeometry,
     SpanRegions,
+    common_drop,
+    dropped_share,
+    local_cap,
     shard_regions,
     span_sizes,
     spread_counts,
@@ -65,17 +68,53 @@ def test_pieces_partition_the_span(case) -> None:
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75])
 def test_every_rank_drops_alike(case, ratio) -> None:
-    """Every rank keeps its grid tokens minus the same drop: the least the ratio asks of any
-    rank, or what every piece keeping one token allows; counts stay within 1..size."""
+    """Every rank keeps its grid tokens minus the same drop: the ratio's share of the whole
+    grid spread evenly, or what the rank that can drop least allows (local_cap of its tokens,
+    one token per piece); counts stay within 1..size."""
     g = geometry(*case)
     spans = shard_regions(g, ratio)
     held = [hi - lo for lo, hi in (g.span(r) for r in range(g.world))]
     drops = {h - sum(s.counts) for h, s in zip(held, spans, strict=True)}
     assert len(drops) == 1
-    assert drops.pop() == min(min(round(ratio * h), h - s.count)
-                              for h, s in zip(held, spans, strict=True))
+    drop = drops.pop()
+    assert drop == min(round(ratio * sum(held) / g.world),
+                       *(min(math.floor(local_cap(ratio) * h), h - s.count)
+                         for h, s in zip(held, spans, strict=True)))
+    assert all(drop <= local_cap(ratio) * h for h in held)
     for s in spans:
         assert all(1 <= k <= n for k, n in zip(s.counts, s.sizes, strict=True))
+
+
+def test_equal_shards_drop_the_ratio_of_each() -> None:
+    """Where every rank holds as many grid tokens (a video grid split evenly), each drops
+    round(ratio x its tokens), as one process would of that many."""
+    g = geometry(21, 6, 10, 2, 4, 0, 2)
+    spans = shard_regions(g, 0.5)
+    assert [s.tokens - sum(s.counts) for s in spans] == [315, 315]
+    assert dropped_share(spans) == 0.5
+
+
+@pytest.mark.parametrize(("world", "drop", "share"), [(2, 1024, 0.5), (4, 480, 0.469),
+                                                      (8, 48, 0.094)])
+def test_the_rank_holding_the_text_merges_harder(world, drop, share) -> None:
+    """Flux's single blocks at 1024x1024 with 512 text tokens on rank 0: rank 0 merges its own
+    grid harder than the ratio (up to local_cap, 0.75 at ratio 0.5) so that every rank drops
+    the even share of the grid where it can (P = 2: 1024 of its 1792); where even 0.75 of its
+    grid falls short (P = 4: 640 tokens, P = 8: 64), every rank drops that much."""
+    base = make_regions(64, 64, "tile", 64)
+    g = ShardGeometry(world, math.ceil((512 + base.tokens) / world), 512, base)
+    spans = shard_regions(g, 0.5)
+    assert {s.tokens - sum(s.counts) for s in spans} == {drop}
+    assert dropped_share(spans) == pytest.approx(share, abs=1e-3)
+    assert spans[0].tokens - sum(spans[0].counts) <= 0.75 * spans[0].tokens
+
+
+def test_common_drop() -> None:
+    assert common_drop([100, 100], [4, 4], 0.5) == 50
+    assert common_drop([60, 100], [4, 4], 0.5) == 40          # the even share of 160
+    assert common_drop([40, 100], [4, 4], 0.5) == 30          # 35 asked, 0.75 x 40 allowed
+    assert common_drop([10, 100], [9, 4], 0.5) == 1           # one token per piece kept
+    assert common_drop([0, 100], [0, 4], 0.5) == 0           # a rank without grid tokens
 
 
 def test_no_merge_where_a_rank_holds_no_grid_token() -> None:
