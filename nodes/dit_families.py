@@ -61,6 +61,10 @@ class BlockKind:
     stream_item: the stream argument is a tuple (LTX-2's (video, audio)) whose item this is;
     opaque: arguments the patch cannot line up with a merged sequence (LTX's guide attention
     mask, which addresses fixed token spans): a block call where one is set runs unmerged;
+    positions: arguments of the block's forward holding token positions in the stream, fixed
+    before the blocks run (where references get timestep zero's modulation: an index, or
+    (start, end, ...) spans): in a merged call those past the grid move back by the tokens
+    merged away (token_layout.moved_positions);
     hook: "dit" (replace patch) or "object" (patch of the block's forward);
     returns: for an object-patched block whose forward returns a tuple (HiDream's double
     blocks: image and text tokens), the argument names of its items; () when it returns the
@@ -82,6 +86,7 @@ class BlockKind:
     pe_heads: bool = False
     stream_item: int | None = None
     opaque: tuple[str, ...] = ()
+    positions: tuple[str, ...] = ()
     hook: str = "dit"
     returns: tuple[str, ...] = ()
 
@@ -232,7 +237,6 @@ def conditioned_frames(call: ModelCall, mask: object, frames: int, total: int) -
         clean = all(free[count:]) and min(low[:count], default=0) >= 0
         call.run.host_reads[key] = count if clean else None
     return call.run.host_reads[key]
-
 
 def timestep_zero_guard(call, arguments: dict, default_method: object) -> str | None:
     """Leaves the call unmerged (and says why) when its reference latents use

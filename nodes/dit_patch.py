@@ -66,7 +66,9 @@ from .token_layout import (
     merge_mask,
     merged_options,
     merged_rows_of,
+    moved_positions,
     position_tensors,
+    positions_inside,
     regroup_frame_rows,
     sequence_positions,
     stream_of,
@@ -276,6 +278,10 @@ class DiTToMA:
                       f"it run unmerged")
             return False
         opaque = kind.opaque and [name for name in kind.opaque if args.get(name) is not None]
+        for name in kind.positions:       # those the call hands (an object-patched forward's)
+            if name in args and positions_inside(args[name], lay.offset,
+                                                  lay.offset + math.prod(call.grid)):
+                opaque = [name]
         if opaque:
             call.note(f"{self.family.label} blocks get {', '.join(opaque)}, which "
                       f"addresses fixed token spans; those blocks run unmerged")
@@ -361,6 +367,11 @@ class DiTToMA:
             value = args[name]
             out[name] = self.once(call, ("rows", name, key), value,
                                   lambda v=value, f=form: self.merged_rows(call, plan, lay, v, f))
+        if merged is not None:
+            for name in kind.positions:
+                if name in args:
+                    out[name] = moved_positions(args[name], lay.offset + plan.tokens,
+                                                plan.tokens - plan.merged_tokens)
         out["transformer_options"] = merged_options(options, lay.seq_start, plan, call.grid)
         return out, merged, base
 

@@ -129,6 +129,38 @@ def merged_options(options: dict, start: int, plan: MergePlan,
     return out
 
 
+def position_values(value: object) -> list[int]:
+    """The token positions a positions argument (BlockKind.positions) holds: an index, or the
+    first two items (start, end) of each of its spans; none for anything else."""
+    if isinstance(value, (int, torch.SymInt)):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [p for span in value if isinstance(span, (tuple, list)) for p in span[:2]]
+    return []
+
+
+def positions_inside(value: object, start: int, end: int) -> bool:
+    """Whether a positions argument holds a position strictly inside the grid [start, end),
+    which no merged sequence has (the block then runs unmerged)."""
+    for p in position_values(value):      # a loop, not any(): no generator call per block
+        if start < p < end:
+            return True
+    return False
+
+
+def moved_positions(value: object, end: int, dropped: int) -> object:
+    """A positions argument for the merged stream whose grid, ending at `end`, lost `dropped`
+    tokens: positions at or past `end` move back by `dropped`, the others stay; a span's items
+    after its first two (which modulation it takes) stay as they are."""
+    if isinstance(value, (int, torch.SymInt)):
+        return value - dropped if value >= end else value
+    if not isinstance(value, (tuple, list)):
+        return value
+    return type(value)([
+        type(span)([*[p - dropped if p >= end else p for p in span[:2]], *span[2:]])
+        if isinstance(span, (tuple, list)) else span for span in value])
+
+
 def merged_rows_of(kind: BlockKind, plan: MergePlan, pe: torch.Tensor,
                    lay: Layout) -> torch.Tensor:
     """Positional rows for the merged sequence (plan.merge_positions along their token axis);

@@ -22,6 +22,7 @@ from . import (
     hunyuan_image,
     hunyuan_video,
     kandinsky5,
+    krea2,
     ltx,
     lumina,
     qwen_image,
@@ -30,7 +31,7 @@ from . import (
 )
 
 MODULES = (flux, wan, hunyuan_video, hunyuan_image, qwen_image, sd3, lumina, ltx, hidream,
-           hidream_o1, kandinsky5)
+           hidream_o1, kandinsky5, krea2)
 UNET_MODELS = "SDXL, SD1.5 and SD2 (ComfyUI's UNet)"
 
 
@@ -101,9 +102,10 @@ def _claims(module, diffusion_model) -> bool:
 def blocks_read(blocks: dict[str, tuple[str, ...]], family: Family) -> dict[str, tuple[str, ...]]:
     """The contract's block forwards' parameters, with what the family reads by name where it
     patches a block's forward itself (its own kinds' arguments: the block's parameters are
-    those names there)."""
+    those names there) and the token positions it moves (which reach the block's forward)."""
     out = {path: tuple(names) for path, names in blocks.items()}
     for kind in family.kinds:
         needed = (*kind.arguments, *kind.opaque) if kind.hook == "object" else ()
+        needed = (*needed, *kind.positions)
         out[kind.modules] = tuple(dict.fromkeys((*out.get(kind.modules, ()), *needed)))
     return out

@@ -43,6 +43,9 @@ SIGLIP_DIM = 1152          # HunyuanVideo 1.5: vision_in = MLPProj(1152, hidden)
 BYT5_DIM = 1472            # HunyuanVideo 1.5: ByT5Mapper(in_dim=1472)
 HIDREAM_LLAMA_TOKENS = 5   # HiDream's Llama context, another length than the T5 one
 HIDREAM_O1_PROMPT = 6      # HiDream-O1's prompt ids, the tms token last
+# The reference method whose references get timestep zero's modulation (Krea 2's style
+# reference)
+TIMESTEP_ZERO = "index_timestep_zero"
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,15 @@ def _qwen_image() -> dict[str, Any]:
     return {"image_model": "qwen_image", "patch_size": 2, "in_channels": 64, "out_channels": 16,
             "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 4,
             "joint_attention_dim": TEXT_DIM, "axes_dims_rope": (4, 6, 6)}
+
+
+def _krea2() -> dict[str, Any]:
+    """Krea 2: patch 2 over 16 channels, 4 query and 2 key/value heads of 16 (RoPE axes 4+6+6,
+    the model's own split of 16), a text fusion of 2 layers of TEXT_DIM (its context
+    2 x TEXT_DIM wide, as the Qwen3-VL layers stack)."""
+    return {"image_model": "krea2", "features": 64, "heads": 4, "kvheads": 2, "multiplier": 4,
+            "layers": 2, "patch": 2, "channels": 16, "txtdim": TEXT_DIM, "txtlayers": 2,
+            "txtheads": 2, "txtkvheads": 2}
 
 
 def _hunyuan_video(**overrides: Any) -> Callable[[], dict[str, Any]]:
@@ -251,6 +263,29 @@ def _ltx_guide(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any, n
     positive, negative, latent, noise_mask = LTXVAddGuide.append_keyframe(
         positive, negative, 0, latent, noise_mask, guide, 1.0, (8, 32, 32))
     return latent, noise_mask, positive, negative
+
+
+def _timestep_zero_reference(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any,
+                             negative: Any, seed: int) -> tuple:
+    """ReferenceLatent with a seeded latent of another size than the output (its tokens after
+    the image's), then Edit Model Reference Method (FluxKontextMultiReferenceLatentMethod)
+    "index_timestep_zero" on both conditionings: ComfyUI's own nodes, as the Krea 2 style
+    reference template uses them."""
+    import comfy_harness
+
+    comfy_harness.comfy_top_level_nodes()
+    from comfy_extras.nodes_edit_model import ReferenceLatent
+    from comfy_extras.nodes_flux import FluxKontextMultiReferenceLatentMethod
+
+    h, w = latent.shape[-2:]
+    ref = _randn(1, *latent.shape[1:-2], h + 2, max(w - 2, 2), seed=seed + 9)
+    out = []
+    for cond in (positive, negative):
+        cond = ReferenceLatent.execute(cond, {"samples": ref})
+        cond = cond.result[0] if hasattr(cond, "result") else cond[0]
+        cond = FluxKontextMultiReferenceLatentMethod.execute(cond, TIMESTEP_ZERO)
+        out.append(cond.result[0] if hasattr(cond, "result") else cond[0])
+    return latent, mask, out[0], out[1]
 
 
 def _kandinsky5(**overrides: Any) -> Callable[[], dict[str, Any]]:
@@ -533,6 +568,7 @@ _VACE = ("comfy.ldm.wan.model", "VaceWanModel")
 _CAMERA = ("comfy.ldm.wan.model", "CameraWanModel")
 _K5 = ("comfy.ldm.kandinsky5.model", "Kandinsky5")
 _ANIMATE = ("comfy.ldm.wan.model_animate", "AnimateWanModel")
+_KREA2 = ("comfy.ldm.krea2.model", "SingleStreamDiT")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -650,6 +686,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            extra_conds=_pooled, guides=_kandinsky5_start),
     Family("kandinsky5_image", "Kandinsky5Image", _kandinsky5(visual_embed_dim=64), _K5,
            extra_conds=_pooled),
+    # Krea 2 text-to-image, and with a style reference (ReferenceLatent, "index_timestep_zero")
+    Family("krea2", "Krea2", _krea2, _KREA2, frames_dim=True, text_dim=2 * TEXT_DIM),
+    Family("krea2_reference", "Krea2", _krea2, _KREA2, frames_dim=True, text_dim=2 * TEXT_DIM,
+           guides=_timestep_zero_reference),
 )}
 
 
