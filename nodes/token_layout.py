@@ -116,13 +116,16 @@ def sequence_positions(value: object, item: int | None) -> list[torch.Tensor]:
     return [picked] if isinstance(picked, torch.Tensor) else []
 
 
-def merged_options(options: dict, start: int, plan: MergePlan,
-                   grid: tuple[int, ...]) -> dict:
+def merged_options(options: dict, start: int, plan: MergePlan, grid: tuple[int, ...],
+                   offset: int | None = None, by: object = None) -> dict:
     """transformer_options for a block running on a merged sequence: MERGED_FLAG with where the
-    merged grid is, and `img_slice` (the image part of the sequence, [start, end)) shortened by
-    the tokens merged away when it holds the grid that starts at `start`."""
+    merged grid is (`offset`: its start in the block's stream where the stream itself merged,
+    None where only its attention does; `by`: the patch that merged it), and `img_slice` (the
+    image part of the sequence, [start, end)) shortened by the tokens merged away when it
+    holds the grid that starts at `start`."""
     out = {**options, MERGED_FLAG: {"start": start, "tokens": plan.tokens,
-                                    "merged_tokens": plan.merged_tokens, "grid": grid}}
+                                    "merged_tokens": plan.merged_tokens, "grid": grid,
+                                    "offset": offset, "by": by}}
     span = options.get("img_slice")
     if span is not None and len(span) == 2 and span[0] <= start < span[1]:
         out["img_slice"] = [span[0], span[1] - (plan.tokens - plan.merged_tokens)]

@@ -43,8 +43,8 @@ SIGLIP_DIM = 1152          # HunyuanVideo 1.5: vision_in = MLPProj(1152, hidden)
 BYT5_DIM = 1472            # HunyuanVideo 1.5: ByT5Mapper(in_dim=1472)
 HIDREAM_LLAMA_TOKENS = 5   # HiDream's Llama context, another length than the T5 one
 HIDREAM_O1_PROMPT = 6      # HiDream-O1's prompt ids, the tms token last
-# The reference method whose references get timestep zero's modulation (Krea 2's style
-# reference)
+# The reference method whose references get timestep zero's modulation (Qwen-Image-Edit 2511,
+# Krea 2's style reference, Flux 2 through Edit Model Reference Method)
 TIMESTEP_ZERO = "index_timestep_zero"
 
 
@@ -114,6 +114,17 @@ def _qwen_image() -> dict[str, Any]:
     return {"image_model": "qwen_image", "patch_size": 2, "in_channels": 64, "out_channels": 16,
             "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 4,
             "joint_attention_dim": TEXT_DIM, "axes_dims_rope": (4, 6, 6)}
+
+
+def _qwen_image_2511() -> dict[str, Any]:
+    """Qwen-Image-Edit 2511: Qwen-Image whose references default to "index_timestep_zero" (what
+    ComfyUI's model detection sets from its checkpoint), where this ComfyUI's class has that
+    default (0.8 and later)."""
+    import comfy.ldm.qwen_image.model as qwen
+
+    known = inspect.signature(qwen.QwenImageTransformer2DModel.__init__).parameters
+    return {**_qwen_image(), **({"default_ref_method": TIMESTEP_ZERO}
+                                if "default_ref_method" in known else {})}
 
 
 def _krea2() -> dict[str, Any]:
@@ -587,6 +598,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("qwen_image", "QwenImage", _qwen_image, _QWEN, frames_dim=True),
     Family("qwen_image_edit", "QwenImage", _qwen_image, _QWEN, frames_dim=True,
            extra_conds=_qwen_edit),
+    Family("qwen_image_edit_2511", "QwenImage", _qwen_image_2511, _QWEN, frames_dim=True,
+           extra_conds=_qwen_edit),
     Family("hunyuan_video", "HunyuanVideo", _hunyuan_video(), _HV, video=True,
            extra_conds=_pooled),
     # HunyuanVideo image-to-video: 33 inputs (16 noise + 16 image + 1 mask), "v1 (concat)" ...
@@ -635,6 +648,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            _LUMINA, extra_conds=_text_mask),
     Family("flux2", "Flux2", _flux_like("flux2", **_FLUX2), ("comfy.ldm.flux.model", "Flux"),
            patch=(1, 1, 1)),
+    # Flux 2 (Klein's layout: no guidance embedding, with which ComfyUI's timestep-zero path
+    # fails) with a reference through ReferenceLatent, its method "index_timestep_zero"
+    Family("flux2_timestep_zero", "Flux2",
+           _flux_like("flux2", **{**_FLUX2, "guidance_embed": False}),
+           ("comfy.ldm.flux.model", "Flux"), patch=(1, 1, 1), guides=_timestep_zero_reference),
     Family("chroma", "Chroma", _flux_like("chroma", **_CHROMA),
            ("comfy.ldm.chroma.model", "Chroma")),
     # LTX-Video text-to-video, image-to-video (LTXVImgToVideo: the image's frame kept by the
