@@ -1,9 +1,10 @@
-"""Flux.1 dev/schnell, Flux Kontext, Flux 2 and Chroma: double blocks with text and image in
-two streams (attention over [text; image]), then single blocks on [text; image]; reference
-images (Kontext, Flux 2) are appended after the main image tokens and never merge. References
-with "index_timestep_zero" get timestep zero's modulation over token spans (modulation_dims)
-that ComfyUI's block loop hands the blocks beside the replace patch's arguments: ToMA moves
-them with the merged image."""
+"""Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image (Flux's class) and
+Chroma: double blocks with text and image in two streams (attention over [text; image]), then
+single blocks on [text; image]; reference images (Kontext, Flux 2, LongCat-Image Edit) are
+appended after the main image tokens and never merge. References with "index_timestep_zero"
+get timestep zero's modulation over token spans (modulation_dims) that ComfyUI's block loop
+hands the blocks beside the replace patch's arguments: ToMA moves them with the merged
+image."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from ..contracts import Contract, Gives, Hands, Mentions, Takes
 from ..dit_families import BlockKind, Family, describe_plain
 
 # the models of this family, as the node's error and the README name them
-MODELS = "Flux.1 dev/schnell, Flux Kontext, Flux 2, Chroma"
+MODELS = "Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma"
 
 KINDS = (BlockKind("double_block", "double_blocks", "d", "before", mask="attn_mask",
                    positions=("modulation_dims_img",)),

@@ -59,7 +59,7 @@ NAMES = list(FAMILIES)
 
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
-                   "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2"):
+                   "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -106,7 +106,7 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     arguments `args`."""
     protected = (PROTECTED_FRAMES.get(name, 0) + PREFIX_FRAMES.get(name, 0)) * frame_tokens
     g = group(name)
-    if g in ("flux2", "chroma"):
+    if g in ("flux2", "chroma", "longcat"):
         return (0, txt_len) if kind == "double_block" else (txt_len, txt_len)
     if g == "qwen":
         return 0, txt_len
@@ -493,6 +493,8 @@ UPDATE_ERROR = {
     "wan_animate_continue": 0.27,   # 0.178
     "qwen_image_edit_2511": 0.84,   # 0.560
     "flux2_timestep_zero": 0.81,   # 0.541 (v0.8.0; 0.522 on v0.33.0)
+    "longcat_image": 0.99,   # 0.661
+    "longcat_image_edit": 0.68,   # 0.456
     "krea2": 1.57,   # 1.048
     "krea2_reference": 1.23,   # 0.822
 }

@@ -756,6 +756,39 @@ def test_two_toma_nodes_move_the_reference_spans_once():
     assert torch.equal(out_twice, out_once)               # measured bit-identical
 
 
+def test_ovis_image_merges():
+    """Ovis-Image: Flux's class with the gated MLP and text norm ComfyUI's detection reads from
+    its checkpoint (FluxSchnell's config, ComfyUI 0.8 and later; before, Flux has neither).
+    Tiny: ratio 0 is the plain model bit for bit; ratio 0.5 merges every block's image tokens
+    (relative change of the samples measured 0.157 on v0.33.0 and v0.8.0)."""
+    import dataclasses
+
+    import comfy.ldm.flux.model
+    import comfy.supported_models
+    import tiny_models
+
+    fields = {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)}
+    if "yak_mlp" not in fields:
+        assert ch.comfy_version() < (0, 8)
+        return
+    ovis = tiny_models._patcher(comfy.supported_models.FluxSchnell(
+        {"image_model": "flux", **tiny_models._OVIS,
+         "context_in_dim": ch.FLUX_CONTEXT_DIM}), 0)
+    assert ovis.model.diffusion_model.params.yak_mlp
+    positive, negative = flux_conds()
+    base = sample(ovis, LATENT, positive, negative, steps=2, cfg=2.0)
+    off = sample(apply_toma(ovis, make_options(0.0)), LATENT, positive, negative, steps=2,
+                 cfg=2.0)
+    assert torch.equal(off, base)
+    with attention_recorder() as lengths:
+        out = sample(apply_toma(ovis, make_options(RATIO, skip_blocks="none")), LATENT,
+                     positive, negative, steps=2, cfg=2.0)
+    h, w = grid_of(*LATENT)
+    assert set(lengths) == {TEXT_TOKENS + expected_merged(h, w, RATIO)}
+    print(f"ovis: relative change {rel_err(out, base):.3f}")
+    assert torch.isfinite(out).all() and rel_err(out, base) > 0.1
+
+
 # Chroma: Flux's token layout and block loop; before ComfyUI 0.8 with its own block classes -------
 def test_chroma_merges_on_every_version():
     """Chroma (tiny, ComfyUI's own class): ratio 0 is the plain model bit for bit; ratio 0.5

@@ -481,6 +481,13 @@ def _wan_concat(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]
     return {"concat_latent_image": image, "concat_mask": mask}
 
 
+def _flux_reference(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """TextEncodeQwenImageEdit's reference latent for a Flux-class model (LongCat-Image Edit):
+    one [1, C, h, w] of another size than the output, appended after the image tokens."""
+    h, w = shape[-2], shape[-1]
+    return {"reference_latents": [_randn(1, shape[1], h + 2, max(w - 2, 2), seed=seed + 9)]}
+
+
 def _qwen_edit(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     """TextEncodeQwenImageEdit / ReferenceLatent: one reference latent [1, 16, 1, h, w] of a
     different size than the output (Qwen appends its tokens after the image tokens)."""
@@ -562,6 +569,14 @@ _FLUX2 = {"in_channels": 128, "out_channels": 128, "vec_in_dim": None,
           "patch_size": 1, "qkv_bias": False, "guidance_embed": True, "txt_ids_dims": [3],
           "global_modulation": True, "mlp_silu_act": True, "ops_bias": False,
           "default_ref_method": "index", "ref_index_scale": 10.0}
+# LongCat-Image (ComfyUI's LongCatImage: Flux's class without guidance or pooled vector, text
+# positions along both image axes) and Ovis-Image (Flux's class with the gated MLP and text
+# norm of its checkpoint's detection), tiny
+_LONGCAT = {"in_channels": 16, "out_channels": 16, "vec_in_dim": None,
+            "context_in_dim": TEXT_DIM, "hidden_size": 64, "mlp_ratio": 4.0, "num_heads": 4,
+            "depth": 2, "depth_single_blocks": 2, "axes_dim": [4, 6, 6], "theta": 10000,
+            "patch_size": 2, "qkv_bias": True, "guidance_embed": False, "txt_ids_dims": [1, 2]}
+_OVIS = {**_LONGCAT, "yak_mlp": True, "txt_norm": True}
 _CHROMA = {"in_channels": 64, "out_channels": 64, "context_in_dim": TEXT_DIM, "hidden_size": 64,
            "mlp_ratio": 4.0, "num_heads": 4, "depth": 2, "depth_single_blocks": 2,
            "axes_dim": [4, 6, 6], "theta": 10000, "patch_size": 2, "qkv_bias": True,
@@ -653,6 +668,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("flux2_timestep_zero", "Flux2",
            _flux_like("flux2", **{**_FLUX2, "guidance_embed": False}),
            ("comfy.ldm.flux.model", "Flux"), patch=(1, 1, 1), guides=_timestep_zero_reference),
+    # LongCat-Image text to image and edit (ComfyUI 0.33: LongCatImage), Ovis-Image (its Flux
+    # detection: FluxSchnell's config with the gated MLP and text norm, ComfyUI 0.8 and later)
+    Family("longcat_image", "LongCatImage", _flux_like("flux", **_LONGCAT),
+           ("comfy.ldm.flux.model", "Flux")),
+    Family("longcat_image_edit", "LongCatImage", _flux_like("flux", **_LONGCAT),
+           ("comfy.ldm.flux.model", "Flux"), extra_conds=_flux_reference),
     Family("chroma", "Chroma", _flux_like("chroma", **_CHROMA),
            ("comfy.ldm.chroma.model", "Chroma")),
     # LTX-Video text-to-video, image-to-video (LTXVImgToVideo: the image's frame kept by the
