@@ -3,7 +3,7 @@ patch is dit_patch.py). Each module states its CONTRACT (contracts.py: the model
 patches and what it needs from ComfyUI) and gives, in `family(diffusion_model)`, the Family of a
 model of those classes (`claims(diffusion_model)`, where a module has it, tells two families of
 one class apart). Classes are matched exactly, not by isinstance: ComfyUI subclasses these
-models for variants with other token layouts (S2V and Animate 2 Wan, Chroma Radiance, ...),
+models for variants with other token layouts (S2V, HuMo and Animate 2 Wan, ...),
 which must get the "not supported" error rather than a wrong merge.
 
 `family_of` checks a model's family contract against the running ComfyUI before it describes

@@ -1,10 +1,10 @@
-"""Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image (Flux's class) and
-Chroma: double blocks with text and image in two streams (attention over [text; image]), then
-single blocks on [text; image]; reference images (Kontext, Flux 2, LongCat-Image Edit) are
-appended after the main image tokens and never merge. References with "index_timestep_zero"
-get timestep zero's modulation over token spans (modulation_dims) that ComfyUI's block loop
-hands the blocks beside the replace patch's arguments: ToMA moves them with the merged
-image."""
+"""Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image (Flux's class), Chroma
+and Chroma Radiance (Chroma's blocks on pixel patches): double blocks with text and image in two
+streams (attention over [text; image]), then single blocks on [text; image]; reference images
+(Kontext, Flux 2, LongCat-Image Edit) are appended after the main image tokens and never merge.
+References with "index_timestep_zero" get timestep zero's modulation over token spans
+(modulation_dims) that ComfyUI's block loop hands the blocks beside the replace patch's
+arguments: ToMA moves them with the merged image."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from ..contracts import Contract, Gives, Hands, Mentions, Takes
 from ..dit_families import BlockKind, Family, describe_plain
 
 # the models of this family, as the node's error and the README name them
-MODELS = "Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma"
+MODELS = ("Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma, "
+          "Chroma Radiance")
 
 KINDS = (BlockKind("double_block", "double_blocks", "d", "before", mask="attn_mask",
                    positions=("modulation_dims_img",)),
@@ -24,6 +25,9 @@ KINDS = (BlockKind("double_block", "double_blocks", "d", "before", mask="attn_ma
 
 FLUX = "comfy.ldm.flux.model:Flux"
 CHROMA = "comfy.ldm.chroma.model:Chroma"
+# Chroma's blocks and block loop on 16-pixel patches of the image, its pixels then made by a
+# per-patch head from the blocks' full-length output
+CHROMA_RADIANCE = "comfy.ldm.chroma_radiance.model:ChromaRadiance"
 # The parameter of Flux.forward_orig that says this ComfyUI's Flux modulates
 # "index_timestep_zero" references on their own (its blocks then get spans to move).
 TIMESTEP_ZERO = "timestep_zero_index"
@@ -37,8 +41,9 @@ CONTRACT = Contract(
                Takes(f"{FLUX}.forward_orig", (TIMESTEP_ZERO,), when=_SEPARATE_MODULATION,
                      why="ToMA reads from it that 'index_timestep_zero' references are "
                          "modulated on their own, over spans it moves")),
-        CHROMA: (Hands(CHROMA, KINDS[0].key, KINDS[0].arguments),
-                 Hands(CHROMA, KINDS[1].key, KINDS[1].arguments)),
+        **{model: (Hands(model, KINDS[0].key, KINDS[0].arguments),
+                   Hands(model, KINDS[1].key, KINDS[1].arguments))
+           for model in (CHROMA, CHROMA_RADIANCE)},
     },
     needs=(Gives("comfy.model_base:Flux.extra_conds", ("ref_latents",), what="conditioning"),),
     blocks={"double_blocks": ("img", "txt", "vec", "pe", "attn_mask"),

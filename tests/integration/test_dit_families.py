@@ -493,6 +493,7 @@ UPDATE_ERROR = {
     "wan_animate_continue": 0.27,   # 0.178
     "qwen_image_edit_2511": 0.84,   # 0.560
     "flux2_timestep_zero": 0.81,   # 0.541 (v0.8.0; 0.522 on v0.33.0)
+    "chroma_radiance": 0.39,   # 0.258
     "longcat_image": 0.99,   # 0.661
     "longcat_image_edit": 0.68,   # 0.456
     "krea2": 1.57,   # 1.048

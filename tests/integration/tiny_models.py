@@ -219,7 +219,11 @@ def _lumina(**overrides: Any) -> Callable[[], dict[str, Any]]:
 def _flux_like(model: str, **params: Any) -> Callable[[], dict[str, Any]]:
     """Flux 2 / Chroma: fields filtered by the params dataclass, which grows across versions."""
     def config() -> dict[str, Any]:
-        if model == "chroma":
+        if model == "chroma_radiance":
+            import comfy.ldm.chroma_radiance.model as radiance
+
+            fields_of = radiance.ChromaRadianceParams
+        elif model == "chroma":
             import comfy.ldm.chroma.model as chroma
 
             fields_of = chroma.ChromaParams
@@ -583,6 +587,14 @@ _CHROMA = {"in_channels": 64, "out_channels": 64, "context_in_dim": TEXT_DIM, "h
            "in_dim": 64, "out_dim": 64, "hidden_dim": 64, "n_layers": 2, "txt_ids_dims": [],
            "vec_in_dim": None}
 
+# Chroma Radiance: Chroma on 16-pixel patches of the image (3 channels), a NeRF head of one
+# layer, untiled
+_CHROMA_RADIANCE = {**_CHROMA, "in_channels": 3, "out_channels": 3, "patch_size": 16,
+                    "nerf_hidden_size": 16, "nerf_mlp_ratio": 2, "nerf_depth": 1,
+                    "nerf_max_freqs": 4, "nerf_tile_size": 0, "nerf_final_head_type": "linear",
+                    "nerf_embedder_dtype": None, "use_x0": False,
+                    "use_sequential_txt_ids": False}
+
 _WAN = ("comfy.ldm.wan.model", "WanModel")
 _HV = ("comfy.ldm.hunyuan_video.model", "HunyuanVideo")
 _LUMINA = ("comfy.ldm.lumina.model", "NextDiT")
@@ -676,6 +688,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            ("comfy.ldm.flux.model", "Flux"), extra_conds=_flux_reference),
     Family("chroma", "Chroma", _flux_like("chroma", **_CHROMA),
            ("comfy.ldm.chroma.model", "Chroma")),
+    # Chroma Radiance: pixels [B, 3, H, W] in 16-pixel patches (sizes count its patches)
+    Family("chroma_radiance", "ChromaRadiance", _flux_like("chroma_radiance", **_CHROMA_RADIANCE),
+           ("comfy.ldm.chroma_radiance.model", "ChromaRadiance"), patch=(1, 16, 16), scale=16),
     # LTX-Video text-to-video, image-to-video (LTXVImgToVideo: the image's frame kept by the
     # noise mask, 1 - strength = 0) and a guide frame appended (LTXVAddGuide).
     # LTX-Video's T5 hands its attention mask over with the text.
