@@ -66,6 +66,11 @@ class BlockKind:
     modulation row per span): spans before the grid are kept, the grid's own span becomes the
     merged grid's, spans after it move with it; a span cutting into the grid, or holding a
     tensor of per-token values over it, makes the block run unmerged;
+    positions: arguments of the block's forward holding token positions in the stream, fixed
+    before the blocks run (where references get timestep zero's modulation: an index, or
+    (start, end, ...) spans): in a merged call those past the grid move back by the tokens
+    merged away (token_layout.moved_positions); with hook "dit" ComfyUI's block loop hands
+    them to the block's forward, not to the replace patch, and ToMA patches that forward too;
     hook: "dit" (replace patch) or "object" (patch of the block's forward);
     returns: for an object-patched block whose forward returns a tuple (HiDream's double
     blocks: image and text tokens), the argument names of its items; () when it returns the
@@ -89,6 +94,7 @@ class BlockKind:
     opaque: tuple[str, ...] = ()
     batched: bool = True
     spans: tuple[str, ...] = ()
+    positions: tuple[str, ...] = ()
     hook: str = "dit"
     returns: tuple[str, ...] = ()
     # the stream argument is the grid tensor itself (read without a further call per block)
@@ -250,17 +256,3 @@ def conditioned_frames(call: ModelCall, mask: object, frames: int, total: int) -
         clean = all(free[count:]) and min(low[:count], default=0) >= 0
         call.run.host_reads[key] = count if clean else None
     return call.run.host_reads[key]
-
-
-def timestep_zero_guard(call, arguments: dict, default_method: object) -> str | None:
-    """Leaves the call unmerged (and says why) when its reference latents use
-    "index_timestep_zero" (method from the call, else the model's default read now): the model
-    then modulates token spans it fixes before the blocks run, which a merged sequence would
-    shift."""
-    refs = arguments.get("ref_latents")
-    method = arguments.get("ref_latents_method") or default_method
-    if refs is None or len(refs) == 0 or method != "index_timestep_zero":
-        return None
-    call.mergeable = False
-    return ("references with 'index_timestep_zero' modulate fixed token spans; those model calls "
-            "run unmerged")

@@ -29,7 +29,8 @@ What other packs' code sees, decided on every block call from what ComfyUI hands
 - An attention override (`optimized_attention_override`: a choice of attention kernel) gets
   the merged queries, keys and values: attention does not care about the sequence's order.
 - In a merged block, transformer_options carry MERGED_FLAG (a second ToMA node leaves the
-  sequence alone; its value says where the merged grid is: start, tokens, merged_tokens, grid)
+  sequence alone; its value says where the merged grid is: start, tokens, merged_tokens, grid,
+  its offset in the stream and the patch that merged it)
   and `img_slice` rewritten to the merged sequence; grid descriptions such as `grid_sizes` and
   `reference_image_num_tokens` still describe the unmerged input (references never merge).
   Patches after a block and before the blocks (`double_block`, `post_input`) see full length.
@@ -67,7 +68,9 @@ from .token_layout import (
     merged_options,
     merged_rows_of,
     merged_spans,
+    moved_positions,
     position_tensors,
+    positions_inside,
     regroup_frame_rows,
     sequence_positions,
     stream_of,
@@ -291,6 +294,10 @@ class DiTToMA:
                       f"it run unmerged")
             return False
         opaque = kind.opaque and [name for name in kind.opaque if args.get(name) is not None]
+        for name in kind.positions:       # those the call hands (an object-patched forward's)
+            if name in args and positions_inside(args[name], lay.offset,
+                                                  lay.offset + math.prod(call.grid)):
+                opaque = [name]
         if opaque:
             call.note(f"{self.family.label} blocks get {', '.join(opaque)}, which "
                       f"addresses fixed token spans; those blocks run unmerged")
@@ -380,9 +387,14 @@ class DiTToMA:
             value = args[name]
             out[name] = self.once(call, ("spans", name, key), value, lambda v=value: (
                 merged_spans(v, lay.offset, plan.tokens, plan.merged_tokens)))
+        if merged is not None:
+            for name in kind.positions:
+                if name in args:
+                    out[name] = moved_positions(args[name], lay.offset + plan.tokens,
+                                                plan.tokens - plan.merged_tokens)
         out["transformer_options"] = merged_options(
-            options, lay.seq_start, plan, call.grid,
-            call.shard is not None and kind.text == "stream_before")
+            options, lay.seq_start, plan, call.grid, None if merged is None else lay.offset,
+            self, call.shard is not None and kind.text == "stream_before")
         return out, merged, base
 
     def merged_rows(self, call: ModelCall, plan: MergePlan, lay: Layout, value: object,
@@ -472,6 +484,31 @@ class DiTToMA:
 
         return forward
 
+    def positions_forward(self, kind: BlockKind, original: Callable) -> Callable:
+        """An object patch for the forward of a block whose "dit" replace patch this node
+        installed, where ComfyUI's block loop hands the block kind.positions beside the
+        patch's arguments: in a call this node's patch merged (its MERGED_FLAG), positions
+        past the grid move back by the tokens merged away. The loop passes them and
+        transformer_options by name."""
+
+        def forward(*args, **kwargs):
+            options = kwargs.get("transformer_options")
+            flag = options.get(MERGED_FLAG) if options else None
+            if flag is None or flag["by"] is not self or flag["offset"] is None:
+                return original(*args, **kwargs)
+            start, tokens = flag["offset"], flag["tokens"]
+            for name in kind.positions:
+                if name not in kwargs:
+                    continue
+                if positions_inside(kwargs[name], start, start + tokens):
+                    raise RuntimeError(f"ToMA: {self.family.label} handed its blocks a {name} "
+                                       f"inside the merged image tokens ({kwargs[name]})")
+                kwargs[name] = moved_positions(kwargs[name], start + tokens,
+                                               tokens - flag["merged_tokens"])
+            return original(*args, **kwargs)
+
+        return forward
+
 
 def same_object(a: object, b: object) -> bool:
     """Whether `b` is `a`, a tuple or list compared item by item (LTX's (rotation, split) rows:
@@ -553,6 +590,10 @@ def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatc
                 patch = toma.replace_patch(kind, i, existing_replace(model, kind.key, i))
                 model.set_model_patch_replace(patch, "dit", kind.key, i)
                 reading.patches[(kind.key, i)] = patch
+                if kind.positions and (kind.key, i) in groups:
+                    patches.add(model, f"{kind.modules}.{i}",
+                                lambda module, original, k=kind: toma.positions_forward(
+                                    k, original))
             else:
                 patches.add(model, f"{kind.modules}.{i}",
                             lambda module, original, k=kind, j=i:

@@ -122,18 +122,53 @@ def sequence_positions(value: object, item: int | None) -> list[torch.Tensor]:
 
 
 def merged_options(options: dict, start: int, plan: MergePlan, grid: tuple[int, ...],
-                   shard: bool = False) -> dict:
+                   offset: int | None = None, by: object = None, shard: bool = False) -> dict:
     """transformer_options for a block running on a merged sequence: MERGED_FLAG with where the
-    merged grid is, and `img_slice` (the image part of the sequence, [start, end)) shortened by
-    the tokens merged away when it holds the grid that starts at `start`. shard: a block of a
-    sequence-parallel call, whose img_slice is [the whole text's length, this shard's length]
-    (raylight's single blocks): its end is shortened on every rank, each rank dropping alike."""
+    merged grid is (`offset`: its start in the block's stream where the stream itself merged,
+    None where only its attention does; `by`: the patch that merged it), and `img_slice` (the
+    image part of the sequence, [start, end)) shortened by the tokens merged away when it
+    holds the grid that starts at `start`. shard: a block of a sequence-parallel call, whose
+    img_slice is [the whole text's length, this shard's length] (raylight's single blocks): its
+    end is shortened on every rank, each rank dropping alike."""
     out = {**options, MERGED_FLAG: {"start": start, "tokens": plan.tokens,
-                                    "merged_tokens": plan.merged_tokens, "grid": grid}}
+                                    "merged_tokens": plan.merged_tokens, "grid": grid,
+                                    "offset": offset, "by": by}}
     span = options.get("img_slice")
     if span is not None and len(span) == 2 and (shard or span[0] <= start < span[1]):
         out["img_slice"] = [span[0], span[1] - (plan.tokens - plan.merged_tokens)]
     return out
+
+
+def position_values(value: object) -> list[int]:
+    """The token positions a positions argument (BlockKind.positions) holds: an index, or the
+    first two items (start, end) of each of its spans; none for anything else."""
+    if isinstance(value, (int, torch.SymInt)):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [p for span in value if isinstance(span, (tuple, list)) for p in span[:2]]
+    return []
+
+
+def positions_inside(value: object, start: int, end: int) -> bool:
+    """Whether a positions argument holds a position strictly inside the grid [start, end),
+    which no merged sequence has (the block then runs unmerged)."""
+    for p in position_values(value):      # a loop, not any(): no generator call per block
+        if start < p < end:
+            return True
+    return False
+
+
+def moved_positions(value: object, end: int, dropped: int) -> object:
+    """A positions argument for the merged stream whose grid, ending at `end`, lost `dropped`
+    tokens: positions at or past `end` move back by `dropped`, the others stay; a span's items
+    after its first two (which modulation it takes) stay as they are."""
+    if isinstance(value, (int, torch.SymInt)):
+        return value - dropped if value >= end else value
+    if not isinstance(value, (tuple, list)):
+        return value
+    return type(value)([
+        type(span)([*[p - dropped if p >= end else p for p in span[:2]], *span[2:]])
+        if isinstance(span, (tuple, list)) else span for span in value])
 
 
 def merged_rows_of(kind: BlockKind, plan: MergePlan, pe: torch.Tensor,

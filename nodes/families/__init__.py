@@ -3,7 +3,7 @@ patch is dit_patch.py). Each module states its CONTRACT (contracts.py: the model
 patches and what it needs from ComfyUI) and gives, in `family(diffusion_model)`, the Family of a
 model of those classes (`claims(diffusion_model)`, where a module has it, tells two families of
 one class apart). Classes are matched exactly, not by isinstance: ComfyUI subclasses these
-models for variants with other token layouts (S2V and Animate 2 Wan, Chroma Radiance, ...),
+models for variants with other token layouts (S2V, HuMo and Animate 2 Wan, ...),
 which must get the "not supported" error rather than a wrong merge.
 
 `family_of` checks a model's family contract against the running ComfyUI before it describes
@@ -22,6 +22,7 @@ from . import (
     hunyuan_image,
     hunyuan_video,
     kandinsky5,
+    krea2,
     ltx,
     lumina,
     minimax_h3,
@@ -31,7 +32,7 @@ from . import (
 )
 
 MODULES = (flux, wan, hunyuan_video, hunyuan_image, qwen_image, sd3, lumina, ltx, hidream,
-           hidream_o1, kandinsky5, minimax_h3)
+           hidream_o1, kandinsky5, krea2, minimax_h3)
 UNET_MODELS = "SDXL, SD1.5 and SD2 (ComfyUI's UNet)"
 
 
@@ -102,9 +103,10 @@ def _claims(module, diffusion_model) -> bool:
 def blocks_read(blocks: dict[str, tuple[str, ...]], family: Family) -> dict[str, tuple[str, ...]]:
     """The contract's block forwards' parameters, with what the family reads by name where it
     patches a block's forward itself (its own kinds' arguments: the block's parameters are
-    those names there)."""
+    those names there) and the token positions it moves (which reach the block's forward)."""
     out = {path: tuple(names) for path, names in blocks.items()}
     for kind in family.kinds:
         needed = (*kind.arguments, *kind.opaque) if kind.hook == "object" else ()
+        needed = (*needed, *kind.positions)
         out[kind.modules] = tuple(dict.fromkeys((*out.get(kind.modules, ()), *needed)))
     return out

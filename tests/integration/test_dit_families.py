@@ -59,7 +59,7 @@ NAMES = list(FAMILIES)
 
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
-                   "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5"):
+                   "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -106,7 +106,7 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     arguments `args`."""
     protected = (PROTECTED_FRAMES.get(name, 0) + PREFIX_FRAMES.get(name, 0)) * frame_tokens
     g = group(name)
-    if g in ("flux2", "chroma"):
+    if g in ("flux2", "chroma", "longcat"):
         return (0, txt_len) if kind == "double_block" else (txt_len, txt_len)
     if g == "qwen":
         return 0, txt_len
@@ -121,6 +121,8 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
         return text, text
     if g == "hidream_o1":        # [prompt (txt_len: prompt_tokens); image; reference patches]
         return txt_len, txt_len
+    if g == "krea2":             # [text (its length kept by the text fusion); image; references]
+        return TEXT_TOKENS, TEXT_TOKENS
     return protected, protected                                 # Wan, SD3, LTX, HiDream
 
 
@@ -153,6 +155,8 @@ class Recorder:
     def install(self, model) -> None:
         dm = model.model.diffusion_model
         blocks = [(kind, attr) for kind, attr in OBJECT_BLOCKS if hasattr(dm, attr)]
+        if type(dm).__name__ == KREA2_MODEL:
+            blocks = [KREA2_BLOCKS]
         for kind, attr in blocks:                   # Lumina 2 / Z-Image, HiDream, Kandinsky 5
             for i, layer in enumerate(getattr(dm, attr)):
                 key = f"diffusion_model.{attr}.{i}.forward"
@@ -206,7 +210,10 @@ def stream_out(out: dict):
 # Blocks ComfyUI calls without replace patches: (kind, diffusion model attribute).
 OBJECT_BLOCKS = (("layer", "layers"), ("double_block", "double_stream_blocks"),
                  ("single_block", "single_stream_blocks"), ("visual", "visual_transformer_blocks"))
-STREAM = {"layer": "x", "visual": "visual_embed"}
+STREAM = {"layer": "x", "visual": "visual_embed", "block": "x"}
+# Krea 2's blocks (`blocks`, a name Wan's replace-patched blocks have too)
+KREA2_MODEL = "SingleStreamDiT"
+KREA2_BLOCKS = ("block", "blocks")
 
 
 def stream_name(name: str, kind: str) -> str:
@@ -219,8 +226,8 @@ def stream_name(name: str, kind: str) -> str:
 
 # Arguments holding positional rows over the grid's sequence (a tensor, or a tuple whose
 # tensors are rows: LTX's (rotation, split) pair, (cos, sin) before ComfyUI 0.8).
-PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "ltx2": ("v_pe", "v_cross_pe"),
-      "hidream": ("rope",), "hidream_o1": ("freqs_cis",)}
+PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "block": ("freqs",),
+      "ltx2": ("v_pe", "v_cross_pe"), "hidream": ("rope",), "hidream_o1": ("freqs_cis",)}
 # The separate text stream of two-stream blocks: it reaches the block as it came.
 TEXT = {"hidream": "text_tokens"}
 # Arguments holding modulation rows spread evenly over the stream (ComfyUI's repeat_e and
@@ -484,6 +491,13 @@ UPDATE_ERROR = {
     "wan22_camera_i2v": 0.37,   # 0.247
     "wan_animate": 0.37,   # 0.244
     "wan_animate_continue": 0.27,   # 0.178
+    "qwen_image_edit_2511": 0.84,   # 0.560
+    "flux2_timestep_zero": 0.81,   # 0.541 (v0.8.0; 0.522 on v0.33.0)
+    "chroma_radiance": 0.39,   # 0.258
+    "longcat_image": 0.99,   # 0.661
+    "longcat_image_edit": 0.68,   # 0.456
+    "krea2": 1.57,   # 1.048
+    "krea2_reference": 1.23,   # 0.822
 }
 
 
@@ -523,8 +537,9 @@ def test_merged_block_outputs_follow_the_update_rule(name):
         assert torch.equal(b_out[:, offset + n:], a_out[:, offset + m:])
         update = plan.unmerge(a_out[:, offset:offset + m] - a_in[:, offset:offset + m])
         expected = x_in[:, offset:offset + n] + update
-        scale = float(x_in.abs().max())
-        # the same sum in another order: measured <= 1.33e-7 of max |x| on v0.8.0, bound x3
+        scale = max(float(x_in.abs().max()), float(b_out.abs().max()))
+        # the same sum in another order: measured <= 1.33e-7 of max |x| on v0.8.0 (Krea 2's
+        # updates outgrow its input: of max |x|, |out|), bound x3
         assert float((b_out[:, offset:offset + n] - expected).abs().max()) <= 4e-7 * scale
         got, want = b_out - x_in, ref - x_in
         worst = max(worst, float((got - want).norm() / want.norm()))
@@ -612,32 +627,82 @@ def assert_runs_unmerged(model, latent, positive, negative, run: dict, told: str
     assert len([r for r in caplog.records if told in r.getMessage()]) == 1
 
 
-def test_qwen_edit_timestep_zero_references_run_unmerged(caplog):
-    """Qwen-Image-Edit 2511's 'index_timestep_zero' references get their own modulation from
-    the token index where the image ends, fixed before the blocks run: calls with them run
-    unmerged (bit-identical to the plain model, one warning) where this ComfyUI has that
-    modulation (its Qwen block takes timestep_zero_index); before, they merge."""
-    import logging
+# Where each family's blocks get the token positions of "index_timestep_zero" references (read
+# from ComfyUI's code): block list -> (stream argument, positions argument of its forward,
+# whether the stream holds the text in front of the image).
+TIMESTEP_ZERO_BLOCKS = {
+    "qwen_image_edit_2511": {"transformer_blocks": ("hidden_states", "timestep_zero_index",
+                                                    False)},
+    "flux2_timestep_zero": {"double_blocks": ("img", "modulation_dims_img", False),
+                            "single_blocks": ("x", "modulation_dims", True)},
+    "krea2_reference": {"blocks": ("x", "timestep_zero_index", True)}}
 
-    from comfy.ldm.qwen_image.model import QwenImageTransformerBlock
 
-    name = "qwen_image_edit"
-    model = tiny_patcher(name)
-    x = inputs(name, model, 1, 7, 9)
-    for cond in (x.positive, x.negative):
-        cond[0][1]["reference_latents_method"] = "index_timestep_zero"
-    base = ch.sample(model, x.latent, x.positive, x.negative, steps=2, cfg=2.0)
+def position_list(value) -> list:
+    """The token positions of a positions argument: an index, or each (start, end, which)
+    span's start and end."""
+    return [value] if isinstance(value, int) else [p for span in value for p in span[:2]]
+
+
+def record_positions(model, blocks: dict, calls: list) -> None:
+    """Object patches on the forward of every block in `blocks` recording (block list, index,
+    stream length, positions argument, text length in front of the image where
+    transformer_options say: img_slice) and running what was there."""
+    dm = model.model.diffusion_model
+    for attr, (stream, positions, _) in blocks.items():
+        for i, layer in enumerate(getattr(dm, attr)):
+            key = f"diffusion_model.{attr}.{i}.forward"
+            previous = model.object_patches.get(key) or types.MethodType(type(layer).forward,
+                                                                        layer)
+            signature = inspect.signature(types.MethodType(type(layer).forward, layer))
+
+            def forward(*args, _previous=previous, _signature=signature, _key=(attr, i),
+                        _names=(stream, positions), **kwargs):
+                bound = _signature.bind(*args, **kwargs).arguments
+                text = (bound.get("transformer_options") or {}).get("img_slice", [0])[0]
+                calls.append((*_key, bound[_names[0]].shape[1], bound.get(_names[1]), text))
+                return _previous(*args, **kwargs)
+
+            model.add_object_patch(key, forward)
+
+
+@pytest.mark.parametrize("name", list(TIMESTEP_ZERO_BLOCKS))
+def test_timestep_zero_references_keep_their_modulation(name):
+    """References with "index_timestep_zero" (Qwen-Image-Edit 2511's default, Flux 2 and Krea
+    2 through Edit Model Reference Method) get timestep zero's modulation over token positions
+    ComfyUI fixes before the blocks. Merged, every block still splits its stream where the
+    references start: the positions the block's forward receives inside ToMA are those ComfyUI
+    handed (recorded outside ToMA) moved back by the tokens merged away, and the references'
+    start is among them; the calls merge. Where this ComfyUI's model has no such modulation
+    (Flux before 0.33, Qwen-Image before 0.8) it hands no positions."""
+    if not available(name):
+        return assert_absent(name)
+    base = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, base, batch, height, width, frames)
+    refs = x.positive[0][1]["reference_latents"]
+    ref_tokens = sum(math.prod(token_grid(name, ref.shape)) for ref in refs)
+    image = math.prod(token_grid(name, x.latent.shape)) + ref_tokens
+    inner, outer = [], []
+    model = base.clone()
+    record_positions(model, TIMESTEP_ZERO_BLOCKS[name], inner)
     toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
-    with caplog.at_level(logging.WARNING, logger="ToMA"):
-        out = ch.sample(toma, x.latent, x.positive, x.negative, steps=2, cfg=2.0)
-    warned = [r for r in caplog.records if "index_timestep_zero" in r.getMessage()]
-    if "timestep_zero_index" in inspect.signature(QwenImageTransformerBlock.forward).parameters:
-        assert torch.equal(out, base)
-        assert len(warned) == 1
-    else:
-        assert ch.comfy_version() < (0, 8)
-        assert float((out - base).norm() / base.norm()) > 0.048    # measured 0.097
-        assert warned == []
+    record_positions(toma, TIMESTEP_ZERO_BLOCKS[name], outer)
+    out = ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg)
+    assert torch.isfinite(out).all()
+    assert len(inner) == len(outer) > 0
+    if all(call[3] is None for call in outer):
+        assert (name, ch.comfy_version()) in (("flux2_timestep_zero", (0, 8, 0)),
+                                              ("qwen_image_edit_2511", (0, 3, 64)))
+        return
+    for (attr, i, merged, got, text), (_, _, _, given, _) in zip(inner, outer, strict=True):
+        full = image + text * TIMESTEP_ZERO_BLOCKS[name][attr][2]
+        dropped = full - merged
+        assert dropped > 0, (attr, i)                               # the call merged
+        start = full - ref_tokens
+        want = [p - dropped if p >= start else p for p in position_list(given)]
+        assert position_list(got) == want, (attr, i)
+        assert start in position_list(given) and merged - ref_tokens in want
 
 
 def passing_patch(seen: list[int]):

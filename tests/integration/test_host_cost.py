@@ -29,7 +29,9 @@ from toma_pack.nodes.options import make_options
 LAUNCH_BUDGET = {"sdxl": 0.15, "flux": 0.15}
 # ToMA's extra Python function calls per block call (the unmerged calls' own count differs by
 # ComfyUI version; ToMA's does not). Measured on all three trees: SDXL 27.4-27.5 (1917-1925
-# over 70 blocks), Flux 35.5 (2026 over 57).
+# over 70 blocks), Flux 35.5 (2026 over 57); on v0.33.0 Flux 36.8 (2095), whose merged blocks'
+# forwards carry one more patch (the reference spans of "index_timestep_zero" calls; 36.0
+# without it).
 PYTHON_BUDGET = {"sdxl": 29, "flux": 37}
 BLOCKS = {"sdxl": 70, "flux": 19 + 38}
 OPTIONS = {"sdxl": {"unet_levels": "all"}, "flux": {}}

@@ -161,7 +161,8 @@ DIT_ARGS = {"wan": _TWO_STREAM_ARGS, "kandinsky5": {}, "qwen": _TWO_STREAM_ARGS,
             "sd3": {"double_block": {"img", "txt", "vec", "transformer_options"}},
             "lumina2": {}, "z_image": {}, "hidream_o1": _HIDREAM_O1_ARGS, "hidream": {},
             "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS,
-            "ltxv": _LTXV_ARGS, "ltx2": _LTX2_ARGS}
+            "ltxv": _LTXV_ARGS, "ltx2": _LTX2_ARGS, "krea2": {},
+            "longcat": _FLUX_ARGS}
 
 
 def dit_args(name: str) -> dict[str, set[str]]:

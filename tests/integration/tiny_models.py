@@ -43,6 +43,9 @@ SIGLIP_DIM = 1152          # HunyuanVideo 1.5: vision_in = MLPProj(1152, hidden)
 BYT5_DIM = 1472            # HunyuanVideo 1.5: ByT5Mapper(in_dim=1472)
 HIDREAM_LLAMA_TOKENS = 5   # HiDream's Llama context, another length than the T5 one
 HIDREAM_O1_PROMPT = 6      # HiDream-O1's prompt ids, the tms token last
+# The reference method whose references get timestep zero's modulation (Qwen-Image-Edit 2511,
+# Krea 2's style reference, Flux 2 through Edit Model Reference Method)
+TIMESTEP_ZERO = "index_timestep_zero"
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,26 @@ def _qwen_image() -> dict[str, Any]:
     return {"image_model": "qwen_image", "patch_size": 2, "in_channels": 64, "out_channels": 16,
             "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 4,
             "joint_attention_dim": TEXT_DIM, "axes_dims_rope": (4, 6, 6)}
+
+
+def _qwen_image_2511() -> dict[str, Any]:
+    """Qwen-Image-Edit 2511: Qwen-Image whose references default to "index_timestep_zero" (what
+    ComfyUI's model detection sets from its checkpoint), where this ComfyUI's class has that
+    default (0.8 and later)."""
+    import comfy.ldm.qwen_image.model as qwen
+
+    known = inspect.signature(qwen.QwenImageTransformer2DModel.__init__).parameters
+    return {**_qwen_image(), **({"default_ref_method": TIMESTEP_ZERO}
+                                if "default_ref_method" in known else {})}
+
+
+def _krea2() -> dict[str, Any]:
+    """Krea 2: patch 2 over 16 channels, 4 query and 2 key/value heads of 16 (RoPE axes 4+6+6,
+    the model's own split of 16), a text fusion of 2 layers of TEXT_DIM (its context
+    2 x TEXT_DIM wide, as the Qwen3-VL layers stack)."""
+    return {"image_model": "krea2", "features": 64, "heads": 4, "kvheads": 2, "multiplier": 4,
+            "layers": 2, "patch": 2, "channels": 16, "txtdim": TEXT_DIM, "txtlayers": 2,
+            "txtheads": 2, "txtkvheads": 2}
 
 
 def _hunyuan_video(**overrides: Any) -> Callable[[], dict[str, Any]]:
@@ -196,7 +219,11 @@ def _lumina(**overrides: Any) -> Callable[[], dict[str, Any]]:
 def _flux_like(model: str, **params: Any) -> Callable[[], dict[str, Any]]:
     """Flux 2 / Chroma: fields filtered by the params dataclass, which grows across versions."""
     def config() -> dict[str, Any]:
-        if model == "chroma":
+        if model == "chroma_radiance":
+            import comfy.ldm.chroma_radiance.model as radiance
+
+            fields_of = radiance.ChromaRadianceParams
+        elif model == "chroma":
             import comfy.ldm.chroma.model as chroma
 
             fields_of = chroma.ChromaParams
@@ -251,6 +278,29 @@ def _ltx_guide(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any, n
     positive, negative, latent, noise_mask = LTXVAddGuide.append_keyframe(
         positive, negative, 0, latent, noise_mask, guide, 1.0, (8, 32, 32))
     return latent, noise_mask, positive, negative
+
+
+def _timestep_zero_reference(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any,
+                             negative: Any, seed: int) -> tuple:
+    """ReferenceLatent with a seeded latent of another size than the output (its tokens after
+    the image's), then Edit Model Reference Method (FluxKontextMultiReferenceLatentMethod)
+    "index_timestep_zero" on both conditionings: ComfyUI's own nodes, as the Krea 2 style
+    reference template uses them."""
+    import comfy_harness
+
+    comfy_harness.comfy_top_level_nodes()
+    from comfy_extras.nodes_edit_model import ReferenceLatent
+    from comfy_extras.nodes_flux import FluxKontextMultiReferenceLatentMethod
+
+    h, w = latent.shape[-2:]
+    ref = _randn(1, *latent.shape[1:-2], h + 2, max(w - 2, 2), seed=seed + 9)
+    out = []
+    for cond in (positive, negative):
+        cond = ReferenceLatent.execute(cond, {"samples": ref})
+        cond = cond.result[0] if hasattr(cond, "result") else cond[0]
+        cond = FluxKontextMultiReferenceLatentMethod.execute(cond, TIMESTEP_ZERO)
+        out.append(cond.result[0] if hasattr(cond, "result") else cond[0])
+    return latent, mask, out[0], out[1]
 
 
 def _kandinsky5(**overrides: Any) -> Callable[[], dict[str, Any]]:
@@ -435,6 +485,13 @@ def _wan_concat(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]
     return {"concat_latent_image": image, "concat_mask": mask}
 
 
+def _flux_reference(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """TextEncodeQwenImageEdit's reference latent for a Flux-class model (LongCat-Image Edit):
+    one [1, C, h, w] of another size than the output, appended after the image tokens."""
+    h, w = shape[-2], shape[-1]
+    return {"reference_latents": [_randn(1, shape[1], h + 2, max(w - 2, 2), seed=seed + 9)]}
+
+
 def _qwen_edit(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     """TextEncodeQwenImageEdit / ReferenceLatent: one reference latent [1, 16, 1, h, w] of a
     different size than the output (Qwen appends its tokens after the image tokens)."""
@@ -516,11 +573,27 @@ _FLUX2 = {"in_channels": 128, "out_channels": 128, "vec_in_dim": None,
           "patch_size": 1, "qkv_bias": False, "guidance_embed": True, "txt_ids_dims": [3],
           "global_modulation": True, "mlp_silu_act": True, "ops_bias": False,
           "default_ref_method": "index", "ref_index_scale": 10.0}
+# LongCat-Image (ComfyUI's LongCatImage: Flux's class without guidance or pooled vector, text
+# positions along both image axes) and Ovis-Image (Flux's class with the gated MLP and text
+# norm of its checkpoint's detection), tiny
+_LONGCAT = {"in_channels": 16, "out_channels": 16, "vec_in_dim": None,
+            "context_in_dim": TEXT_DIM, "hidden_size": 64, "mlp_ratio": 4.0, "num_heads": 4,
+            "depth": 2, "depth_single_blocks": 2, "axes_dim": [4, 6, 6], "theta": 10000,
+            "patch_size": 2, "qkv_bias": True, "guidance_embed": False, "txt_ids_dims": [1, 2]}
+_OVIS = {**_LONGCAT, "yak_mlp": True, "txt_norm": True}
 _CHROMA = {"in_channels": 64, "out_channels": 64, "context_in_dim": TEXT_DIM, "hidden_size": 64,
            "mlp_ratio": 4.0, "num_heads": 4, "depth": 2, "depth_single_blocks": 2,
            "axes_dim": [4, 6, 6], "theta": 10000, "patch_size": 2, "qkv_bias": True,
            "in_dim": 64, "out_dim": 64, "hidden_dim": 64, "n_layers": 2, "txt_ids_dims": [],
            "vec_in_dim": None}
+
+# Chroma Radiance: Chroma on 16-pixel patches of the image (3 channels), a NeRF head of one
+# layer, untiled
+_CHROMA_RADIANCE = {**_CHROMA, "in_channels": 3, "out_channels": 3, "patch_size": 16,
+                    "nerf_hidden_size": 16, "nerf_mlp_ratio": 2, "nerf_depth": 1,
+                    "nerf_max_freqs": 4, "nerf_tile_size": 0, "nerf_final_head_type": "linear",
+                    "nerf_embedder_dtype": None, "use_x0": False,
+                    "use_sequential_txt_ids": False}
 
 _WAN = ("comfy.ldm.wan.model", "WanModel")
 _HV = ("comfy.ldm.hunyuan_video.model", "HunyuanVideo")
@@ -533,6 +606,7 @@ _VACE = ("comfy.ldm.wan.model", "VaceWanModel")
 _CAMERA = ("comfy.ldm.wan.model", "CameraWanModel")
 _K5 = ("comfy.ldm.kandinsky5.model", "Kandinsky5")
 _ANIMATE = ("comfy.ldm.wan.model_animate", "AnimateWanModel")
+_KREA2 = ("comfy.ldm.krea2.model", "SingleStreamDiT")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -550,6 +624,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            start_frame=True),
     Family("qwen_image", "QwenImage", _qwen_image, _QWEN, frames_dim=True),
     Family("qwen_image_edit", "QwenImage", _qwen_image, _QWEN, frames_dim=True,
+           extra_conds=_qwen_edit),
+    Family("qwen_image_edit_2511", "QwenImage", _qwen_image_2511, _QWEN, frames_dim=True,
            extra_conds=_qwen_edit),
     Family("hunyuan_video", "HunyuanVideo", _hunyuan_video(), _HV, video=True,
            extra_conds=_pooled),
@@ -599,8 +675,22 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            _LUMINA, extra_conds=_text_mask),
     Family("flux2", "Flux2", _flux_like("flux2", **_FLUX2), ("comfy.ldm.flux.model", "Flux"),
            patch=(1, 1, 1)),
+    # Flux 2 (Klein's layout: no guidance embedding, with which ComfyUI's timestep-zero path
+    # fails) with a reference through ReferenceLatent, its method "index_timestep_zero"
+    Family("flux2_timestep_zero", "Flux2",
+           _flux_like("flux2", **{**_FLUX2, "guidance_embed": False}),
+           ("comfy.ldm.flux.model", "Flux"), patch=(1, 1, 1), guides=_timestep_zero_reference),
+    # LongCat-Image text to image and edit (ComfyUI 0.33: LongCatImage), Ovis-Image (its Flux
+    # detection: FluxSchnell's config with the gated MLP and text norm, ComfyUI 0.8 and later)
+    Family("longcat_image", "LongCatImage", _flux_like("flux", **_LONGCAT),
+           ("comfy.ldm.flux.model", "Flux")),
+    Family("longcat_image_edit", "LongCatImage", _flux_like("flux", **_LONGCAT),
+           ("comfy.ldm.flux.model", "Flux"), extra_conds=_flux_reference),
     Family("chroma", "Chroma", _flux_like("chroma", **_CHROMA),
            ("comfy.ldm.chroma.model", "Chroma")),
+    # Chroma Radiance: pixels [B, 3, H, W] in 16-pixel patches (sizes count its patches)
+    Family("chroma_radiance", "ChromaRadiance", _flux_like("chroma_radiance", **_CHROMA_RADIANCE),
+           ("comfy.ldm.chroma_radiance.model", "ChromaRadiance"), patch=(1, 16, 16), scale=16),
     # LTX-Video text-to-video, image-to-video (LTXVImgToVideo: the image's frame kept by the
     # noise mask, 1 - strength = 0) and a guide frame appended (LTXVAddGuide).
     # LTX-Video's T5 hands its attention mask over with the text.
@@ -650,6 +740,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            extra_conds=_pooled, guides=_kandinsky5_start),
     Family("kandinsky5_image", "Kandinsky5Image", _kandinsky5(visual_embed_dim=64), _K5,
            extra_conds=_pooled),
+    # Krea 2 text-to-image, and with a style reference (ReferenceLatent, "index_timestep_zero")
+    Family("krea2", "Krea2", _krea2, _KREA2, frames_dim=True, text_dim=2 * TEXT_DIM),
+    Family("krea2_reference", "Krea2", _krea2, _KREA2, frames_dim=True, text_dim=2 * TEXT_DIM,
+           guides=_timestep_zero_reference),
 )}
 
 

@@ -1,0 +1,47 @@
+"""Krea 2 (comfy/ldm/krea2, ComfyUI 0.33 and later): one kind of single-stream block on
+[text; image; reference images], which ComfyUI calls without replace patches: ToMA patches each
+block's forward. Reference images never merge; with "index_timestep_zero" they get timestep
+zero's modulation from the token position ComfyUI hands the blocks (`timestep_zero_index`),
+which ToMA moves with the merged image. A 5-D latent's frames are batch items to it: the grid
+is one frame's."""
+
+from __future__ import annotations
+
+from ..contracts import Contract, Gives, Sets
+from ..dit_families import BlockKind, Family, set_grid, shape_grid
+
+# the models of this family, as the node's error and the README name them
+MODELS = "Krea 2"
+
+KINDS = (BlockKind("block", "blocks", "", "stream_before", stream="x", txt=None, pe="freqs",
+                   mask="mask", positions=("timestep_zero_index",), hook="object"),)
+
+KREA2 = "comfy.ldm.krea2.model:SingleStreamDiT"
+
+CONTRACT = Contract(
+    "Krea 2",
+    models={KREA2: (Sets(f"{KREA2}.__init__", ("patch",), why="the size of its patches"),
+                    Gives(f"{KREA2}._forward", ("img_slice",), what="transformer option",
+                          why="how long the text in front of the image is"))},
+    blocks={KINDS[0].modules: KINDS[0].arguments},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a model of this family's classes (families.family_of checked it)."""
+    size = int(diffusion_model.patch)
+    patch = (1, size, size)
+
+    def describe(call, base_model, arguments: dict) -> None:
+        """The (1, h, w) grid of latent x [B, C, H, W] or [B, C, T, H, W] (T frames each a
+        batch item of their own)."""
+        x = arguments.get("x")
+        shape = None if x is None else (*x.shape[:2], *x.shape[-2:])
+        set_grid(call, shape_grid(shape, patch))
+
+    return description(patch, describe)
+
+
+def description(patch: tuple[int, int, int], describe=None) -> Family:
+    """Krea 2's Family (benchmarks call blocks without a model call to describe)."""
+    return Family("krea2", "Krea 2", KINDS, patch, describe)
