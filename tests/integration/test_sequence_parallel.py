@@ -41,7 +41,7 @@ import pytest
 
 import comfy_harness as ch
 
-pytestmark = pytest.mark.newest_tree
+pytestmark = [pytest.mark.newest_tree, pytest.mark.rounding]
 HERE = Path(__file__).resolve().parent
 RAYLIGHT = ch.SHARED_TREES.parent / "peers" / "raylight" / "src"
 

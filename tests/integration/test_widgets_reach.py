@@ -57,6 +57,7 @@ from toma_pack.nodes import run_state as run_state_module
 from toma_pack.nodes.toma_node import TOMA_ADVANCED
 from toma_pack.toma_core import plan_op
 
+pytestmark = pytest.mark.rounding    # samples after the destinations' discrete choices
 # The node's own defaults, read from its definition (what a fresh ToMAAdvanced node holds).
 DEFAULTS: dict[str, Any] = {name: options["default"]
                             for name, (_, options) in TOMA_ADVANCED.inputs.items()
