@@ -7,9 +7,10 @@ added as raylight's RayUNETLoader adds it (its USPInjectRegistry.inject on Comfy
 callback), and ComfyUI's KSampler path (comfy.sample.sample) at CFG 1. Beside it, on every rank,
 the same sampling in one process without raylight: unmerged, and ToMA with its regions replaced
 by the union of the ranks' clipped regions (toma_core.shards.union_of): what the ranks merge
-together, merged in one process. $SCENARIOS (JSON) lists the runs: family, latent size
-"frames x height x width", text tokens, skip_blocks, steps (and a merge_scope, "scope"). Rank 0
-writes a JSON list of what the test checks to $OUT.
+together, merged in one process; the ranks' ToMA runs then take that reference's
+destinations, their own greedy's picks kept beside (Destinations). $SCENARIOS (JSON) lists the
+runs: family, latent size "frames x height x width", text tokens, skip_blocks, steps (and a
+merge_scope, "scope"). Rank 0 writes a JSON list of what the test checks to $OUT.
 
 The harness, not the pack, makes raylight run on a CPU (as ../shared/notes/raylight/README.md
 found): the process group is gloo and made before raylight's xfuser setup; xfuser's attention
