@@ -7,9 +7,10 @@ added as raylight's RayUNETLoader adds it (its USPInjectRegistry.inject on Comfy
 callback), and ComfyUI's KSampler path (comfy.sample.sample) at CFG 1. Beside it, on every rank,
 the same sampling in one process without raylight: unmerged, and ToMA with its regions replaced
 by the union of the ranks' clipped regions (toma_core.shards.union_of): what the ranks merge
-together, merged in one process. $SCENARIOS (JSON) lists the runs: family, latent size
-"frames x height x width", text tokens, skip_blocks, steps (and a merge_scope, "scope"). Rank 0
-writes a JSON list of what the test checks to $OUT.
+together, merged in one process; the ranks' ToMA runs then take that reference's
+destinations, their own greedy's picks kept beside (Destinations). $SCENARIOS (JSON) lists the
+runs: family, latent size "frames x height x width", text tokens, skip_blocks, steps (and a
+merge_scope, "scope"). Rank 0 writes a JSON list of what the test checks to $OUT.
 
 The harness, not the pack, makes raylight run on a CPU (as ../shared/notes/raylight/README.md
 found): the process group is gloo and made before raylight's xfuser setup; xfuser's attention
@@ -80,7 +81,7 @@ from raylight.distributed_modules.usp import USPInjectRegistry  # noqa: E402
 
 from toma_pack.nodes import dit_patch  # noqa: E402
 from toma_pack.nodes.toma_node import patch_model  # noqa: E402
-from toma_pack.toma_core import build_plan  # noqa: E402
+from toma_pack.toma_core import build_plan, plan_op  # noqa: E402
 from toma_pack.toma_core.shards import ShardGeometry, shard_regions, union_of  # noqa: E402
 
 RATIO = 0.5
@@ -97,6 +98,77 @@ def recording_merged_options(*args, **kwargs) -> dict:
 
 
 dit_patch.merged_options = recording_merged_options
+
+
+class Destinations:
+    """The single-process reference's destinations, handed to this rank's greedy while the
+    ranks sample with ToMA, so that both runs merge with the same destinations and their samples
+    differ by the rounding of the arithmetic alone. Where two candidates tie to float precision,
+    the ranks' rounding could pick the other one (an equally good choice, and a sample far
+    apart); what this rank's own greedy would have picked is kept beside, and where it parts
+    from the reference's, how much more its own pick gains there (`gap`: a near tie's size)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.recorded: list[torch.Tensor] = []    # this rank's picks [B, R, k] per plan build
+        self.replaying = False
+        self.replayed = 0
+        self.parted = 0                           # regions whose own picks part from them
+        self.gap = 0.0
+
+    def record(self, spans: list, plan) -> None:
+        """The union plan's picks [B, R, k] of this rank's pieces (union_of lays the ranks'
+        pieces out in rank order, every piece as its rank lays it out)."""
+        if plan is not None and spans[RANK] is not None:
+            counts = [0 if span is None else span.count for span in spans]
+            self.recorded.append(plan.dest_slots.split(counts, dim=1)[RANK].clone())
+
+    def replay(self) -> None:
+        self.replaying, self.replayed = True, 0
+
+    def stop(self) -> dict:
+        self.replaying = False
+        return {"recorded": len(self.recorded), "replayed": self.replayed,
+                "parted": self.parted, "gap": self.gap}
+
+    def greedy(self, sim: torch.Tensor, k: int, valid: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """plan_op's greedy_facility_location: its own picks, or, replaying, the reference's."""
+        own = GREEDY(sim, k, valid)
+        if not self.replaying:
+            return own
+        if self.replayed == len(self.recorded):
+            raise RuntimeError("the ranks built more plans than the reference")
+        given = self.recorded[self.replayed]
+        self.replayed += 1
+        if given.shape != own.shape:
+            raise RuntimeError(f"reference picks {tuple(given.shape)} for a rank's "
+                               f"{tuple(own.shape)}")
+        self.note_parting(sim, own, given)
+        return given
+
+    def note_parting(self, sim: torch.Tensor, own: torch.Tensor, given: torch.Tensor) -> None:
+        """At the first pick where a region's own picks part from the given ones (the same
+        before it), the greedy's gain of its own pick less that of the given one, on this
+        rank's similarities: a tie to float precision leaves about the rounding of a gain."""
+        shifted = (sim.float() + 1.0).flatten(0, -3)                        # [G, S, S]
+        for rows, mine, theirs in zip(shifted, own.flatten(0, -2), given.flatten(0, -2),
+                                      strict=True):
+            parting = (mine != theirs).nonzero()
+            if len(parting) == 0:
+                continue
+            t = int(parting[0])
+            cover = rows[theirs[:t]].amax(0) if t else torch.zeros_like(rows[0])
+            gains = (rows - cover).clamp_min(0).sum(-1)
+            self.parted += 1
+            self.gap = max(self.gap, float(gains[mine[t]] - gains[theirs[t]]))
+
+
+GREEDY = plan_op.greedy_facility_location
+DESTINATIONS = Destinations()
+plan_op.greedy_facility_location = DESTINATIONS.greedy
 
 
 def model_and_inputs(case: dict):
@@ -144,9 +216,11 @@ def union_build(self, call, stream, offset, grid, frames):
     if not spans:
         return None
     regions = union_of(spans)
-    return build_plan(stream, 1, regions.tokens, o.ratio, regions=regions, tau=o.tau,
+    plan = build_plan(stream, 1, regions.tokens, o.ratio, regions=regions, tau=o.tau,
                       unmerge=o.unmerge, batch=o.batch_policy, offset=offset, center=True,
                       tables=regions.tables(stream.device))
+    DESTINATIONS.record(spans, plan)
+    return plan
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -160,6 +234,7 @@ def run_case(case: dict) -> dict:
         scope = {"merge_scope": case["scope"]} if "scope" in case else {}
         return patch_model(patcher, RATIO, 0, case["skip"], 1, None, **scope)
 
+    DESTINATIONS.clear()
     patcher, inputs = model_and_inputs(case)
     plain = sample(case, patcher, inputs)
     original_build = dit_patch.DiTToMA.build
@@ -177,17 +252,21 @@ def run_case(case: dict) -> dict:
         model = toma(fresh) if merged else fresh.clone()
         TRAFFIC.update(bytes=0, calls=0)
         IMG_SLICES.clear()
+        DESTINATIONS.replay()
         out = sample(case, model, inputs)
+        picks = DESTINATIONS.stop()
         ch.unload_models()
         everyone = [None] * WORLD
-        dist.all_gather_object(everyone, {"traffic": dict(TRAFFIC),
+        dist.all_gather_object(everyone, {"traffic": dict(TRAFFIC), "picks": picks,
                                           "stats": run_stats(model) if merged else None,
                                           "img_slices": sorted(IMG_SLICES)})
         runs[name] = (out, everyone)
         if merged:
             # ToMA put again on the same ModelPatcher, whose model raylight has changed by now
             # (as on a raylight GPU's second sampling: the Ray node installs ToMA per sampling)
+            DESTINATIONS.replay()
             runs["again"] = (sample(case, toma(fresh), inputs), None)
+            DESTINATIONS.stop()
             ch.unload_models()
     return {
         **case, "world": WORLD,
@@ -197,7 +276,7 @@ def run_case(case: dict) -> dict:
         "sp_again_vs_first": relative(runs["again"][0], runs["toma"][0]),
         "merge_moves_output": relative(reference, plain),
         "ranks": [{"unmerged": u["traffic"], "toma": t["traffic"], "stats": t["stats"],
-                   "img_slices": t["img_slices"]}
+                   "img_slices": t["img_slices"], "picks": t["picks"]}
                   for u, t in zip(runs["unmerged"][1], runs["toma"][1], strict=True)],
     }
 

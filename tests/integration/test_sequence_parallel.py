@@ -6,7 +6,8 @@ classes, ToMA applied by its node function, sampling by ComfyUI's KSampler path.
 Checked per scenario (one launch per rank count runs them all):
 - the merged sequence-parallel samples against single-process ToMA with the same regions (the
   whole grid's regions clipped at the shard boundaries, each piece keeping what its rank keeps:
-  toma_core.shards.union_of), within the measured difference times a margin;
+  toma_core.shards.union_of) and the same destinations, within the measured difference times
+  a margin; each rank's own destinations against the reference's, parting at near ties only;
 - every rank merges, and every rank drops the same number of tokens (the all-to-all's equal
   lengths); pad rows never merge (each rank's grid tokens add up to the grid);
 - all-to-all bytes per rank, counted at raylight's all_to_all_single calls, shrink with ToMA;
@@ -14,12 +15,14 @@ Checked per scenario (one launch per rank count runs them all):
 - refusals: Wan 2.2 5B image-to-video's per-frame modulation, which raylight hands every rank
   whole, runs unmerged and says so.
 
-Exactness is of one model call (one step at CFG 1): the destinations are discrete choices, and
-where two candidates tie to float precision (facility location's gains, once the coverage
-saturates), the ranks' float rounding (attention reduced across ranks, 1e-7) can pick the other
-one. From the second step on, or in a group planned after merged blocks of another group
-(Flux's single blocks after merged double blocks), such a pick can differ: measured on Flux with
-both groups merged over two steps (test_chained_groups_differ_by_ties_only).
+The destinations are discrete choices, and where two candidates tie to float precision (facility
+location's gains, once the coverage saturates), the ranks' float rounding (attention reduced
+across ranks, 1e-7; which differs with the CPU's kernels, ATEN_CPU_CAPABILITY) can pick the
+other, equally good one, and the samples then part far more than the rounding. So the two
+questions are asked apart: the ranks sample with the reference's destinations (the worker hands
+them to each rank's greedy), and their samples must match the reference to the rounding; and
+each rank's own greedy, run beside on the same tokens, must pick what the reference picked but
+where the two candidates' gains differ by no more than a gain's rounding.
 
 What this cannot cover here: NCCL, FSDP2 on a GPU, Ray's GPU actors (raylight's workers; the
 Ray node is tested with Ray's real actors in test_raylight_node.py), flash and sage attention
@@ -39,7 +42,7 @@ import pytest
 
 import comfy_harness as ch
 
-pytestmark = pytest.mark.newest_tree
+pytestmark = [pytest.mark.newest_tree, pytest.mark.rounding]
 HERE = Path(__file__).resolve().parent
 RAYLIGHT = ch.SHARED_TREES.parent / "peers" / "raylight" / "src"
 
@@ -75,7 +78,7 @@ EXTRA_AT_TWO = {
                        "steps": 1, "batch": 2, "cfg": 3.0},
 }
 EXACT = {"wan", "flux_double", "flux_single", "qwen_image"}
-EXACT_AT_TWO = {"wan21_i2v", "wan22_14b_i2v", "wan_vace", "chroma_double"}
+EXACT_AT_TWO = {"wan21_i2v", "wan22_14b_i2v", "wan_vace", "chroma_double", "flux_chained"}
 GRID_TOKENS = {"wan": 64, "wan_pad": 27, "flux_double": 64, "flux_single": 64, "qwen_image": 64}
 # Relative difference of the merged sequence-parallel samples to single-process ToMA with the
 # same regions: 10 x the largest measured (1.78e-7, Flux single blocks on 4 ranks; raylight
@@ -88,8 +91,13 @@ PAD_FACTOR = 2.5
 # All-to-all bytes per rank with ToMA at ratio 0.5 over unmerged, where every block merges:
 # measured 0.538 / 0.571 (Wan, 2 / 4 ranks), 0.556 (Qwen-Image), 0.583 (Flux, both groups).
 BYTES_BOUND = 0.6
-# Flux with both groups merged over two steps: 3.57e-3 measured (a tie picked otherwise), 1.5 x.
-CHAINED_BOUND = 5.4e-3
+# A rank's own greedy pick against the reference's where they part: how much more it gains on
+# the rank's similarities. A gain sums a region's S <= 64 shifted similarities (each in [0, 2],
+# float32; the ranks' features differ from the reference's by about 2e-7 relative), so a tie
+# to float precision leaves a gap of at most about 64 x 2 x 1e-6. Measured under
+# ATEN_CPU_CAPABILITY default, avx2 and avx512: 0 or 1.2e-7 (Flux's single blocks part in 1 or
+# 2 regions, Flux with both groups over two steps in 4), none elsewhere. Bound: 1e-4.
+TIE_BOUND = 1e-4
 
 
 def launch(world: int, scenarios: dict, tmp_path: Path) -> dict:
@@ -119,10 +127,24 @@ def merged_ranks(result: dict) -> list[dict]:
                                              for name in sorted(EXACT)]
                          + [(2, name) for name in sorted(EXACT_AT_TWO)])
 def test_shards_merge_as_one_process_with_clipped_regions(runs, world, name) -> None:
+    """The ranks, merging with the reference's destinations, sample what the reference does."""
     result = runs[world][name]
     assert result["sp_unmerged_vs_plain"] < EXACT_BOUND          # raylight itself is exact here
     assert result["sp_merged_vs_reference"] < EXACT_BOUND, result["sp_merged_vs_reference"]
     assert result["merge_moves_output"] > 0.05                   # and it did merge
+    for rank in result["ranks"]:                 # every plan a rank built took them, in order
+        assert rank["picks"]["replayed"] == rank["picks"]["recorded"] > 0, rank["picks"]
+
+
+@pytest.mark.parametrize(("world", "name"), [(world, name) for world in (2, 4)
+                                             for name in sorted(EXACT)]
+                         + [(2, name) for name in sorted(EXACT_AT_TWO)])
+def test_ranks_pick_the_reference_destinations_but_at_ties(runs, world, name) -> None:
+    """Each rank's own greedy, on its own shard's tokens, picks the destinations one process
+    picks on the whole grid with the same regions, but where two candidates tie to float
+    precision (each such pick parts by less than TIE_BOUND in gain)."""
+    for rank in runs[world][name]["ranks"]:
+        assert rank["picks"]["gap"] < TIE_BOUND, rank["picks"]
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -178,16 +200,10 @@ def test_all_to_all_traffic_shrinks(runs, world, name) -> None:
         assert rank["toma"]["bytes"] <= BYTES_BOUND * rank["unmerged"]["bytes"], rank
 
 
-def test_chained_groups_differ_by_ties_only(runs) -> None:
-    """Flux with double and single blocks merged, two steps: the single blocks plan on tokens
-    that went through merged double blocks and the first step, where the ranks' rounding can
-    break a tie between two equally good destinations otherwise than one process does. The
-    samples stay close (the merge itself moves them 40 x further), and the traffic still
-    halves."""
-    result = runs[2]["flux_chained"]
-    assert result["sp_merged_vs_reference"] < CHAINED_BOUND
-    assert result["merge_moves_output"] > 40 * result["sp_merged_vs_reference"]
-    for rank in result["ranks"]:
+def test_chained_groups_traffic_halves(runs) -> None:
+    """Flux with double and single blocks merged, two steps (the single blocks plan on tokens
+    that went through merged double blocks and the first step): the traffic still halves."""
+    for rank in runs[2]["flux_chained"]["ranks"]:
         assert rank["toma"]["bytes"] <= BYTES_BOUND * rank["unmerged"]["bytes"], rank
 
 
