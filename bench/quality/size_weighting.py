@@ -27,8 +27,8 @@ LAYOUTS = ("sdxl", "sdxl-matched")
 RATIOS = (0.25, 0.5, 0.75)
 
 
-def measure(layout: str) -> list[dict]:
-    """Rows of one fixture: every scope and ratio, size-weighted and not."""
+def measure(layout: str, scopes: list[str], ratios: list[float]) -> list[dict]:
+    """Rows of one fixture: each scope and ratio, size-weighted and not."""
     unet_patch = load_pack().nodes.unet_patch
     side = qm.EVAL_LATENT[layout]
     fixture = qm.load(layout)
@@ -43,8 +43,8 @@ def measure(layout: str) -> list[dict]:
 
     ref = pixels(base)
     rows = []
-    for scope in ("block", "attention"):
-        for r in RATIOS:
+    for scope in scopes:
+        for r in ratios:
             patched = section._toma(**real, ratio=r, merge_scope=scope)(base)
             for weighted in (False, True):
                 unet_patch.SIZE_WEIGHTED = weighted
@@ -78,13 +78,16 @@ def report(result: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.quality.size_weighting")
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--scopes", nargs="+", default=["block", "attention"])
+    parser.add_argument("--ratios", nargs="+", type=float, default=list(RATIOS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     torch.set_num_threads(1)
     if not setup_comfy(torch.device("cpu")):
         raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")
-    rows = [row for layout in args.layouts.split(",") for row in measure(layout)]
+    rows = [row for layout in args.layouts.split(",")
+            for row in measure(layout, args.scopes, args.ratios)]
     result = {"machine": machine_info("cpu"),
               "config": {"commit": commit(), "threads": 1,
                          "comfyui": str(Path(os.environ["COMFYUI_PATH"]).resolve()),

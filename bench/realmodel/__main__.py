@@ -28,14 +28,18 @@ from .onnx_torch import OnnxUNet, Session
 RATIOS = (0.25, 0.5, 0.75)
 
 
-def merges(ratios) -> list[Merge]:
-    found = [Merge("none")]
+def merges(ratios, only: list[str] | None = None) -> list[Merge]:
+    """Unmerged first, then every merge at every ratio (random destinations size-weighted at
+    0.5 only, ToDo at 0.75 only), or those whose label is in `only`."""
+    found = []
     for r in ratios:
         found += [Merge("toma", r), Merge("toma", r, sized=True), Merge("toma", r, "random"),
-                  Merge("tomesd", r)]
-        if r == 0.5:
-            found.append(Merge("toma", r, "random", sized=True))
-    return found + [Merge("todo", 0.75)]
+                  Merge("toma", r, "random", sized=True), Merge("tomesd", r)]
+    found += [Merge("todo", 0.75)]
+    if only:
+        return [Merge("none"), *(m for m in found if m.label in only)]
+    default = [m for m in found if not (m.rule == "random" and m.sized and m.ratio != 0.5)]
+    return [Merge("none"), *default]
 
 
 def psnr(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -66,18 +70,22 @@ def conversion_error(path: str, model: OnnxUNet) -> float:
     return float(np.abs(model(**feeds).numpy() - ref).max())
 
 
-def grid_picture(samples: dict[str, np.ndarray], peak: float, path: str, shown: int) -> None:
-    """Rows: merges; columns: the first `shown` samples (heights as grey, 0 to peak)."""
+def grid_picture(samples: dict[str, np.ndarray], path: str, shown: int) -> None:
+    """Rows: merges (the first unmerged); columns: the first `shown` samples, each shown from
+    its unmerged heightmap's lowest (black) to highest (white) point."""
     from PIL import Image, ImageDraw
 
     side, label_w = 128, 250
     rows = list(samples)
+    ref = samples[rows[0]][:shown]
+    low, high = ref.min(axis=(1, 2)), ref.max(axis=(1, 2))
     img = Image.new("L", (label_w + shown * (side + 4), len(rows) * (side + 4)), 255)
     draw = ImageDraw.Draw(img)
     for i, name in enumerate(rows):
         draw.text((4, i * (side + 4) + side // 2), name, fill=0)
         for j in range(shown):
-            h = np.clip(samples[name][j] / peak * 255 * 2, 0, 255).astype(np.uint8)
+            unit = (samples[name][j] - low[j]) / max(high[j] - low[j], 1e-6)
+            h = np.clip(unit * 255, 0, 255).astype(np.uint8)
             img.paste(Image.fromarray(h), (label_w + j * (side + 4), i * (side + 4)))
     img.save(path)
 
@@ -87,6 +95,7 @@ def main(argv=None) -> None:
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ratios", type=float, nargs="+", default=RATIOS)
+    ap.add_argument("--only", nargs="+", default=None, help="labels of the merges to run")
     ap.add_argument("--out", required=True, help="result path without extension")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -97,7 +106,7 @@ def main(argv=None) -> None:
     model = OnnxUNet(path)
     gen = TerrainGenerator(path, device="cpu")
     heights, rows, pictures = {}, [], {}
-    for merge in merges(args.ratios):
+    for merge in merges(args.ratios, args.only):
         model.runner = merge
         gen.session = Session(model, merge.start)
         t0 = time.perf_counter()
@@ -111,7 +120,7 @@ def main(argv=None) -> None:
                "slope_error_pct": slope_error(out, ref).tolist(),
                "seconds": round(time.perf_counter() - t0, 1)}
         rows.append(row)
-        if merge.ratio in (0.0, 0.5, 0.75) and not (merge.rule == "random" and merge.sized):
+        if merge.ratio in (0.0, args.ratios[0]) or merge.kind == "todo":
             pictures[key] = out
         print(key, f"{np.mean(row['psnr_db']):.1f} dB", f"{np.mean(row['slope_error_pct']):.1f}%",
               row["seconds"], "s", flush=True)
@@ -132,7 +141,7 @@ def main(argv=None) -> None:
         json.dump(result, f, indent=1)
     with open(args.out + ".md", "w") as f:
         f.write(report(result))
-    grid_picture(pictures, gen.height_range, args.out + ".png", min(6, args.samples))
+    grid_picture(pictures, args.out + ".png", min(6, args.samples))
 
 
 def report(result: dict) -> str:
