@@ -37,7 +37,7 @@ from .contracts import Contract, Gives, Has, Mentions, Sets, Takes, resolve
 from .forward_patches import ForwardPatches
 from .model_call import ModelCall
 from .run_state import ToMAState
-from .unet_neighbours import Neighbours, is_toma, mark, neighbours
+from .unet_neighbours import TOMA_MARK, Neighbours, is_toma, mark, neighbours
 
 log = logging.getLogger("ToMA")
 
@@ -277,8 +277,11 @@ class UNetToMA:
                             and not compiling()
                             and getattr(after.__dict__.get("forward"), OWNER, None) is self)
                     if SIZE_WEIGHTED:
-                        args, kwargs = _with_call_options(
-                            args, kwargs, with_sized_attention(options, (plan,)))
+                        sized = with_sized_attention(options, (plan,))
+                        if "transformer_options" in kwargs:      # ComfyUI's call
+                            kwargs = {**kwargs, "transformer_options": sized}
+                        else:
+                            args, kwargs = _with_call_options(args, kwargs, sized)
                     # ComfyUI's block never updates its input in place (x = n + x); another
                     # pack's patch of the forward might
                     out = plan.around(lambda t: original(t, *args, **kwargs), x,
@@ -310,7 +313,8 @@ def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan
         return options
     key = (block[0], block[1], options.get("block_index", 0))
     replace = dict(options.get("patches_replace") or {})
-    if is_toma(replace.get("attn1", {}).get(key)):
+    attn1 = replace.get("attn1") or {}
+    if getattr(attn1.get(key), TOMA_MARK, False):
         return options
     import comfy.ldm.modules.attention as attention
 
@@ -319,14 +323,19 @@ def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan
         """q [B, N', H*D], k and v [B, M, H*D] -> [B, N', H*D]; keys of another length than
         the merged grid's (a block's text context) take no bias."""
         plan = plans[-1] if plans else None
-        bias = None if plan is None or k.shape[1] != plan.merged_tokens else size_bias(
-            plan, k.shape[1], 0, q.dtype)
+        bias = None
+        if plan is not None and k.shape[1] == plan.merged_tokens:
+            # the kept bias read inline: no call per block once it is made
+            bias = plan._rows.get(("size_bias", k.shape[1], 0, q.dtype))
+            if bias is None:
+                bias = size_bias(plan, k.shape[1], 0, q.dtype)
         # looked up per call, as CrossAttention's own call does (the attention ComfyUI chose)
         return attention.optimized_attention(
             q, k, v, extra_options["n_heads"], mask=bias,
             attn_precision=extra_options.get("attn_precision"), transformer_options=extra_options)
 
-    replace["attn1"] = {**replace.get("attn1", {}), key: mark(attend)}
+    setattr(attend, TOMA_MARK, True)     # mark() without a call per block
+    replace["attn1"] = {**attn1, key: attend}
     return {**options, "patches_replace": replace}
 
 
