@@ -113,11 +113,12 @@ def neighbours(options: dict, foreign_forward: bool) -> Neighbours:
 
 def _replacement(options: dict, kind: str) -> str | None:
     """Name of the `kind` ("attn1"/"attn2") replacement ComfyUI will use in this block, if any
-    (it looks up (block name, block id, index in the SpatialTransformer), then (name, id))."""
+    and not ToMA's own size-weighted attention (it looks up (block name, block id, index in the
+    SpatialTransformer), then (name, id))."""
     replaces = (options.get("patches_replace") or {}).get(kind) or {}
     block = options.get("block")
     if not replaces or block is None:
         return None
     block = tuple(block)
     fn = replaces.get((*block, options.get("block_index", 0)), replaces.get(block))
-    return None if fn is None else _name(fn)
+    return None if fn is None or is_toma(fn) else _name(fn)

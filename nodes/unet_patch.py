@@ -12,6 +12,11 @@ block's own token grid (`activations_shape`), so any resolution works:
   its unmerge before every other attn1 output patch, so those see the full grid.
 - unmerged: where another node replaces self-attention, or ComfyUI's ToMe merges.
 
+In both scopes self-attention over merged tokens is size-weighted: ToMA's attn1 replace (in the
+call's copy of transformer_options) runs ComfyUI's attention with log(size) of each merged key
+added to its logits (toma_core/attention.py), so that keys merged from many tokens draw the
+attention those tokens drew.
+
 `merge_scope` auto is "block" unless other nodes patch inside the block; unet_neighbours.py says
 what counts and why. One plan per grid level and batch layout serves every block of that level
 and is refreshed on the `recompute_every` schedule. A call whose sequence is not the level's full
@@ -26,13 +31,13 @@ from collections.abc import Callable
 
 import torch
 
-from ..toma_core import MergePlan, build_plan, make_regions
+from ..toma_core import MergePlan, build_plan, make_regions, size_bias
 from ..toma_core.regions import compiling
 from .contracts import Contract, Gives, Has, Mentions, Sets, Takes, resolve
 from .forward_patches import ForwardPatches
 from .model_call import ModelCall
 from .run_state import ToMAState
-from .unet_neighbours import Neighbours, is_toma, mark, neighbours
+from .unet_neighbours import TOMA_MARK, Neighbours, is_toma, mark, neighbours
 
 log = logging.getLogger("ToMA")
 
@@ -52,6 +57,9 @@ GPU_FIGURE = ("SD1.5 at 512x512 on an H200, projected: 0.98x with its two larges
               "merged, 0.995x with the largest alone")
 # Below this even "all" skips a level: a few tokens per tile leave nothing to merge.
 MIN_TOKENS = 16
+# Self-attention over merged tokens weighted by the merged keys' sizes (docs/quality.md, the
+# real-model section)
+SIZE_WEIGHTED = True
 # On ToMA's block forwards: the UNetToMA they belong to (a block hands its grid on in region
 # order only to a forward of its own node).
 OWNER = "_toma_unet"
@@ -238,7 +246,7 @@ class UNetToMA:
         patches = dict(options.get("patches") or {})
         patches["attn1_patch"] = [*patches.get("attn1_patch", ()), mark(merge)]
         patches["attn1_output_patch"] = [mark(unmerge), *patches.get("attn1_output_patch", ())]
-        return {**options, "patches": patches}
+        return with_sized_attention({**options, "patches": patches}, held)
 
     # The block's forward --------------------------------------------------------------------------
     def block_forward(self, block: torch.nn.Module, original: Callable, foreign_forward: bool,
@@ -268,6 +276,12 @@ class UNetToMA:
                     keep = (after is not None and not foreign_forward and plan.regions.even
                             and not compiling()
                             and getattr(after.__dict__.get("forward"), OWNER, None) is self)
+                    if SIZE_WEIGHTED:
+                        sized = with_sized_attention(options, (plan,))
+                        if "transformer_options" in kwargs:      # ComfyUI's call
+                            kwargs = {**kwargs, "transformer_options": sized}
+                        else:
+                            args, kwargs = _with_call_options(args, kwargs, sized)
                     # ComfyUI's block never updates its input in place (x = n + x); another
                     # pack's patch of the forward might
                     out = plan.around(lambda t: original(t, *args, **kwargs), x,
@@ -287,6 +301,42 @@ class UNetToMA:
 
         setattr(forward, OWNER, self)
         return mark(forward)
+
+
+def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan]) -> dict:
+    """A copy of a block call's transformer_options whose attn1 replace runs ComfyUI's attention
+    with the size bias of the last of `plans` (filled by the time attention runs; empty: the
+    call did not merge) over merged keys. Unchanged where the UNet names no block, SIZE_WEIGHTED
+    is off, or a ToMA that ran first (and merged) put its own there."""
+    block = options.get("block")
+    if block is None or not SIZE_WEIGHTED:
+        return options
+    key = (block[0], block[1], options.get("block_index", 0))
+    replace = dict(options.get("patches_replace") or {})
+    attn1 = replace.get("attn1") or {}
+    if getattr(attn1.get(key), TOMA_MARK, False):
+        return options
+    import comfy.ldm.modules.attention as attention
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               extra_options: dict) -> torch.Tensor:
+        """q [B, N', H*D], k and v [B, M, H*D] -> [B, N', H*D]; keys of another length than
+        the merged grid's (a block's text context) take no bias."""
+        plan = plans[-1] if plans else None
+        bias = None
+        if plan is not None and k.shape[1] == plan.merged_tokens:
+            # the kept bias read inline: no call per block once it is made
+            bias = plan._rows.get(("size_bias", k.shape[1], 0, q.dtype))
+            if bias is None:
+                bias = size_bias(plan, k.shape[1], 0, q.dtype)
+        # looked up per call, as CrossAttention's own call does (the attention ComfyUI chose)
+        return attention.optimized_attention(
+            q, k, v, extra_options["n_heads"], mask=bias,
+            attn_precision=extra_options.get("attn_precision"), transformer_options=extra_options)
+
+    setattr(attend, TOMA_MARK, True)     # mark() without a call per block
+    replace["attn1"] = {**attn1, key: attend}
+    return {**options, "patches_replace": replace}
 
 
 def _call_options(args: tuple, kwargs: dict) -> dict:

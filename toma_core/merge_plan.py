@@ -75,7 +75,9 @@ class MergePlan:
     regions: the partition; k: destinations per region; tables: its index tensors;
     dest_slots [B, R, k]: the slot of each destination; dest_tokens [B, R*k]: its grid token
     (the merged sequence's order); merge_w [B*R, k, S] and unmerge_w [B*R, S, k]: M and U in
-    the activations' dtype (pad slots have zero weight).
+    the activations' dtype (pad slots have zero weight); sizes [B, R*k] (float32): how many
+    grid tokens each merged token stands for (its row of P summed: the keys' weights of
+    size-weighted attention, attention.py).
     Regions of a sequence shard (SpanRegions) keep unequal numbers of destinations: k is the
     most any keeps, the others' places are pads (zero weights), and the merged sequence holds
     only the real ones: one gather from the padded R*k order (tables.compact) after the merge
@@ -89,6 +91,7 @@ class MergePlan:
     dest_tokens: torch.Tensor
     merge_w: torch.Tensor
     unmerge_w: torch.Tensor
+    sizes: torch.Tensor | None = None
     _cast: dict = field(default_factory=dict, repr=False)
     _rows: dict = field(default_factory=dict, repr=False)
     # derived once: blocks read them on every call, where a property is a Python call each
@@ -316,13 +319,17 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
     else:
         picks, dest, merge_w, unmerge_w = plan_weights(
             source, offset, tables.slots, tables.valid, k, tau, center, weight_dtype)
+    # P's row sums, read off P^T before any other unmerge replaces it
+    sizes = unmerge_w.sum(1, dtype=torch.float32).view(source.shape[0], -1)
+    if ragged:
+        sizes = sizes.index_select(1, tables.compact)
     if unmerge == "pinv":
         merge_w, unmerge_w = merge_w.to(dtype), torch.linalg.pinv(merge_w).to(dtype)
     if batch == "shared" and b > 1:
-        picks, dest = picks.expand(b, -1, -1), dest.expand(b, -1)
+        picks, dest, sizes = picks.expand(b, -1, -1), dest.expand(b, -1), sizes.expand(b, -1)
         merge_w, unmerge_w = (t.unsqueeze(0).expand(b, -1, -1, -1).flatten(0, 1)
                               for t in (merge_w, unmerge_w))
-    return MergePlan(regions, k, tables, picks, dest, merge_w, unmerge_w)
+    return MergePlan(regions, k, tables, picks, dest, merge_w, unmerge_w, sizes)
 
 
 def _validate(features: torch.Tensor, n: int, offset: int, ratio: float, tau: float,

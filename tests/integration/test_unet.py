@@ -92,6 +92,33 @@ def test_merging_halves_the_self_attention_sequences(sdxl, scope, self_attention
     assert sorted(set(self_attention_lengths)) == [128, 512]
 
 
+@pytest.mark.parametrize("scope", ["block", "attention"])
+def test_merged_self_attention_is_weighted_by_the_keys_sizes(sdxl, scope, monkeypatch):
+    """Every merged self-attention call gets the additive mask log(size) of its keys: the
+    sizes of a merged grid add up to its token count (each token's weights sum to 1), and the
+    sampled latent is not the one without the mask."""
+    import comfy.ldm.modules.attention as attention
+
+    masks: list[tuple[int, torch.Tensor | None]] = []
+    inner = attention.optimized_attention
+
+    def recording(q, k, v, *args, mask=None, **kwargs):
+        qt, kt = (t.peek() if hasattr(t, "peek") else t for t in (q, k))
+        if kt.shape[1] == qt.shape[1] and qt.shape[1] in (128, 512):
+            masks.append((qt.shape[1] * 2, mask))
+        return inner(q, k, v, *args, mask=mask, **kwargs)
+
+    monkeypatch.setattr(attention, "optimized_attention", recording)
+    model = advanced(sdxl, scope=scope)
+    weighted = run(model, steps=1, cfg=1.0)
+    assert masks and {n for n, _ in masks} == {256, 1024}
+    for n, mask in masks:
+        assert mask is not None and mask.shape == (2, 1, 1, n // 2)
+        assert torch.allclose(mask.exp().sum(-1), torch.full((2, 1, 1), float(n)))
+    monkeypatch.setattr(unet_patch, "SIZE_WEIGHTED", False)
+    assert not torch.equal(run(model, steps=1, cfg=1.0), weighted)
+
+
 def test_auto_levels_leave_small_levels_alone(sdxl, self_attention_lengths, stats):
     patched = patch_model(sdxl, 0.5, 0, "d0-4, s0-4", 5, unique_id="3")
     run(patched, steps=2, cfg=1.0)

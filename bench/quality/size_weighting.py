@@ -1,0 +1,105 @@
+"""python -m bench.quality.size_weighting: size-weighted self-attention on the trained UNet
+fixtures, on and off, ToMA in both scopes at three ratios, against unmerged.
+
+The quality section's sampling (10 euler steps, its labels and seed, bench/quality/section.py)
+and its PSNR and SSIM of the decoded pixels; no timing (the correction adds one mask to the
+merged self-attention calls, the same kernels otherwise). Writes bench/results/<date>-cpu-
+quality-size-weighting.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from ..shared.common import commit, machine_info, write_result
+from ..shared.config import ROOT, load_pack, setup_comfy
+from . import data, metrics, section
+from . import models as qm
+
+LAYOUTS = ("sdxl", "sdxl-matched")
+RATIOS = (0.25, 0.5, 0.75)
+
+
+def measure(layout: str, scopes: list[str], ratios: list[float]) -> list[dict]:
+    """Rows of one fixture: each scope and ratio, size-weighted and not."""
+    unet_patch = load_pack().nodes.unet_patch
+    side = qm.EVAL_LATENT[layout]
+    fixture = qm.load(layout)
+    base = fixture.patcher(torch.device("cpu"))
+    labels = section.eval_labels(layout)
+    real = section.REAL_SIZE_DEFAULTS.get(layout, {})
+
+    def pixels(patcher) -> torch.Tensor:
+        with torch.inference_mode():
+            out = section.sample(patcher, fixture, labels, side)
+        return data.to_uint8(data.model_space_to_pixels(out, qm.arch(layout)))
+
+    ref = pixels(base)
+    rows = []
+    for scope in scopes:
+        for r in ratios:
+            patched = section._toma(**real, ratio=r, merge_scope=scope)(base)
+            for weighted in (False, True):
+                unet_patch.SIZE_WEIGHTED = weighted
+                try:
+                    psnr, ssim = metrics.psnr_ssim(ref, pixels(patched))
+                finally:
+                    unet_patch.SIZE_WEIGHTED = True
+                rows.append({"model": layout, "scope": scope, "ratio": r,
+                             "size_weighted": weighted, "psnr": psnr, "ssim": ssim})
+                logging.warning("%s %s r%s weighted=%s: %.2f dB", layout, scope, r, weighted,
+                                psnr)
+    return rows
+
+
+def report(result: dict) -> str:
+    cfg = result["config"]
+    lines = ["# Size-weighted self-attention on the trained UNet fixtures", "",
+             f"commit {cfg['commit']}, `{cfg['command']}`, ComfyUI {cfg['comfyui']}, "
+             f"{result['machine'].get('cpu')}, {cfg['threads']} thread(s)", "",
+             "PSNR / SSIM of the decoded samples against unmerged (the quality section's "
+             "sampling: 10 euler steps, its labels and seed)", "",
+             "| fixture | scope | r | PSNR off | PSNR on | SSIM off | SSIM on |",
+             "|---|---|---|---|---|---|---|"]
+    rows = result["rows"]
+    for off, on in zip(rows[::2], rows[1::2], strict=True):
+        lines.append(f"| {off['model']} | {off['scope']} | {off['ratio']} | {off['psnr']:.2f} | "
+                     f"{on['psnr']:.2f} | {off['ssim']:.3f} | {on['ssim']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.quality.size_weighting")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--scopes", nargs="+", default=["block", "attention"])
+    parser.add_argument("--ratios", nargs="+", type=float, default=list(RATIOS))
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    torch.set_num_threads(1)
+    if not setup_comfy(torch.device("cpu")):
+        raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")
+    rows = [row for layout in args.layouts.split(",")
+            for row in measure(layout, args.scopes, args.ratios)]
+    result = {"machine": machine_info("cpu"),
+              "config": {"commit": commit(), "threads": 1,
+                         "comfyui": str(Path(os.environ["COMFYUI_PATH"]).resolve()),
+                         "command": " ".join(["python -m bench.quality.size_weighting",
+                                              *(sys.argv[1:] if argv is None else argv)])},
+              "rows": rows}
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / (
+        f"{datetime.date.today().isoformat()}-cpu-quality-size-weighting.json")
+    text = report(result)
+    write_result(out, result, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Attention over merged tokens, each key weighted by how many grid tokens it stands for.
+
+Merging n near-identical keys into one leaves the attention they drew as that of one key:
+softmax(q k^T) over merged keys sees one logit where it saw n. Where a few tokens draw most of
+the attention (attention sinks), that moves the whole output. Adding log(size) to a merged
+key's logit gives it the weight of the n keys it stands for (ToMe's proportional attention):
+    attention(q, k, v, bias) with bias[..., j] = log(size_j)
+    merged_attention(plan, x, attend) = unmerge(attend(merge(x), bias))
+Tokens outside the grid (text, reference images) are their own size: bias 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .merge_plan import MergePlan
+
+# attend(tokens [B, L', C], bias [B, 1, 1, L'] or None) -> [B, L', C]: an attention whose keys
+# come from `tokens`, taking `bias` as an additive mask on their logits
+Attend = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def size_bias(plan: MergePlan, length: int, prefix: int = 0,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The additive mask of size-weighted attention for a merged sequence of `length` tokens
+    whose grid starts at `prefix`: [B, 1, 1, length], log(size) over the grid, 0 elsewhere.
+    Made once per plan, length, prefix and dtype."""
+    key = ("size_bias", length, prefix, dtype)
+    found = plan._rows.get(key)
+    if found is None:
+        bias = plan.sizes.log()
+        tail = length - prefix - bias.shape[1]
+        if prefix or tail:
+            bias = torch.nn.functional.pad(bias, (prefix, tail))
+        found = plan._rows[key] = bias.to(dtype)[:, None, None]
+    return found
+
+
+def merged_attention(plan: MergePlan, x: torch.Tensor, attend: Attend, prefix: int = 0,
+                     size_weighted: bool = True) -> torch.Tensor:
+    """ToMA around any attention: x [B, prefix + N + suffix, C] merged, attended with the size
+    bias (size_weighted) and unmerged -> [B, prefix + N + suffix, C]."""
+    merged = plan.merge(x, prefix)
+    bias = size_bias(plan, merged.shape[1], prefix, x.dtype) if size_weighted else None
+    return plan.unmerge(attend(merged, bias), prefix)
