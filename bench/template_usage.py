@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import platform
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -284,7 +285,8 @@ def report(rows: list[Row], others: list[dict], header: dict) -> str:
         f"command: `{header['command']}`",
         f"templates: comfyui-workflow-templates {header['package']} "
         f"(comfyui_workflow_templates_json {header['json_package']}), `templates/index.json` "
-        "`usage` counts; machine: none (reads JSON files only)",
+        "`usage` counts",
+        f"machine: {header['machine']}",
         "",
         "A template runs a local diffusion model where its graph (subgraphs included) has a "
         f"diffusion loader ({', '.join(sorted(LOADERS))}); its model comes from the loaders' "
@@ -331,6 +333,15 @@ def dist_version(site: Path, package: str) -> str:
     return found[-1].name[len(package) + 1:-len(".dist-info")] if found else "unknown"
 
 
+def machine() -> str:
+    """The CPU's model name (Linux), else the architecture."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in
+             (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+             if line.startswith("model name")]
+    return (names[0] if names else platform.machine()) + " (reads JSON files only: no model runs)"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--templates", type=Path,
@@ -342,13 +353,14 @@ def main(argv: list[str] | None = None) -> None:
     rows, others = template_rows(args.templates, supported, not_merged)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout.strip()
-    header = {"commit": commit, "command": COMMAND,
+    header = {"commit": commit, "command": COMMAND, "machine": machine(),
               "package": dist_version(site, "comfyui_workflow_templates"),
               "json_package": dist_version(site, "comfyui_workflow_templates_json")}
     text = report(rows, others, header)
     print(text)
     if args.out:
-        args.out.write_text(json.dumps({**header, "supported": supported,
+        args.out.write_text(json.dumps({"machine": header["machine"], "config": header,
+                                        "supported": supported,
                                         "templates": [asdict(r) for r in rows],
                                         "other_templates": others}, indent=1) + "\n")
         args.out.with_suffix(".md").write_text(text)
