@@ -127,9 +127,9 @@ def main(argv=None) -> None:
     result = {
         "what": "adaptive-terrain-diffusion 0.4.2's consistency UNet, merged as the pack merges "
                 "a UNet's attention (1024- and 256-token levels), against unmerged",
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip(),
-        "command": "python -m bench.realmodel " + " ".join(argv or sys.argv[1:]),
+        "config": {"commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                            capture_output=True, text=True).stdout.strip(),
+                   "command": "python -m bench.realmodel " + " ".join(argv or sys.argv[1:])},
         "machine": {"cpu": platform.processor() or platform.machine(),
                     "threads": torch.get_num_threads(), "torch": torch.__version__,
                     "date": datetime.datetime.now(datetime.timezone.utc).strftime(
@@ -149,7 +149,8 @@ def report(result: dict) -> str:
     rows = result["rows"]
     tomesd = {r["ratio"]: r for r in rows if r["kind"] == "tomesd"}
     lines = [f"# Real model: {result['what']}", "",
-             f"commit {result['commit']}, `{result['command']}`, {result['machine']}", "",
+             f"commit {result['config']['commit']}, `{result['config']['command']}`, "
+             f"{result['machine']}", "",
              f"conversion: unmerged torch graph vs onnxruntime, max abs error "
              f"{result['conversion_max_abs_error']:.1e}", "",
              f"{result['samples']} samples of `TerrainGenerator.generate(seed={result['seed']})`;"
