@@ -316,12 +316,14 @@ def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan
     attn1 = replace.get("attn1") or {}
     if getattr(attn1.get(key), TOMA_MARK, False):
         return options
-    import comfy.ldm.modules.attention as attention
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                extra_options: dict) -> torch.Tensor:
         """q [B, N', H*D], k and v [B, M, H*D] -> [B, N', H*D]; keys of another length than
         the merged grid's (a block's text context) take no bias."""
+        # imported where ComfyUI's block calls it: a block of the benchmarks' own never does
+        import comfy.ldm.modules.attention as attention
+
         plan = plans[-1] if plans else None
         bias = None
         if plan is not None and k.shape[1] == plan.merged_tokens:

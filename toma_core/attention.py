@@ -30,7 +30,7 @@ def size_bias(plan: MergePlan, length: int, prefix: int = 0,
     key = ("size_bias", length, prefix, dtype)
     found = plan._rows.get(key)
     if found is None:
-        bias = plan.sizes.log()
+        bias = plan.key_sizes().log()
         tail = length - prefix - bias.shape[1]
         if prefix or tail:
             bias = torch.nn.functional.pad(bias, (prefix, tail))

@@ -75,9 +75,8 @@ class MergePlan:
     regions: the partition; k: destinations per region; tables: its index tensors;
     dest_slots [B, R, k]: the slot of each destination; dest_tokens [B, R*k]: its grid token
     (the merged sequence's order); merge_w [B*R, k, S] and unmerge_w [B*R, S, k]: M and U in
-    the activations' dtype (pad slots have zero weight); sizes [B, R*k] (float32): how many
-    grid tokens each merged token stands for (its row of P summed: the keys' weights of
-    size-weighted attention, attention.py).
+    the activations' dtype (pad slots have zero weight); assignment [B*R, S, k]: P^T where
+    unmerge_w is something else (pinv), None where it is P^T (key_sizes reads it).
     Regions of a sequence shard (SpanRegions) keep unequal numbers of destinations: k is the
     most any keeps, the others' places are pads (zero weights), and the merged sequence holds
     only the real ones: one gather from the padded R*k order (tables.compact) after the merge
@@ -91,7 +90,7 @@ class MergePlan:
     dest_tokens: torch.Tensor
     merge_w: torch.Tensor
     unmerge_w: torch.Tensor
-    sizes: torch.Tensor | None = None
+    assignment: torch.Tensor | None = None
     _cast: dict = field(default_factory=dict, repr=False)
     _rows: dict = field(default_factory=dict, repr=False)
     # derived once: blocks read them on every call, where a property is a Python call each
@@ -146,6 +145,19 @@ class MergePlan:
         """Region layout [B*R, S, C] back to grid order [B, N, C]: one gather."""
         rows, slots = self.tables.unmerge_index(self.items)
         return full[rows, slots]
+
+    def key_sizes(self) -> torch.Tensor:
+        """[B, merged_tokens] float32: how many grid tokens each merged token stands for (its
+        row of P summed: the keys' weights of size-weighted attention, attention.py). Made on
+        first use and kept: only size-weighted attention reads them."""
+        found = self._rows.get("key_sizes")
+        if found is None:
+            p_t = self.unmerge_w if self.assignment is None else self.assignment
+            found = p_t.sum(1, dtype=torch.float32).view(self.items, -1)
+            if self.compact is not None:      # ragged counts: the real destinations only
+                found = found.index_select(1, self.compact)
+            self._rows["key_sizes"] = found
+        return found
 
     def merge(self, x: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """x [B, prefix + N + suffix, C] -> [B, prefix + R*k + suffix, C]."""
@@ -319,17 +331,16 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
     else:
         picks, dest, merge_w, unmerge_w = plan_weights(
             source, offset, tables.slots, tables.valid, k, tau, center, weight_dtype)
-    # P's row sums, read off P^T before any other unmerge replaces it
-    sizes = unmerge_w.sum(1, dtype=torch.float32).view(source.shape[0], -1)
-    if ragged:
-        sizes = sizes.index_select(1, tables.compact)
-    if unmerge == "pinv":
+    assignment = None
+    if unmerge == "pinv":     # P^T kept for key_sizes, which the pseudo-inverse no longer is
+        assignment = unmerge_w
         merge_w, unmerge_w = merge_w.to(dtype), torch.linalg.pinv(merge_w).to(dtype)
     if batch == "shared" and b > 1:
-        picks, dest, sizes = picks.expand(b, -1, -1), dest.expand(b, -1), sizes.expand(b, -1)
-        merge_w, unmerge_w = (t.unsqueeze(0).expand(b, -1, -1, -1).flatten(0, 1)
-                              for t in (merge_w, unmerge_w))
-    return MergePlan(regions, k, tables, picks, dest, merge_w, unmerge_w, sizes)
+        picks, dest = picks.expand(b, -1, -1), dest.expand(b, -1)
+        merge_w, unmerge_w, assignment = (
+            None if t is None else t.unsqueeze(0).expand(b, -1, -1, -1).flatten(0, 1)
+            for t in (merge_w, unmerge_w, assignment))
+    return MergePlan(regions, k, tables, picks, dest, merge_w, unmerge_w, assignment)
 
 
 def _validate(features: torch.Tensor, n: int, offset: int, ratio: float, tau: float,
