@@ -112,6 +112,8 @@ class UNetToMA:
     def __init__(self, state: ToMAState, scope: str, largest_level_ds: int) -> None:
         self.state = state
         self.scope = scope   # the merge_scope widget: "auto", "block" or "attention"
+        # every attn1 key a size-weighted call has named (a dict: ordered, no Python call to add)
+        self.attn1_keys: dict = {}
         self.largest_level_ds = largest_level_ds
 
     # Which calls merge ---------------------------------------------------------------------------
@@ -246,7 +248,7 @@ class UNetToMA:
         patches = dict(options.get("patches") or {})
         patches["attn1_patch"] = [*patches.get("attn1_patch", ()), mark(merge)]
         patches["attn1_output_patch"] = [mark(unmerge), *patches.get("attn1_output_patch", ())]
-        return with_sized_attention({**options, "patches": patches}, held)
+        return with_sized_attention({**options, "patches": patches}, held, self.attn1_keys)
 
     # The block's forward --------------------------------------------------------------------------
     def block_forward(self, block: torch.nn.Module, original: Callable, foreign_forward: bool,
@@ -277,7 +279,7 @@ class UNetToMA:
                             and not compiling()
                             and getattr(after.__dict__.get("forward"), OWNER, None) is self)
                     if SIZE_WEIGHTED:
-                        sized = with_sized_attention(options, (plan,))
+                        sized = with_sized_attention(options, (plan,), self.attn1_keys)
                         if "transformer_options" in kwargs:      # ComfyUI's call
                             kwargs = {**kwargs, "transformer_options": sized}
                         else:
@@ -303,11 +305,15 @@ class UNetToMA:
         return mark(forward)
 
 
-def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan]) -> dict:
+def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan],
+                         keys: dict) -> dict:
     """A copy of a block call's transformer_options whose attn1 replace runs ComfyUI's attention
     with the size bias of the last of `plans` (filled by the time attention runs; empty: the
     call did not merge) over merged keys. Unchanged where the UNet names no block, SIZE_WEIGHTED
-    is off, or a ToMA that ran first (and merged) put its own there."""
+    is off, or a ToMA that ran first (and merged) put its own there.
+    keys: the attn1 keys named so far (this call's added); the replace stands under every one
+    of them, so that a compile without guards on transformer_options, whose code looks up the
+    key of the block it traced, finds this call's replace whichever block replays it."""
     block = options.get("block")
     if block is None or not SIZE_WEIGHTED:
         return options
@@ -337,7 +343,8 @@ def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan
             attn_precision=extra_options.get("attn_precision"), transformer_options=extra_options)
 
     setattr(attend, TOMA_MARK, True)     # mark() without a call per block
-    replace["attn1"] = {**attn1, key: attend}
+    keys[key] = None
+    replace["attn1"] = {**attn1, **dict.fromkeys(keys, attend)}
     return {**options, "patches_replace": replace}
 
 
