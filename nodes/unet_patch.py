@@ -58,8 +58,9 @@ GPU_FIGURE = ("SD1.5 at 512x512 on an H200, projected: 0.98x with its two larges
 # Below this even "all" skips a level: a few tokens per tile leave nothing to merge.
 MIN_TOKENS = 16
 # Self-attention over merged tokens weighted by the merged keys' sizes (docs/quality.md, the
-# real-model section)
-SIZE_WEIGHTED = True
+# real-model section). Off until ComfyUI's MultiGPU CFG split gives the samples of one device
+# with it (docs/quality.md says by how much it does not).
+SIZE_WEIGHTED = False
 # On ToMA's block forwards: the UNetToMA they belong to (a block hands its grid on in region
 # order only to a forward of its own node).
 OWNER = "_toma_unet"

@@ -59,14 +59,15 @@ def sdxl_two_devices(monkeypatch):
 
 
 def block_owners(patchers: dict[str, object]) -> tuple[dict, callable]:
-    """({(owner, thread): [query lengths]}, remove): pre-hooks on the self-attention of every
-    transformer block of each patcher's own model object."""
+    """({(owner, thread): [query lengths]}, remove): pre-hooks on the self-attention's query
+    projection of every transformer block of each patcher's own model object (ComfyUI calls it
+    whether the block runs CrossAttention.forward or an attn1 replace, as ToMA's is)."""
     ran: dict[tuple[str, str], list[int]] = defaultdict(list)
     handles = []
     for owner, patcher in patchers.items():
         for module in patcher.model.diffusion_model.modules():
             if type(module).__name__ == "BasicTransformerBlock":
-                handles.append(module.attn1.register_forward_pre_hook(
+                handles.append(module.attn1.to_q.register_forward_pre_hook(
                     lambda m, args, o=owner: ran[(o, threading.current_thread().name)].append(
                         int(args[0].shape[1]))))
     return ran, lambda: [h.remove() for h in handles]

@@ -109,6 +109,7 @@ def test_merged_self_attention_is_weighted_by_the_keys_sizes(sdxl, scope, monkey
         return inner(q, k, v, *args, mask=mask, **kwargs)
 
     monkeypatch.setattr(attention, "optimized_attention", recording)
+    monkeypatch.setattr(unet_patch, "SIZE_WEIGHTED", True)
     model = advanced(sdxl, scope=scope)
     weighted = run(model, steps=1, cfg=1.0)
     assert masks and {n for n, _ in masks} == {256, 1024}
