@@ -84,11 +84,15 @@ class StandInWorker:
 
 def hide_folder(folder: str) -> None:
     """`folder` absent from this process from now on (all but its tests/, which the stand-in
-    itself was imported from): off sys.path, not the working directory, its files refused by
-    an audit hook on every open (Python's imports read sources through io.open_code, which
-    raises the same "open" event)."""
+    itself was imported from, and its dot-folders, where a checkout keeps the Python
+    environment Ray itself imports from): off sys.path, not the working directory, its files
+    refused by an audit hook on every open (Python's imports read sources through
+    io.open_code, which raises the same "open" event)."""
     hidden = os.path.realpath(folder)
-    kept = os.path.join(hidden, "tests") + os.sep
+
+    def kept(path: str) -> bool:
+        top = os.path.relpath(path, hidden).split(os.sep)[0]
+        return top == "tests" or (top != "." and top.startswith("."))
     sys.path[:] = [p for p in sys.path
                    if os.path.realpath(p or ".") not in (hidden, os.path.dirname(hidden))]
     os.chdir(tempfile.gettempdir())
@@ -97,7 +101,7 @@ def hide_folder(folder: str) -> None:
         if event != "open" or not args or not isinstance(args[0], (str, bytes, os.PathLike)):
             return
         path = os.path.realpath(os.fsdecode(args[0]))
-        if (path == hidden or path.startswith(hidden + os.sep)) and not path.startswith(kept):
+        if (path == hidden or path.startswith(hidden + os.sep)) and not kept(path):
             raise PermissionError(f"stand-in: {path} is not on this machine")
 
     sys.addaudithook(refuse)
