@@ -240,15 +240,16 @@ ROWS = {"wan": ("vec",), "ltxv": ("vec",), "wan_vace": (), "wan_vace_ref": (), "
 
 
 def recorded_run(name: str, ratio: float = RATIO, extra: dict | None = None,
-                 single: bool = False):
+                 single: bool = False, base=None, x=None):
     """One merged sampling step of the family's tiny model at its odd test size (1 step, CFG
     where ComfyUI allows it; `single`: batch 1 without CFG), recorded inside and outside ToMA;
-    `extra` is added to both conditionings."""
-    base = tiny_patcher(name)
+    `extra` is added to both conditionings. `base` and `x` (a model of the family and its
+    SampleInputs) replace the family's tiny model and `inputs`."""
+    base = tiny_patcher(name) if base is None else base
     (batch, height, width, frames), cfg = sample_args(name)
     if single:
         batch, cfg = 1, 1.0
-    x = inputs(name, base, batch, height, width, frames)
+    x = inputs(name, base, batch, height, width, frames) if x is None else x
     for cond in (x.positive, x.negative):
         cond[0][1].update(extra or {})
     inner, outer = Recorder(), Recorder(unmerged=True)
@@ -359,7 +360,12 @@ def test_merged_blocks_follow_the_plan(name):
     recorder) runs for every block, on the merged arguments."""
     if not available(name):
         return assert_absent(name)
-    base, x, inner_rec, outer_rec, out = recorded_run(name)
+    check_merged_blocks(name, *recorded_run(name))
+
+
+def check_merged_blocks(name: str, base, x, inner_rec: Recorder, outer_rec: Recorder,
+                        out: torch.Tensor) -> None:
+    """test_merged_blocks_follow_the_plan's checks on one recorded_run of the family `name`."""
     inner, outer = inner_rec.calls, outer_rec.calls
     assert len(inner) == len(outer) > 0
     assert out.shape == video_of(x.latent).shape and torch.isfinite(out).all()
@@ -509,7 +515,15 @@ def test_merged_block_outputs_follow_the_update_rule(name):
     within a measured distance of the unmerged block's on the same input."""
     if not available(name):
         return assert_absent(name)
-    base, x, inner, outer, out = recorded_run(name)
+    worst = worst_update_error(name, *recorded_run(name))
+    print(f"{name}: worst relative error of a merged block's update {worst:.3f}")
+    assert worst <= UPDATE_ERROR[name]
+
+
+def worst_update_error(name: str, base, x, inner: Recorder, outer: Recorder, out) -> float:
+    """test_merged_block_outputs_follow_the_update_rule's checks on one recorded_run of the
+    family `name`; returns the largest relative error of a merged block's update against the
+    unmerged block's."""
     grid = merged_grid(name, x.latent)
     _, h, w = grid
     n = math.prod(grid)
@@ -543,8 +557,7 @@ def test_merged_block_outputs_follow_the_update_rule(name):
         assert float((b_out[:, offset:offset + n] - expected).abs().max()) <= 4e-7 * scale
         got, want = b_out - x_in, ref - x_in
         worst = max(worst, float((got - want).norm() / want.norm()))
-    print(f"{name}: worst relative error of a merged block's update {worst:.3f}")
-    assert worst <= UPDATE_ERROR[name]
+    return worst
 
 
 @pytest.mark.parametrize("name", NAMES)
