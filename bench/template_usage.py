@@ -93,9 +93,10 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("fun_camera", Rule("Wan Fun camera", "camera control")),
     ("chrono_edit", Rule("ChronoEdit (Wan 2.1 image to video)", "Wan 2.1/2.2")),
     ("wan", Rule("Wan 2.1/2.2", "Wan 2.1/2.2")),
-    # LTX-2's class (LTXAVModel) with the cross-attention AdaLN the pack's tiny LTX-2 lacks
-    ("ltx-2.3", Rule("LTX-2.3", "LTX-2", "untested: its cross-attention AdaLN")),
-    ("ltx-2.5", Rule("LTX-2.5", "LTX-2", "untested: its cross-attention AdaLN")),
+    # LTX-2's class (LTXAVModel) with the cross-attention AdaLN
+    # (tests/integration/test_ltx23.py)
+    ("ltx-2.3", Rule("LTX-2.3", "LTX-2")),
+    ("ltx-2.5", Rule("LTX-2.5", "LTX-2")),
     ("ltx-2", Rule("LTX-2", "LTX-2")),
     ("ltx-video", Rule("LTX-Video", "LTX-Video")),
     ("hunyuanvideo1.5", Rule("HunyuanVideo 1.5", "HunyuanVideo 1.0/1.5")),

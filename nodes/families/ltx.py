@@ -5,6 +5,9 @@ cross-attention context.
 - LTX-2 (LTXAVModel) runs a video and an audio stream through each block (`img` = (video,
   audio)); the audio tokens, their own attention and the text never merge. The video side of
   its audio-video attention (queries, and keys for the audio's queries) takes the merged video.
+  LTX-2.3 / 2.5 (`cross_attention_adaln`) carry 9 modulation vectors a row in `v_timestep`
+  instead of 6 (the text cross-attention's query shift, scale and gate) and move with it;
+  their `v_prompt_timestep` modulates the text, one row a call, and passes as it came.
 - Guide frames (LTXVAddGuide) are appended to the latent after the video, their token
   positions in `keyframe_idxs`: their tokens are the stream's suffix and never merge.
 - Image-to-video and in-place guide frames are the leading frames the denoise mask does not
