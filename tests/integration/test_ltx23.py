@@ -184,3 +184,45 @@ def test_merged_blocks_carry_the_cross_attention_adaln(task, monkeypatch):
     print(f"LTX-2.3 {task}: worst relative error of a merged block's update {worst:.3f}")
     assert worst <= UPDATE_ERROR[task]
     assert torch.isfinite(out).all()
+
+
+def dual_cfg_sample(model, x: SampleInputs) -> torch.Tensor:
+    """Two steps through the LTX-2.5 templates' guider (LTXVDualCFGGuider, video CFG 3, audio
+    CFG 7: one uncond and one cond pass, combined per modality) and SamplerCustomAdvanced."""
+    ch.comfy_top_level_nodes()
+    from comfy_extras.nodes_custom_sampler import (
+        BasicScheduler,
+        KSamplerSelect,
+        RandomNoise,
+        SamplerCustomAdvanced,
+    )
+    from comfy_extras.nodes_lt import LTXVDualCFGGuider
+
+    guider, = node_output(LTXVDualCFGGuider.execute(model, x.positive, x.negative, 3.0, 7.0))
+    latent = {"samples": x.latent} if x.noise_mask is None else {"samples": x.latent,
+                                                                  "noise_mask": x.noise_mask}
+    out = SamplerCustomAdvanced.execute(
+        node_output(RandomNoise.execute(0))[0], guider,
+        node_output(KSamplerSelect.execute("euler"))[0],
+        node_output(BasicScheduler.execute(model, "normal", 2, 1.0))[0], latent)
+    return node_output(out)[0]["samples"]
+
+
+@pytest.mark.parametrize("task", ["t2v", "i2v"])
+def test_dual_cfg_guider(task, monkeypatch):
+    """The LTX-2.5 templates' guider and sampler node: with every patch installed outside the
+    active steps the samples are the unpatched model's; merged, every block of every call
+    merges and the samples are finite."""
+    if not present():
+        return
+    model, x = tiny_ltx23(), template_inputs(task)
+    base = ch.flat(dual_cfg_sample(model, x))
+    sent: list[dict] = []
+    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
+    idle = apply_toma(model, make_options(RATIO, skip_blocks="none", start_percent=0.4,
+                                          end_percent=0.5))
+    assert torch.equal(ch.flat(dual_cfg_sample(idle, x)), base)
+    merged = ch.flat(dual_cfg_sample(apply_toma(model, make_options(RATIO, skip_blocks="none")),
+                                     x))
+    assert sent[-1]["layers_merged"] == sent[-1]["layers_total"] > 0
+    assert merged.shape == base.shape and torch.isfinite(merged).all()
