@@ -24,6 +24,7 @@ import pytest
 import torch
 from test_dit_families import (
     RATIO,
+    assert_runs_unmerged,
     check_merged_blocks,
     recorded_run,
     worst_update_error,
@@ -46,6 +47,8 @@ TASKS = {"t2v": "ltx2", "i2v": "ltx2_i2v", "ia2v": "ltx2_i2v"}
 TIMESTEP_ROWS = {"t2v": 1, "i2v": 3, "ia2v": 3}
 ADALN_PARAMS = 9        # ComfyUI's ADALN_CROSS_ATTN_PARAMS_COUNT (6 without the AdaLN)
 AUDIO_TOKENS = 5        # audio latent frames of the stand-in audio VAE
+# LTXVAddGuide's strength in the first-last-frame templates (LTX-2.3, LTX-2.5, style transition)
+GUIDE_STRENGTH = 0.7
 # Relative error of a merged block's update against the unmerged block's (worst_update_error),
 # the measured value x 1.5 (comments: measured on v0.33.0)
 UPDATE_ERROR = {"t2v": 0.8, "i2v": 0.55, "ia2v": 0.55}       # 0.531, 0.366, 0.332
@@ -93,6 +96,7 @@ def template_inputs(task: str, seed: int = 0) -> SampleInputs:
     comfy_nodes = ch.comfy_top_level_nodes()
     from comfy_extras.nodes_lt import (
         EmptyLTXVLatentVideo,
+        LTXVAddGuide,
         LTXVConcatAVLatent,
         LTXVConditioning,
         LTXVImgToVideoInplace,
@@ -100,19 +104,29 @@ def template_inputs(task: str, seed: int = 0) -> SampleInputs:
     from comfy_extras.nodes_lt_audio import LTXVEmptyLatentAudio
     from comfy_extras.nodes_mask import SolidMask
 
-    (batch, height, width, frames), _ = sample_args(TASKS[task])
+    (batch, height, width, frames), _ = sample_args("ltx2")    # every task's size
+    if task == "flf2v":         # LTXVAddGuide appends a one-item guide: one latent item too
+        batch = 1
     length, rate = 8 * (frames - 1) + 1, 25.0
     video, = node_output(EmptyLTXVLatentVideo.execute(32 * width, 32 * height, length, batch))
-    if task != "t2v":
-        class VAE:
-            downscale_index_formula = (8, 32, 32)
 
-            def encode(self, pixels: torch.Tensor) -> torch.Tensor:
-                return ch._randn(1, 128, 1, height, width, seed=seed + 3)
+    class VAE:
+        downscale_index_formula = (8, 32, 32)
 
-        image = torch.rand(1, 32 * height, 32 * width, 3,
-                           generator=torch.Generator().manual_seed(seed + 4))
+        def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+            return ch._randn(1, 128, 1, height, width, seed=seed + 3)
+
+    image = torch.rand(1, 32 * height, 32 * width, 3,
+                       generator=torch.Generator().manual_seed(seed + 4))
+    text = family("ltx2").text_dim
+    positive, negative = ([[ch._randn(batch, TEXT_TOKENS, text, seed=seed + offset),
+                            {"pooled_output": None}]] for offset in (0, 100))
+    if task in ("i2v", "ia2v"):
         video, = node_output(LTXVImgToVideoInplace.execute(VAE(), image, video, 1.0))
+    if task == "flf2v":       # the first and last frame, the templates' strength
+        for frame in (0, -1):
+            positive, negative, video = node_output(LTXVAddGuide.execute(
+                positive, negative, VAE(), video, image, frame, GUIDE_STRENGTH))
     audio_vae = types.SimpleNamespace(
         latent_channels=8, first_stage_model=types.SimpleNamespace(
             latent_frequency_bins=16, num_of_latents_from_frames=lambda n, r: AUDIO_TOKENS))
@@ -122,9 +136,6 @@ def template_inputs(task: str, seed: int = 0) -> SampleInputs:
         audio = {**audio, "samples": ch._randn(*audio["samples"].shape, seed=seed + 5)}
         audio, = comfy_nodes.SetLatentNoiseMask().set_mask(audio, keep)
     latent, = node_output(LTXVConcatAVLatent.execute(video, audio))
-    text = family("ltx2").text_dim
-    positive, negative = ([[ch._randn(batch, TEXT_TOKENS, text, seed=seed + offset),
-                            {"pooled_output": None}]] for offset in (0, 100))
     positive, negative = node_output(LTXVConditioning.execute(positive, negative, rate))
     return SampleInputs(latent["samples"], positive, negative, latent.get("noise_mask"))
 
@@ -226,3 +237,17 @@ def test_dual_cfg_guider(task, monkeypatch):
                                      x))
     assert sent[-1]["layers_merged"] == sent[-1]["layers_total"] > 0
     assert merged.shape == base.shape and torch.isfinite(merged).all()
+
+
+def test_first_last_frame_guides_run_unmerged(caplog):
+    """The first-last-frame templates' guides (LTXVAddGuide at frames 0 and -1, strength 0.7)
+    make ComfyUI build a guide attention mask over the guide tokens' fixed spans: ToMA leaves
+    those model calls unmerged, its samples are the unpatched model's bit for bit, and it says
+    so once."""
+    if not present():
+        return
+    model, x = tiny_ltx23(), template_inputs("flf2v")
+    assert x.latent.unbind()[0].shape[2] == 3 + 2              # two guide frames appended
+    run = {"steps": 1, "cfg": 2.0, "noise_mask": x.noise_mask}
+    assert_runs_unmerged(model, x.latent, x.positive, x.negative, run, "self_attention_mask",
+                         caplog)
