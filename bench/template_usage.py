@@ -128,7 +128,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("chroma", Rule("Chroma", "Chroma")),
     ("kontext", Rule("Flux Kontext", "Flux Kontext")),
     ("flux", Rule("Flux.1", "Flux.1 dev/schnell")),
-    ("mage_flow", Rule("Mage-Flow", status=no_family("MageFlow"))),
+    ("mage_flow", Rule("Mage-Flow", "Mage-Flow")),
     ("sd_xl", Rule("SDXL", "SDXL")),
     ("sd3.5", Rule("SD3.5", "SD3/SD3.5")),
     ("omnigen2", Rule("OmniGen2", status=no_family("Omnigen2"))),

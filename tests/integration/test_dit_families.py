@@ -59,7 +59,8 @@ NAMES = list(FAMILIES)
 
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
-                   "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat"):
+                   "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat",
+                   "mage_flow"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -108,7 +109,7 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     g = group(name)
     if g in ("flux2", "chroma", "longcat"):
         return (0, txt_len) if kind == "double_block" else (txt_len, txt_len)
-    if g == "qwen":
+    if g in ("qwen", "mage_flow"):                             # [image; references]
         return 0, txt_len
     if g == "hunyuan":
         if flipped(model):                                      # [image; text]
@@ -498,6 +499,8 @@ UPDATE_ERROR = {
     "longcat_image_edit": 0.68,   # 0.456
     "krea2": 1.57,   # 1.048
     "krea2_reference": 1.23,   # 0.822
+    "mage_flow": 0.95,   # 0.632 (v0.33.0)
+    "mage_flow_edit": 0.54,   # 0.361 (v0.33.0)
 }
 
 
