@@ -113,7 +113,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("ideogram4", Rule("Ideogram 4", status=no_family("Ideogram4"))),
     ("flux-2", Rule("Flux 2 (Klein)", "Flux 2")),
     ("flux2", Rule("Flux 2", "Flux 2")),
-    ("anima", Rule("Anima", status=no_family("Anima"))),
+    ("anima", Rule("Anima", "Anima")),
     ("boogu", Rule("Boogu", status=no_family("Boogu"))),
     ("joyai", Rule("JoyAI Image Edit", status=no_family("JoyImage"))),
     ("ernie", Rule("ERNIE-Image", status=no_family("ErnieImage"))),
@@ -145,6 +145,10 @@ TEMPLATE_RULES: tuple[tuple[str, Rule], ...] = (
     # unmerged (docs/compatibility.md)
     ("infinitetalk", Rule("Wan 2.1 InfiniteTalk", status="runs unmerged (MultiTalk's attention "
                                                          "patches in its blocks)")),
+    # AnimaLLLiteApply puts attention patches (per-token control) in Anima's blocks: those run
+    # unmerged
+    ("anima_lllite", Rule("Anima LLLite", status="runs unmerged (LLLite's attention patches in "
+                                                "its blocks)")),
     # USOStyleReference's post-input patch on Flux.1: no test of the pack runs it
     ("uso", Rule("Flux.1 USO", status="unclassified")),
 )
