@@ -114,7 +114,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("ideogram4", Rule("Ideogram 4", status=no_family("Ideogram4"))),
     ("flux-2", Rule("Flux 2 (Klein)", "Flux 2")),
     ("flux2", Rule("Flux 2", "Flux 2")),
-    ("anima", Rule("Anima", status=no_family("Anima"))),
+    ("anima", Rule("Anima", "Anima")),
     ("boogu", Rule("Boogu", status=no_family("Boogu"))),
     ("joyai", Rule("JoyAI Image Edit", status=no_family("JoyImage"))),
     ("ernie", Rule("ERNIE-Image", status=no_family("ErnieImage"))),
@@ -129,7 +129,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("chroma", Rule("Chroma", "Chroma")),
     ("kontext", Rule("Flux Kontext", "Flux Kontext")),
     ("flux", Rule("Flux.1", "Flux.1 dev/schnell")),
-    ("mage_flow", Rule("Mage-Flow", status=no_family("MageFlow"))),
+    ("mage_flow", Rule("Mage-Flow", "Mage-Flow")),
     ("sd_xl", Rule("SDXL", "SDXL")),
     ("sd3.5", Rule("SD3.5", "SD3/SD3.5")),
     ("omnigen2", Rule("OmniGen2", status=no_family("Omnigen2"))),
@@ -152,6 +152,10 @@ TEMPLATE_RULES: tuple[tuple[str, Rule], ...] = (
     ("ltx2_3_flf2v", Rule("LTX-2.3", status=GUIDE_MASK)),
     ("ltx2_3_style_transition", Rule("LTX-2.3", status=GUIDE_MASK)),
     ("ltx2_5_flf2v", Rule("LTX-2.5", status=GUIDE_MASK)),
+    # AnimaLLLiteApply puts attention patches (per-token control) in Anima's blocks: those run
+    # unmerged
+    ("anima_lllite", Rule("Anima LLLite", status="runs unmerged (LLLite's attention patches in "
+                                                "its blocks)")),
     # USOStyleReference's post-input patch on Flux.1: no test of the pack runs it
     ("uso", Rule("Flux.1 USO", status="unclassified")),
 )

@@ -71,6 +71,8 @@ class BlockKind:
     (start, end, ...) spans): in a merged call those past the grid move back by the tokens
     merged away (token_layout.moved_positions); with hook "dit" ComfyUI's block loop hands
     them to the block's forward, not to the replace patch, and ToMA patches that forward too;
+    grid_axes: the stream argument is the grid alone laid out [B, T, H, W, C] (Cosmos's
+    blocks): read as [B, T*H*W, C], a merged one handed over as [B, 1, 1, M, C];
     hook: "dit" (replace patch) or "object" (patch of the block's forward);
     returns: for an object-patched block whose forward returns a tuple (HiDream's double
     blocks: image and text tokens), the argument names of its items; () when it returns the
@@ -95,13 +97,15 @@ class BlockKind:
     batched: bool = True
     spans: tuple[str, ...] = ()
     positions: tuple[str, ...] = ()
+    grid_axes: bool = False
     hook: str = "dit"
     returns: tuple[str, ...] = ()
     # the stream argument is the grid tensor itself (read without a further call per block)
     bare: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "bare", self.stream_item is None and self.batched)
+        object.__setattr__(self, "bare", self.stream_item is None and self.batched
+                           and not self.grid_axes)
 
     @property
     def arguments(self) -> tuple[str, ...]:

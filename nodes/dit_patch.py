@@ -125,7 +125,7 @@ class DiTToMA:
         if restored is got:
             return out
         return {**out, kind.stream: restored if kind.bare
-                else with_stream(kind, out[kind.stream], restored)}
+                else with_stream(kind, out[kind.stream], restored, args[kind.stream])}
 
     def plan_for(self, kind: BlockKind, index: int, args: dict, stream: torch.Tensor | None,
                  options: dict, call: ModelCall | None, layer: str

@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..contracts import block_mismatches, claimed, mismatches, refusal
 from ..dit_families import Family
 from . import (
+    anima,
     flux,
     hidream,
     hidream_o1,
@@ -25,6 +26,7 @@ from . import (
     krea2,
     ltx,
     lumina,
+    mage_flow,
     minimax_h3,
     qwen_image,
     sd3,
@@ -32,7 +34,7 @@ from . import (
 )
 
 MODULES = (flux, wan, hunyuan_video, hunyuan_image, qwen_image, sd3, lumina, ltx, hidream,
-           hidream_o1, kandinsky5, krea2, minimax_h3)
+           hidream_o1, kandinsky5, krea2, minimax_h3, mage_flow, anima)
 UNET_MODELS = "SDXL, SD1.5 and SD2 (ComfyUI's UNet)"
 
 

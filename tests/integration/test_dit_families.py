@@ -59,7 +59,8 @@ NAMES = list(FAMILIES)
 
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
-                   "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat"):
+                   "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat",
+                   "mage_flow", "anima"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -80,9 +81,11 @@ def prompt_tokens(name: str, x) -> int:
 
 
 def stream_tensor(value):
-    """The grid's tensor of a block's stream argument or output: LTX-2's video of its (video,
-    audio) pair, else the value itself."""
-    return value[0] if isinstance(value, (tuple, list)) else value
+    """The grid's tensor [B, L, C] of a block's stream argument or output: LTX-2's video of its
+    (video, audio) pair, Anima's [B, T, H, W, C] grid flattened, else the value itself."""
+    if isinstance(value, (tuple, list)):
+        return value[0]
+    return value.flatten(1, -2) if value.dim() == 5 else value
 
 
 def lumina_text(name: str, length: int, image: int) -> int:
@@ -108,7 +111,7 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     g = group(name)
     if g in ("flux2", "chroma", "longcat"):
         return (0, txt_len) if kind == "double_block" else (txt_len, txt_len)
-    if g == "qwen":
+    if g in ("qwen", "mage_flow"):                             # [image; references]
         return 0, txt_len
     if g == "hunyuan":
         if flipped(model):                                      # [image; text]
@@ -157,6 +160,8 @@ class Recorder:
         blocks = [(kind, attr) for kind, attr in OBJECT_BLOCKS if hasattr(dm, attr)]
         if type(dm).__name__ == KREA2_MODEL:
             blocks = [KREA2_BLOCKS]
+        if type(dm).__name__ == ANIMA_MODEL:
+            blocks = [ANIMA_BLOCKS]
         for kind, attr in blocks:                   # Lumina 2 / Z-Image, HiDream, Kandinsky 5
             for i, layer in enumerate(getattr(dm, attr)):
                 key = f"diffusion_model.{attr}.{i}.forward"
@@ -210,10 +215,13 @@ def stream_out(out: dict):
 # Blocks ComfyUI calls without replace patches: (kind, diffusion model attribute).
 OBJECT_BLOCKS = (("layer", "layers"), ("double_block", "double_stream_blocks"),
                  ("single_block", "single_stream_blocks"), ("visual", "visual_transformer_blocks"))
-STREAM = {"layer": "x", "visual": "visual_embed", "block": "x"}
+STREAM = {"layer": "x", "visual": "visual_embed", "block": "x", "cosmos": "x_B_T_H_W_D"}
 # Krea 2's blocks (`blocks`, a name Wan's replace-patched blocks have too)
 KREA2_MODEL = "SingleStreamDiT"
 KREA2_BLOCKS = ("block", "blocks")
+# Anima's blocks (Cosmos Predict2's, `blocks` too)
+ANIMA_MODEL = "Anima"
+ANIMA_BLOCKS = ("cosmos", "blocks")
 
 
 def stream_name(name: str, kind: str) -> str:
@@ -227,6 +235,7 @@ def stream_name(name: str, kind: str) -> str:
 # Arguments holding positional rows over the grid's sequence (a tensor, or a tuple whose
 # tensors are rows: LTX's (rotation, split) pair, (cos, sin) before ComfyUI 0.8).
 PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "block": ("freqs",),
+      "cosmos": ("rope_emb_L_1_1_D",),
       "ltx2": ("v_pe", "v_cross_pe"), "hidream": ("rope",), "hidream_o1": ("freqs_cis",)}
 # The separate text stream of two-stream blocks: it reaches the block as it came.
 TEXT = {"hidream": "text_tokens"}
@@ -504,6 +513,9 @@ UPDATE_ERROR = {
     "longcat_image_edit": 0.68,   # 0.456
     "krea2": 1.57,   # 1.048
     "krea2_reference": 1.23,   # 0.822
+    "mage_flow": 0.95,   # 0.632 (v0.33.0)
+    "mage_flow_edit": 0.54,   # 0.361 (v0.33.0)
+    "anima": 0.71,   # 0.475 (v0.33.0)
 }
 
 
