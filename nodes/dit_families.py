@@ -59,8 +59,8 @@ class BlockKind:
     [B, H, L, D] queries and keys (HiDream-O1's): merged per batch item they become
     [B, 1, L', D], the head axis made explicit;
     stream_item: the stream argument is a tuple (LTX-2's (video, audio)) whose item this is;
-    opaque: arguments the patch cannot line up with a merged sequence (LTX's guide attention
-    mask, which addresses fixed token spans): a block call where one is set runs unmerged;
+    opaque: arguments the patch cannot line up with a merged sequence (an attention mask
+    addressing fixed token spans): a block call where one is set runs unmerged;
     shortened: arguments over the sequence whose entries for every token up to the grid's end
     are alike (an attention bias the same for each of those tokens), as (name, shorten) pairs:
     shorten(value, end, removed) gives the argument for the sequence with `removed` of its
@@ -113,8 +113,8 @@ class BlockKind:
     @property
     def arguments(self) -> tuple[str, ...]:
         """The arguments of a block call of this kind that ToMA reads or rewrites by name (the
-        opaque ones aside: a block loop may not hand them at all): what a family's contract
-        requires ComfyUI's block loop or the block's forward to name so."""
+        opaque and shortened ones aside: a block loop may not hand them at all): what a
+        family's contract requires ComfyUI's block loop or the block's forward to name so."""
         names = (self.stream, self.txt, self.pe, self.mask, *self.rows, *self.more_pe,
                  *self.spans)
         return tuple(dict.fromkeys(name for name in names if name))
