@@ -141,17 +141,11 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
 
 # (substring of the template name, rule): where the template runs a base model through another
 # model's nodes, this rule replaces the base model's.
-GUIDE_MASK = "runs unmerged (guides of strength 0.7: ComfyUI's guide attention mask)"
 TEMPLATE_RULES: tuple[tuple[str, Rule], ...] = (
     # WanInfiniteTalkToVideo puts MultiTalk's attention patches in the blocks: those run
     # unmerged (docs/compatibility.md)
     ("infinitetalk", Rule("Wan 2.1 InfiniteTalk", status="runs unmerged (MultiTalk's attention "
                                                          "patches in its blocks)")),
-    # LTXVAddGuide at strength 0.7 (first and last frame): ComfyUI gives the blocks a guide
-    # attention mask, and those calls run unmerged (tests/integration/test_ltx23.py)
-    ("ltx2_3_flf2v", Rule("LTX-2.3", status=GUIDE_MASK)),
-    ("ltx2_3_style_transition", Rule("LTX-2.3", status=GUIDE_MASK)),
-    ("ltx2_5_flf2v", Rule("LTX-2.5", status=GUIDE_MASK)),
     # AnimaLLLiteApply puts attention patches (per-token control) in Anima's blocks: those run
     # unmerged
     ("anima_lllite", Rule("Anima LLLite", status="runs unmerged (LLLite's attention patches in "

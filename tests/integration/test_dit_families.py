@@ -849,11 +849,34 @@ def test_default_widgets_on_hunyuan_video15_as_comfyui_builds_it():
     assert lengths[:5] == [full] * 5 and all(n < full for n in lengths[5:8])
 
 
-def test_ltx_guide_with_attention_strength_runs_unmerged(caplog):
-    """A guide whose strength is not 1 (LTXVAddGuide, ComfyUI 0.33) makes LTX build a guide
-    attention mask over fixed token spans (the guide tokens at the end of the sequence):
-    blocks given one run unmerged, the samples equal the unmerged model's bit for bit, and the
-    user is told once. Earlier ComfyUI versions have no such mask."""
+def check_guide_masks(inner: Recorder, outer: Recorder, guides: int) -> None:
+    """Each merged LTX block's guide attention mask (GuideAttentionMask, ComfyUI 0.33) is the
+    full one less as many of its leading columns as the video lost tokens, `guide_start` moved
+    back by as many; the full one has `guides` guide tokens ending the sequence and one bias for
+    every video token before them (the premise of the shortening)."""
+    from comfy.ldm.lightricks.model import GuideAttentionMask
+
+    assert len(inner.calls) == len(outer.calls) > 0
+    for (_, _, a), (_, _, b) in zip(inner.calls, outer.calls, strict=True):
+        full, merged = b["self_attention_mask"], a["self_attention_mask"]
+        assert isinstance(full, GuideAttentionMask) and isinstance(merged, GuideAttentionMask)
+        tokens = stream_tensor(b["img"]).shape[1]
+        assert tokens - full.guide_start == guides == full.tracked_count
+        video = full.tracked_mask[..., :full.guide_start]
+        assert full.noisy_mask.shape[2] == 1 and not full.noisy_mask[..., :full.guide_start].any()
+        assert torch.equal(video, video[..., :1].expand_as(video))
+        removed = tokens - stream_tensor(a["img"]).shape[1]
+        assert removed > 0 and merged.guide_start == full.guide_start - removed
+        assert merged.tracked_count == full.tracked_count
+        assert torch.equal(merged.noisy_mask, full.noisy_mask[..., removed:])
+        assert torch.equal(merged.tracked_mask, full.tracked_mask[..., removed:])
+
+
+def test_ltx_guide_with_attention_strength_merges(monkeypatch):
+    """A guide whose strength is not 1 (LTXVAddGuide, ComfyUI 0.33) makes LTX give its blocks a
+    guide attention mask (the guide tokens at the end of the sequence): every block merges, the
+    merged blocks follow the plan and get the full mask shortened with the video
+    (check_guide_masks). Earlier ComfyUI versions have no such mask."""
 
     name = "ltxv_guide"
     model = tiny_patcher(name)
@@ -867,8 +890,13 @@ def test_ltx_guide_with_attention_strength_runs_unmerged(caplog):
         return
     positive, negative = lt._append_guide_attention_entry(
         x.positive, x.negative, height * width, [1, height, width], strength=0.5)
-    run = {"steps": 1, "cfg": cfg, "noise_mask": x.noise_mask}
-    assert_runs_unmerged(model, x.latent, positive, negative, run, "self_attention_mask", caplog)
+    sent: list[dict] = []
+    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
+    run = recorded_run(name, base=model, x=dataclasses.replace(x, positive=positive,
+                                                               negative=negative))
+    check_merged_blocks(name, *run)
+    assert sent[-1]["layers_merged"] == sent[-1]["layers_total"] > 0
+    check_guide_masks(run[2], run[3], SUFFIX_FRAMES[name] * height * width)
 
 
 @pytest.mark.parametrize("name", ["ltxv", "ltx2"])

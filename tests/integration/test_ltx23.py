@@ -21,10 +21,11 @@ import types
 from pathlib import Path
 
 import pytest
+import test_dit_families
 import torch
 from test_dit_families import (
     RATIO,
-    assert_runs_unmerged,
+    check_guide_masks,
     check_merged_blocks,
     recorded_run,
     worst_update_error,
@@ -51,7 +52,8 @@ AUDIO_TOKENS = 5        # audio latent frames of the stand-in audio VAE
 GUIDE_STRENGTH = 0.7
 # Relative error of a merged block's update against the unmerged block's (worst_update_error),
 # the measured value x 1.5 (comments: measured on v0.33.0)
-UPDATE_ERROR = {"t2v": 0.8, "i2v": 0.55, "ia2v": 0.55}       # 0.531, 0.366, 0.332
+UPDATE_ERROR = {"t2v": 0.8, "i2v": 0.55, "ia2v": 0.55,       # 0.531, 0.366, 0.332
+                "flf2v": 0.58}                               # 0.382
 
 
 def present() -> bool:
@@ -239,15 +241,41 @@ def test_dual_cfg_guider(task, monkeypatch):
     assert merged.shape == base.shape and torch.isfinite(merged).all()
 
 
-def test_first_last_frame_guides_run_unmerged(caplog):
-    """The first-last-frame templates' guides (LTXVAddGuide at frames 0 and -1, strength 0.7)
-    make ComfyUI build a guide attention mask over the guide tokens' fixed spans: ToMA leaves
-    those model calls unmerged, its samples are the unpatched model's bit for bit, and it says
-    so once."""
+@pytest.mark.rounding          # a measured bound after the destinations' discrete choices
+def test_first_last_frame_guides_merge(monkeypatch):
+    """The first-last-frame templates' guides (LTXVAddGuide at frames 0 and -1, strength 0.7,
+    appended after the video) make ComfyUI give the blocks a guide attention mask: its bias is
+    the same for every video token, so every block merges and gets the full mask less the
+    merged-away video columns, `guide_start` moved back by as many; each merged block's update
+    stays within a measured distance of the unmerged block's. Ratio 0, and every patch
+    installed with merging outside the active steps, give the unpatched samples bit for bit."""
     if not present():
         return
     model, x = tiny_ltx23(), template_inputs("flf2v")
     assert x.latent.unbind()[0].shape[2] == 3 + 2              # two guide frames appended
+    # test_dit_families' checks on this layout: the two guide frames after the grid, and
+    # regions one frame deep (the guide frames' own timesteps: one compressed row a frame)
+    monkeypatch.setitem(test_dit_families.SUFFIX_FRAMES, "ltx2", 2)
+    monkeypatch.setattr(test_dit_families, "frames_deep", lambda name: 1)
+    monkeypatch.setitem(test_dit_families.EXPECTED_REGIONS, (3, 7, 9, 1),
+                        ((1, 1, 1), (7,), (9,)))
     run = {"steps": 1, "cfg": 2.0, "noise_mask": x.noise_mask}
-    assert_runs_unmerged(model, x.latent, x.positive, x.negative, run, "self_attention_mask",
-                         caplog)
+    base = ch.flat(ch.sample(model, x.latent, x.positive, x.negative, **run))
+    zero = apply_toma(model, make_options(0.0, skip_blocks="none"))
+    assert torch.equal(ch.flat(ch.sample(zero, x.latent, x.positive, x.negative, **run)), base)
+    sent: list[dict] = []
+    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
+    idle = apply_toma(model, make_options(RATIO, skip_blocks="none", start_percent=0.4,
+                                          end_percent=0.5))
+    assert torch.equal(ch.flat(ch.sample(idle, x.latent, x.positive, x.negative, **run)), base)
+    assert sent[-1]["layers_total"] > 0 and sent[-1]["layers_merged"] == 0
+    name = "ltx2"
+    run = recorded_run(name, base=model, x=x)
+    _, _, inner, outer, out = run
+    check_merged_blocks(name, *run)
+    assert sent[-1]["layers_merged"] == sent[-1]["layers_total"] > 0
+    check_guide_masks(inner, outer, 2 * 7 * 9)             # two guide frames of 7 x 9
+    worst = worst_update_error(name, *run)
+    print(f"LTX-2.3 flf2v: worst relative error of a merged block's update {worst:.3f}")
+    assert worst <= UPDATE_ERROR["flf2v"]
+    assert torch.isfinite(out).all()
