@@ -29,12 +29,13 @@ from . import (
     mage_flow,
     minimax_h3,
     qwen_image,
+    scail,
     sd3,
     wan,
 )
 
 MODULES = (flux, wan, hunyuan_video, hunyuan_image, qwen_image, sd3, lumina, ltx, hidream,
-           hidream_o1, kandinsky5, krea2, minimax_h3, mage_flow, anima)
+           hidream_o1, kandinsky5, krea2, minimax_h3, mage_flow, anima, scail)
 UNET_MODELS = "SDXL, SD1.5 and SD2 (ComfyUI's UNet)"
 
 
