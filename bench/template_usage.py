@@ -81,8 +81,9 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("wan_animate_2", Rule("Wan Animate 2", status="WanAnimate2Model")),
     ("s2v", Rule("Wan 2.2 S2V", status="WanModel_S2V")),
     ("humo", Rule("HuMo", status="HumoWanModel")),
-    # Wan variants with a class of their own, none of them in the pack's Wan family
-    ("scail", Rule("SCAIL-2 (Wan 2.1)", status=no_family("SCAIL2WanModel"))),
+    # SCAIL-2: the pack's SCAIL family (tests/integration/test_dit_families.py, wan_scail2)
+    ("scail", Rule("SCAIL-2 (Wan 2.1)", "SCAIL")),
+    # Wan variants with a class of their own, none of them in the pack's families
     ("causal_forcing", Rule("Causal Forcing (Wan 2.1)", status=no_family("CausalWanModel"))),
     ("dancer", Rule("WanDancer (Wan 2.2)", status=no_family("WanDancerModel"))),
     # VOID's two passes are CogVideoX models

@@ -29,12 +29,13 @@ from . import (
     mage_flow,
     minimax_h3,
     qwen_image,
+    scail,
     sd3,
     wan,
 )
 
 MODULES = (flux, wan, hunyuan_video, hunyuan_image, qwen_image, sd3, lumina, ltx, hidream,
-           hidream_o1, kandinsky5, krea2, minimax_h3, mage_flow, anima)
+           hidream_o1, kandinsky5, krea2, minimax_h3, mage_flow, anima, scail)
 UNET_MODELS = "SDXL, SD1.5 and SD2 (ComfyUI's UNet)"
 
 
@@ -49,8 +50,10 @@ def supported_models() -> str:
 # says why (classes by name: some exist only in some ComfyUI versions).
 NOT_MERGED = {
     "WanAnimate2Model": "Wan Animate 2's self-attention splits the video's queries frame by "
-                        "frame, each frame attending its own pose frame; merged tokens span "
-                        "frames",
+                        "frame, each frame attending its own pose frame, with one length "
+                        "(hw) for a frame of queries, its pose frame's keys and the "
+                        "reference frame; merged frames shorter than hw could keep neither "
+                        "the reference frame nor the pose frames whole",
     "WanModel_S2V": "Wan S2V spreads its timestep rows over the sequence by position (with "
                     "motion frames two a frame plus three, across video, reference and motion "
                     "tokens), so a shorter merged sequence would hand tokens other rows",

@@ -52,8 +52,8 @@ PROTECTED_FRAMES = {"wan21_i2v": 1, "wan22_14b_i2v": 1, "wan22_5b_i2v": 1,
                     "wan_animate": 1, "wan_animate_continue": 2}
 SUFFIX_FRAMES = {"ltxv_guide": 1}
 # Tokens in front of the latent's grid, in frames' worth, that never merge (Wan Fun's reference
-# image through ref_conv: one frame of tokens).
-PREFIX_FRAMES = {"wan22_fun_control": 1}
+# image through ref_conv: one frame of tokens; SCAIL's reference frame in front in time).
+PREFIX_FRAMES = {"wan22_fun_control": 1, "wan_scail": 1, "wan_scail2": 1}
 NAMES = list(FAMILIES)
 
 
@@ -506,6 +506,8 @@ UPDATE_ERROR = {
     "wan22_camera_i2v": 0.37,   # 0.247
     "wan_animate": 0.37,   # 0.244
     "wan_animate_continue": 0.27,   # 0.178
+    "wan_scail": 0.40,   # 0.262 (v0.33.0)
+    "wan_scail2": 0.40,   # 0.261 (v0.33.0)
     "qwen_image_edit_2511": 0.84,   # 0.560
     "flux2_timestep_zero": 0.81,   # 0.541 (v0.8.0; 0.522 on v0.33.0)
     "chroma_radiance": 0.39,   # 0.258

@@ -519,6 +519,35 @@ def wan_animate_guides(face_frames: int = 0, continue_motion: bool = False
     return guides
 
 
+def wan_scail_guides(masks: bool) -> Callable[..., tuple]:
+    """WanSCAILToVideo with a seeded reference image, pose video and CLIP-vision output, and
+    with `masks` (SCAIL-2's replacement mode, as its templates run it) a pose video mask and a
+    reference image mask: ComfyUI's own node hands the reference latent (put in front of the
+    video in time), the pose latents at half the video's size (their tokens after the video)
+    and, with masks, SCAIL-2's identity mask streams."""
+    def guides(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any, negative: Any,
+               seed: int) -> tuple:
+        import comfy_harness
+
+        comfy_harness.comfy_top_level_nodes()
+        from comfy_extras.nodes_scail import WanSCAILToVideo
+
+        batch, _, frames, h, w = latent.shape
+        length = (frames - 1) * 4 + 1
+        clip = _clip_vision("penultimate_hidden_states", CLIP_VISION_TOKENS, CLIP_VISION_DIM,
+                            1, seed + 17)
+        shown = (lambda n, s: _pixels(n, h, w, s)) if masks else (lambda n, s: None)
+        out = WanSCAILToVideo.execute(
+            positive, negative, _StubVAE(seed + 12), w * 8, h * 8, length, batch, 1.0, 0.0,
+            1.0, 0, 5, replacement_mode=masks, reference_image=_pixels(1, h, w, seed + 13),
+            clip_vision_output=clip, pose_video=_pixels(length, h, w, seed + 14),
+            pose_video_mask=shown(length, seed + 15),
+            reference_image_mask=shown(1, seed + 16)).result
+        assert out[2]["samples"].shape == latent.shape
+        return latent, mask, out[0], out[1]
+    return guides
+
+
 def _wan_fun_control(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any,
                      negative: Any, seed: int) -> tuple:
     """Wan22FunControlToVideo with a seeded control video and reference image: ComfyUI's own
@@ -689,6 +718,8 @@ _VACE = ("comfy.ldm.wan.model", "VaceWanModel")
 _CAMERA = ("comfy.ldm.wan.model", "CameraWanModel")
 _K5 = ("comfy.ldm.kandinsky5.model", "Kandinsky5")
 _ANIMATE = ("comfy.ldm.wan.model_animate", "AnimateWanModel")
+_SCAIL = ("comfy.ldm.wan.model", "SCAILWanModel")
+_SCAIL2 = ("comfy.ldm.wan.model", "SCAIL2WanModel")
 _KREA2 = ("comfy.ldm.krea2.model", "SingleStreamDiT")
 _MAGE_FLOW = ("comfy.ldm.mage_flow.model", "MageFlowTransformer2DModel")
 _ANIMA = ("comfy.ldm.anima.model", "Anima")
@@ -819,6 +850,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            video=True, guides=wan_animate_guides()),
     Family("wan_animate_continue", "WAN22_Animate", _wan(model_type="animate", in_dim=36),
            _ANIMATE, video=True, guides=wan_animate_guides(continue_motion=True)),
+    # SCAIL (animation mode) and SCAIL-2 (replacement mode with its identity masks, as its
+    # templates run it) through WanSCAILToVideo: a reference frame in front of the video, pose
+    # tokens after it.
+    Family("wan_scail", "WAN21_SCAIL", _wan(model_type="scail", in_dim=20), _SCAIL,
+           video=True, guides=wan_scail_guides(masks=False)),
+    Family("wan_scail2", "WAN21_SCAIL2", _wan(model_type="scail2", in_dim=20), _SCAIL2,
+           video=True, guides=wan_scail_guides(masks=True)),
     # Kandinsky 5 video, text- and image-to-video (Kandinsky5ImageToVideo), and image.
     Family("kandinsky5", "Kandinsky5", _kandinsky5(), _K5, video=True, extra_conds=_pooled),
     Family("kandinsky5_i2v", "Kandinsky5", _kandinsky5(), _K5, video=True,
