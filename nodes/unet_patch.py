@@ -57,10 +57,10 @@ GPU_FIGURE = ("SD1.5 at 512x512 on an H200, projected: 0.98x with its two larges
               "merged, 0.995x with the largest alone")
 # Below this even "all" skips a level: a few tokens per tile leave nothing to merge.
 MIN_TOKENS = 16
-# Self-attention over merged tokens weighted by the merged keys' sizes (docs/quality.md, the
-# real-model section). Off until ComfyUI's MultiGPU CFG split gives the samples of one device
-# with it (docs/quality.md says by how much it does not).
-SIZE_WEIGHTED = False
+# Self-attention over merged tokens weighted by the merged keys' sizes: far closer to unmerged
+# on a real trained UNet and on the SDXL-proportioned fixture (docs/quality.md, the real-model
+# section).
+SIZE_WEIGHTED = True
 # On ToMA's block forwards: the UNetToMA they belong to (a block hands its grid on in region
 # order only to a forward of its own node).
 OWNER = "_toma_unet"
@@ -335,7 +335,7 @@ def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan
         bias = None
         if plan is not None and k.shape[1] == plan.merged_tokens:
             # the kept bias read inline: no call per block once it is made
-            bias = plan._rows.get(("size_bias", k.shape[1], 0, q.dtype))
+            bias = plan.size_biases.get((k.shape[1], 0, q.dtype))
             if bias is None:
                 bias = size_bias(plan, k.shape[1], 0, q.dtype)
         # looked up per call, as CrossAttention's own call does (the attention ComfyUI chose)

@@ -26,15 +26,15 @@ def size_bias(plan: MergePlan, length: int, prefix: int = 0,
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The additive mask of size-weighted attention for a merged sequence of `length` tokens
     whose grid starts at `prefix`: [B, 1, 1, length], log(size) over the grid, 0 elsewhere.
-    Made once per plan, length, prefix and dtype."""
-    key = ("size_bias", length, prefix, dtype)
-    found = plan._rows.get(key)
+    Made once per plan, length, prefix and dtype (kept in plan.size_biases under that key)."""
+    key = (length, prefix, dtype)
+    found = plan.size_biases.get(key)
     if found is None:
         bias = plan.key_sizes().log()
         tail = length - prefix - bias.shape[1]
         if prefix or tail:
             bias = torch.nn.functional.pad(bias, (prefix, tail))
-        found = plan._rows[key] = bias.to(dtype)[:, None, None]
+        found = plan.size_biases[key] = bias.to(dtype)[:, None, None]
     return found
 
 

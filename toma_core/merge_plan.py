@@ -77,6 +77,9 @@ class MergePlan:
     (the merged sequence's order); merge_w [B*R, k, S] and unmerge_w [B*R, S, k]: M and U in
     the activations' dtype (pad slots have zero weight); assignment [B*R, S, k]: P^T where
     unmerge_w is something else (pinv), None where it is P^T (key_sizes reads it).
+    size_biases: the additive masks of size-weighted attention (attention.size_bias) by
+    (length, prefix, dtype), made on first use and kept for the plan's life; a hot path reads
+    them here inline and calls size_bias only where one is missing.
     Regions of a sequence shard (SpanRegions) keep unequal numbers of destinations: k is the
     most any keeps, the others' places are pads (zero weights), and the merged sequence holds
     only the real ones: one gather from the padded R*k order (tables.compact) after the merge
@@ -93,6 +96,7 @@ class MergePlan:
     assignment: torch.Tensor | None = None
     _cast: dict = field(default_factory=dict, repr=False)
     _rows: dict = field(default_factory=dict, repr=False)
+    size_biases: dict = field(default_factory=dict, repr=False)
     # derived once: blocks read them on every call, where a property is a Python call each
     tokens: int = field(init=False, repr=False)          # N, grid tokens before merging
     merged_tokens: int = field(init=False, repr=False)   # grid tokens after merging (R * k)
