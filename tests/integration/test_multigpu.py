@@ -36,11 +36,12 @@ from toma_pack.toma_core import plan_op
 STEPS = 3
 SECOND = torch.device("cpu", 0)
 ROW = {row.node: row for row in ROWS if row.pack == "ComfyUI"}
-# Relative L2 of ToMA's samples to the same multi-GPU run unmerged: 1.5 x measured (0.389, as
-# far as ToMA moves the single-device run; 0.391 size-weighted).
+# Relative L2 of ToMA's samples to the same multi-GPU run unmerged: 1.5 x measured (0.391, as
+# far as ToMA moves the single-device run).
 BOUND = 0.58
 # Relative L2 of the CFG split's samples to ToMA's on one device, both merging with the same
-# destinations: the batch split's rounding. Measured 5.0e-6 (5.4e-6 without size weighting).
+# destinations: the batch split's rounding. Measured 5.0e-6 (avx512; 5.4e-6 without size
+# weighting), 6.4e-6 (ATEN_CPU_CAPABILITY avx2), 3.1e-6 (default).
 SAME_DESTINATIONS_BOUND = 2e-5
 # A greedy pick of the split run parting from one device's at a tie to float precision gains
 # about a gain's rounding more (64 tokens per region x 2 x 1e-6; measured 0 to 1.2e-7).
