@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from .merge_plan import MergePlan
+from .regions import compiling
 
 # attend(tokens [B, L', C], bias [B, 1, 1, L'] or None) -> [B, L', C]: an attention whose keys
 # come from `tokens`, taking `bias` as an additive mask on their logits
@@ -34,7 +35,9 @@ def size_bias(plan: MergePlan, length: int, prefix: int = 0,
         tail = length - prefix - bias.shape[1]
         if prefix or tail:
             bias = torch.nn.functional.pad(bias, (prefix, tail))
-        found = plan.size_biases[key] = bias.to(dtype)[:, None, None]
+        found = bias.to(dtype)[:, None, None]
+        if not compiling():     # a traced graph makes its own (a kept one is guarded on)
+            plan.size_biases[key] = found
     return found
 
 

@@ -37,7 +37,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from .plan_op import plan_weights, plan_weights_reference
-from .regions import REGION_MODES, RegionMode, Regions, RegionTables, make_regions
+from .regions import REGION_MODES, RegionMode, Regions, RegionTables, compiling, make_regions
 from .shards import SpanRegions
 
 UnmergeMethod = Literal["transpose", "pinv"]
@@ -153,14 +153,16 @@ class MergePlan:
     def key_sizes(self) -> torch.Tensor:
         """[B, merged_tokens] float32: how many grid tokens each merged token stands for (its
         row of P summed: the keys' weights of size-weighted attention, attention.py). Made on
-        first use and kept: only size-weighted attention reads them."""
+        first use and kept (outside torch.compile's tracing): only size-weighted attention reads
+        them."""
         found = self._rows.get("key_sizes")
         if found is None:
             p_t = self.unmerge_w if self.assignment is None else self.assignment
             found = p_t.sum(1, dtype=torch.float32).view(self.items, -1)
             if self.compact is not None:      # ragged counts: the real destinations only
                 found = found.index_select(1, self.compact)
-            self._rows["key_sizes"] = found
+            if not compiling():     # a traced graph makes its own (a kept one is guarded on)
+                self._rows["key_sizes"] = found
         return found
 
     def merge(self, x: torch.Tensor, prefix: int = 0) -> torch.Tensor:
