@@ -144,6 +144,16 @@ def _mage_flow() -> dict[str, Any]:
             "joint_attention_dim": TEXT_DIM, "axes_dims_rope": (4, 6, 6)}
 
 
+def _boogu() -> dict[str, Any]:
+    """Boogu-Image: patch 2 over 16 channels, width 64 in 4 query and 2 key/value heads of 16
+    (RoPE axes 4+6+6), one refiner of each kind, 2 double- and 2 single-stream blocks."""
+    return {"image_model": "boogu", "patch_size": 2, "in_channels": 16, "hidden_size": 64,
+            "num_layers": 2, "num_double_stream_layers": 2, "num_refiner_layers": 1,
+            "num_attention_heads": 4, "num_kv_heads": 2, "multiple_of": 16,
+            "axes_dim_rope": (4, 6, 6), "axes_lens": (256, 256, 256),
+            "instruction_feat_dim": TEXT_DIM}
+
+
 def _anima() -> dict[str, Any]:
     """Anima: Cosmos Predict2's blocks at width 64, 4 heads of 16 (3-D RoPE 8+4+4), patch
     (1, 2, 2), AdaLN-LoRA of 16 (the real layout's shape at toy width); its LLM adapter is
@@ -611,6 +621,16 @@ def _qwen_edit(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     return {"reference_latents": [_randn(1, 16, 1, h + 2, max(w - 2, 2), seed=seed + 9)]}
 
 
+def _boogu_edit(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """TextEncodeBooguEdit's conditioning: the text's attention mask, and one reference latent
+    [1, 16, h, w] of another size than the output (its tokens in front of the image's).
+    Smaller than the node's own (which scales the image to about 1 Mpx): a tiny model on the
+    CPU."""
+    h, w = shape[-2], shape[-1]
+    return {**_text_mask(batch, shape, seed),
+            "reference_latents": [_randn(1, 16, h + 2, max(w - 2, 2), seed=seed + 9)]}
+
+
 def _hunyuan_i2v_concat(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     """HunyuanImageToVideo "v1 (concat)": start image latent and concat_mask (0 on frame 0)."""
     return {**_pooled(batch, shape, seed), **_wan_concat(batch, shape, seed)}
@@ -723,6 +743,7 @@ _SCAIL2 = ("comfy.ldm.wan.model", "SCAIL2WanModel")
 _KREA2 = ("comfy.ldm.krea2.model", "SingleStreamDiT")
 _MAGE_FLOW = ("comfy.ldm.mage_flow.model", "MageFlowTransformer2DModel")
 _ANIMA = ("comfy.ldm.anima.model", "Anima")
+_BOOGU = ("comfy.ldm.boogu.model", "BooguTransformer2DModel")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -874,6 +895,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Anima text-to-image (its text through the LLM adapter, as CLIPTextEncode conditions it)
     Family("anima", "Anima", _anima, _ANIMA, frames_dim=True, text_dim=1024,
            guides=_anima_text),
+    # Boogu-Image text-to-image, and editing one reference (TextEncodeBooguEdit's conds)
+    Family("boogu", "Boogu", _boogu, _BOOGU, extra_conds=_text_mask),
+    Family("boogu_edit", "Boogu", _boogu, _BOOGU, extra_conds=_boogu_edit),
 )}
 
 
