@@ -116,7 +116,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("flux-2", Rule("Flux 2 (Klein)", "Flux 2")),
     ("flux2", Rule("Flux 2", "Flux 2")),
     ("anima", Rule("Anima", "Anima")),
-    ("boogu", Rule("Boogu", status=no_family("Boogu"))),
+    ("boogu", Rule("Boogu-Image", "Boogu-Image")),
     ("joyai", Rule("JoyAI Image Edit", status=no_family("JoyImage"))),
     ("ernie", Rule("ERNIE-Image", status=no_family("ErnieImage"))),
     ("hidream_o1", Rule("HiDream-O1", "HiDream-O1")),
