@@ -23,6 +23,7 @@ from . import (
     hidream_o1,
     hunyuan_image,
     hunyuan_video,
+    ideogram4,
     kandinsky5,
     krea2,
     ltx,
@@ -36,7 +37,8 @@ from . import (
 )
 
 MODULES = (flux, wan, hunyuan_video, hunyuan_image, qwen_image, sd3, lumina, ltx, hidream,
-           hidream_o1, kandinsky5, krea2, minimax_h3, mage_flow, anima, scail, boogu)
+           hidream_o1, kandinsky5, krea2, minimax_h3, mage_flow, anima, scail, boogu,
+           ideogram4)
 UNET_MODELS = "SDXL, SD1.5 and SD2 (ComfyUI's UNet)"
 
 

@@ -60,7 +60,7 @@ NAMES = list(FAMILIES)
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
                    "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat",
-                   "mage_flow", "anima", "boogu"):
+                   "mage_flow", "anima", "boogu", "ideogram4"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -126,6 +126,8 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
         return txt_len, txt_len
     if g == "krea2":             # [text (its length kept by the text fusion); image; references]
         return TEXT_TOKENS, TEXT_TOKENS
+    if g == "ideogram4":         # [text (none without a context); image]
+        return args["x"].shape[1] - frame_tokens, args["x"].shape[1] - frame_tokens
     if g == "boogu":             # double: image stream [references; image], text apart;
         if kind == "joint":      # single: [text; references; image]
             references = args["img_hidden_states"].shape[1] - frame_tokens
@@ -252,6 +254,8 @@ PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "block": ("freqs",),
       "joint": ("joint_rotary_emb",), "omnigen": ("image_rotary_emb",)}
 # Arguments holding positional rows over the stream alone (Boogu's image self-attention).
 STREAM_PE = {"joint": ("img_rotary_emb",)}
+# Attention masks over the block's sequence [B, 1, L, L] (Ideogram 4's text padding segment).
+MASK = {"ideogram4_padded": "attn_mask"}
 # The separate text stream of two-stream blocks: it reaches the block as it came.
 TEXT = {"hidream": "text_tokens", "boogu": "instruct_hidden_states"}
 # Arguments holding modulation rows spread evenly over the stream (ComfyUI's repeat_e and
@@ -422,6 +426,13 @@ def check_merged_blocks(name: str, base, x, inner_rec: Recorder, outer_rec: Reco
                 assert torch.equal(other_a, other_b)
         for key in ROWS.get(name, ROWS.get(group(name), ())):
             assert_token_rows(a[key], b[key], got.shape[1], given.shape[1], plan, offset)
+        if name in MASK:                  # each item's mask at its merged sequence's positions
+            positions = plan.position_rows(given.shape[1], offset)
+            mask_in, mask_out = a[MASK[name]], b[MASK[name]]
+            assert mask_out.shape[-1] == given.shape[1] and bool((mask_out != 0).any())
+            for item in range(plan.items):
+                rows = positions[item]
+                assert torch.equal(mask_in[item], mask_out[item][:, rows][:, :, rows])
         sequences = [(key, seq_start) for key in PE.get(kind, PE.get(group(name), ("pe",)))]
         sequences += [(key, offset) for key in STREAM_PE.get(kind, ())]
         for pe_key, start in sequences:       # each argument's rows over its own sequence
@@ -537,6 +548,8 @@ UPDATE_ERROR = {
     "anima": 0.71,   # 0.475 (v0.33.0)
     "boogu": 1.15,   # 0.769 (v0.33.0)
     "boogu_edit": 0.75,   # 0.501 (v0.33.0)
+    "ideogram4": 1.14,   # 0.760 (v0.33.0)
+    "ideogram4_padded": 1.13,   # 0.755 (v0.33.0)
 }
 
 
