@@ -112,7 +112,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("qwen_image", Rule("Qwen-Image (and Edit)", "Qwen-Image")),
     ("firered", Rule("FireRed Image Edit (Qwen-Image-Edit's class)", "Qwen-Image")),
     ("krea2", Rule("Krea 2", "Krea 2")),
-    ("ideogram4", Rule("Ideogram 4", status=no_family("Ideogram4"))),
+    ("ideogram4", Rule("Ideogram 4", "Ideogram 4")),
     ("flux-2", Rule("Flux 2 (Klein)", "Flux 2")),
     ("flux2", Rule("Flux 2", "Flux 2")),
     ("anima", Rule("Anima", "Anima")),
