@@ -55,6 +55,8 @@ class BlockKind:
     more_pe: other arguments holding positional rows over the same sequence (LTX-2's video
     side of its audio-video attention); a positional-rows argument is a tensor or a tuple whose
     tensors are rows (LTX's (rotation, split) pair);
+    stream_pe: arguments holding positional rows over the stream alone, for a block that also
+    attends over the stream without the text (an image self-attention beside a joint one);
     pe_heads: the positional rows are [1, L, D] and the block broadcasts them over its
     [B, H, L, D] queries and keys (HiDream-O1's): merged per batch item they become
     [B, 1, L', D], the head axis made explicit;
@@ -97,6 +99,7 @@ class BlockKind:
     rows: tuple[str, ...] = ()
     rows_dims: int | None = None
     more_pe: tuple[str, ...] = ()
+    stream_pe: tuple[str, ...] = ()
     pe_heads: bool = False
     stream_item: int | None = None
     opaque: tuple[str, ...] = ()
@@ -120,7 +123,7 @@ class BlockKind:
         opaque and shortened ones aside: a block loop may not hand them at all): what a
         family's contract requires ComfyUI's block loop or the block's forward to name so."""
         names = (self.stream, self.txt, self.pe, self.mask, *self.rows, *self.more_pe,
-                 *self.spans)
+                 *self.stream_pe, *self.spans)
         return tuple(dict.fromkeys(name for name in names if name))
 
 

@@ -278,14 +278,14 @@ class DiTToMA:
         """Whether positional rows and mask line up with the sequence, no opaque argument is
         set, and no other pack's in-block patch reads tokens by their grid position (else the
         block runs unmerged)."""
-        for name in (kind.pe, *kind.more_pe) if kind.pe else kind.more_pe:
+        for name, seq in positional(kind, lay, args):
             value = args.get(name)
-            for pe in (position_tensors(value) if lay.pe_item is None
-                       else sequence_positions(value, lay.pe_item)):
-                axis = token_axis(pe, lay.seq_len)
-                if axis is None or pe.shape[axis] != lay.seq_len:
+            for pe in (position_tensors(value) if seq.pe_item is None
+                       else sequence_positions(value, seq.pe_item)):
+                axis = token_axis(pe, seq.seq_len)
+                if axis is None or pe.shape[axis] != seq.seq_len:
                     call.note(f"positional rows {tuple(pe.shape)} do not match the "
-                              f"{lay.seq_len}-token sequence; block {layer} and "
+                              f"{seq.seq_len}-token sequence; block {layer} and "
                               f"others like it run unmerged")
                     return False
         mask = args.get(kind.mask) if kind.mask else None
@@ -373,12 +373,12 @@ class DiTToMA:
             merged, base = plan.begin(stream, lay.offset)
             out[kind.stream] = merged if kind.bare else with_stream(
                 kind, args[kind.stream], merged)      # a bare tensor without a further call
-        for name in (kind.pe, *kind.more_pe) if kind.pe else kind.more_pe:
+        for name, seq in positional(kind, lay, args):
             value = args.get(name)
             if position_tensors(value):
-                out[name] = self.once(call, ("pe", name, key), value, lambda v=value: (
-                    map_positions(v, lambda pe: merged_rows_of(kind, plan, pe, lay),
-                                  lay.pe_item)))
+                out[name] = self.once(call, ("pe", name, key), value, lambda v=value, q=seq: (
+                    map_positions(v, lambda pe: merged_rows_of(kind, plan, pe, q),
+                                  q.pe_item)))
         mask = args.get(kind.mask) if kind.mask else None
         if isinstance(mask, torch.Tensor):
             out[kind.mask] = self.once(call, ("mask", key), mask, lambda: merge_mask(
@@ -518,6 +518,17 @@ class DiTToMA:
             return original(*args, **kwargs)
 
         return forward
+
+
+def positional(kind: BlockKind, lay: Layout, args: dict) -> tuple[tuple[str, Layout], ...]:
+    """(argument, the layout its rows follow) for each positional-rows argument of a block
+    call: the attention sequence's `lay`, and for kind.stream_pe the stream's own tokens."""
+    names = (kind.pe, *kind.more_pe) if kind.pe else kind.more_pe
+    found = tuple((name, lay) for name in names)
+    if not kind.stream_pe:
+        return found
+    stream = Layout(lay.offset, lay.offset, stream_of(kind, args.get(kind.stream)).shape[1])
+    return (*found, *((name, stream) for name in kind.stream_pe))
 
 
 def same_object(a: object, b: object) -> bool:

@@ -17,11 +17,13 @@ from ..contracts import block_mismatches, claimed, mismatches, refusal
 from ..dit_families import Family
 from . import (
     anima,
+    boogu,
     flux,
     hidream,
     hidream_o1,
     hunyuan_image,
     hunyuan_video,
+    ideogram4,
     kandinsky5,
     krea2,
     ltx,
@@ -35,7 +37,8 @@ from . import (
 )
 
 MODULES = (flux, wan, hunyuan_video, hunyuan_image, qwen_image, sd3, lumina, ltx, hidream,
-           hidream_o1, kandinsky5, krea2, minimax_h3, mage_flow, anima, scail)
+           hidream_o1, kandinsky5, krea2, minimax_h3, mage_flow, anima, scail, boogu,
+           ideogram4)
 UNET_MODELS = "SDXL, SD1.5 and SD2 (ComfyUI's UNet)"
 
 

@@ -60,7 +60,7 @@ NAMES = list(FAMILIES)
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
                    "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat",
-                   "mage_flow", "anima"):
+                   "mage_flow", "anima", "boogu", "ideogram4"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -126,6 +126,14 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
         return txt_len, txt_len
     if g == "krea2":             # [text (its length kept by the text fusion); image; references]
         return TEXT_TOKENS, TEXT_TOKENS
+    if g == "ideogram4":         # [text (none without a context); image]
+        return args["x"].shape[1] - frame_tokens, args["x"].shape[1] - frame_tokens
+    if g == "boogu":             # double: image stream [references; image], text apart;
+        if kind == "joint":      # single: [text; references; image]
+            references = args["img_hidden_states"].shape[1] - frame_tokens
+            return references, TEXT_TOKENS + references
+        return args["hidden_states"].shape[1] - frame_tokens, args["hidden_states"].shape[1] \
+            - frame_tokens
     return protected, protected                                 # Wan, SD3, LTX, HiDream
 
 
@@ -162,6 +170,8 @@ class Recorder:
             blocks = [KREA2_BLOCKS]
         if type(dm).__name__ == ANIMA_MODEL:
             blocks = [ANIMA_BLOCKS]
+        if type(dm).__name__ == BOOGU_MODEL:
+            blocks = list(BOOGU_BLOCKS)
         for kind, attr in blocks:                   # Lumina 2 / Z-Image, HiDream, Kandinsky 5
             for i, layer in enumerate(getattr(dm, attr)):
                 key = f"diffusion_model.{attr}.{i}.forward"
@@ -215,13 +225,17 @@ def stream_out(out: dict):
 # Blocks ComfyUI calls without replace patches: (kind, diffusion model attribute).
 OBJECT_BLOCKS = (("layer", "layers"), ("double_block", "double_stream_blocks"),
                  ("single_block", "single_stream_blocks"), ("visual", "visual_transformer_blocks"))
-STREAM = {"layer": "x", "visual": "visual_embed", "block": "x", "cosmos": "x_B_T_H_W_D"}
+STREAM = {"layer": "x", "visual": "visual_embed", "block": "x", "cosmos": "x_B_T_H_W_D",
+          "joint": "img_hidden_states", "omnigen": "hidden_states"}
 # Krea 2's blocks (`blocks`, a name Wan's replace-patched blocks have too)
 KREA2_MODEL = "SingleStreamDiT"
 KREA2_BLOCKS = ("block", "blocks")
 # Anima's blocks (Cosmos Predict2's, `blocks` too)
 ANIMA_MODEL = "Anima"
 ANIMA_BLOCKS = ("cosmos", "blocks")
+# Boogu-Image's double-stream (joint) and single-stream (OmniGen2's) blocks
+BOOGU_MODEL = "BooguTransformer2DModel"
+BOOGU_BLOCKS = (("joint", "double_stream_layers"), ("omnigen", "single_stream_layers"))
 
 
 def stream_name(name: str, kind: str) -> str:
@@ -236,9 +250,14 @@ def stream_name(name: str, kind: str) -> str:
 # tensors are rows: LTX's (rotation, split) pair, (cos, sin) before ComfyUI 0.8).
 PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "block": ("freqs",),
       "cosmos": ("rope_emb_L_1_1_D",),
-      "ltx2": ("v_pe", "v_cross_pe"), "hidream": ("rope",), "hidream_o1": ("freqs_cis",)}
+      "ltx2": ("v_pe", "v_cross_pe"), "hidream": ("rope",), "hidream_o1": ("freqs_cis",),
+      "joint": ("joint_rotary_emb",), "omnigen": ("image_rotary_emb",)}
+# Arguments holding positional rows over the stream alone (Boogu's image self-attention).
+STREAM_PE = {"joint": ("img_rotary_emb",)}
+# Attention masks over the block's sequence [B, 1, L, L] (Ideogram 4's text padding segment).
+MASK = {"ideogram4_padded": "attn_mask"}
 # The separate text stream of two-stream blocks: it reaches the block as it came.
-TEXT = {"hidream": "text_tokens"}
+TEXT = {"hidream": "text_tokens", "boogu": "instruct_hidden_states"}
 # Arguments holding modulation rows spread evenly over the stream (ComfyUI's repeat_e and
 # LTX-2's compressed timesteps: R rows of L / R tokens each).
 # Wan VACE's and the Wan camera model's `vec` is one modulation for every token ([B, 6, C]),
@@ -407,7 +426,16 @@ def check_merged_blocks(name: str, base, x, inner_rec: Recorder, outer_rec: Reco
                 assert torch.equal(other_a, other_b)
         for key in ROWS.get(name, ROWS.get(group(name), ())):
             assert_token_rows(a[key], b[key], got.shape[1], given.shape[1], plan, offset)
-        for pe_key in PE.get(kind, PE.get(group(name), ("pe",))):
+        if name in MASK:                  # each item's mask at its merged sequence's positions
+            positions = plan.position_rows(given.shape[1], offset)
+            mask_in, mask_out = a[MASK[name]], b[MASK[name]]
+            assert mask_out.shape[-1] == given.shape[1] and bool((mask_out != 0).any())
+            for item in range(plan.items):
+                rows = positions[item]
+                assert torch.equal(mask_in[item], mask_out[item][:, rows][:, :, rows])
+        sequences = [(key, seq_start) for key in PE.get(kind, PE.get(group(name), ("pe",)))]
+        sequences += [(key, offset) for key in STREAM_PE.get(kind, ())]
+        for pe_key, start in sequences:       # each argument's rows over its own sequence
             pe_pairs = list(zip(position_tensors(a.get(pe_key)),
                                 position_tensors(b.get(pe_key)), strict=True))
             for pe_in, pe_out in pe_pairs:
@@ -416,14 +444,14 @@ def check_merged_blocks(name: str, base, x, inner_rec: Recorder, outer_rec: Reco
                 axis = 2 if pe_out.shape[1] == 1 else 1
                 for item, dest in enumerate(plan.dest_tokens):
                     i = min(item, pe_out.shape[0] - 1)
-                    rows = pe_in[min(item, pe_in.shape[0] - 1)].narrow(axis - 1, seq_start, m)
-                    assert torch.equal(rows, pe_out[i].index_select(axis - 1, seq_start + dest))
-                assert torch.equal(pe_in.narrow(axis, 0, seq_start)[:1],
-                                   pe_out.narrow(axis, 0, seq_start)[:1])
-                assert torch.equal(pe_in.narrow(axis, seq_start + m, pe_in.shape[axis] - seq_start
+                    rows = pe_in[min(item, pe_in.shape[0] - 1)].narrow(axis - 1, start, m)
+                    assert torch.equal(rows, pe_out[i].index_select(axis - 1, start + dest))
+                assert torch.equal(pe_in.narrow(axis, 0, start)[:1],
+                                   pe_out.narrow(axis, 0, start)[:1])
+                assert torch.equal(pe_in.narrow(axis, start + m, pe_in.shape[axis] - start
                                                 - m)[:1],
-                                   pe_out.narrow(axis, seq_start + n, pe_out.shape[axis]
-                                                 - seq_start - n)[:1])
+                                   pe_out.narrow(axis, start + n, pe_out.shape[axis]
+                                                 - start - n)[:1])
 
 
 def position_tensors(value) -> list[torch.Tensor]:
@@ -518,6 +546,10 @@ UPDATE_ERROR = {
     "mage_flow": 0.95,   # 0.632 (v0.33.0)
     "mage_flow_edit": 0.54,   # 0.361 (v0.33.0)
     "anima": 0.71,   # 0.475 (v0.33.0)
+    "boogu": 1.15,   # 0.769 (v0.33.0)
+    "boogu_edit": 0.75,   # 0.501 (v0.33.0)
+    "ideogram4": 1.14,   # 0.760 (v0.33.0)
+    "ideogram4_padded": 1.13,   # 0.755 (v0.33.0)
 }
 
 

@@ -164,7 +164,8 @@ DIT_ARGS = {"wan": _TWO_STREAM_ARGS, "kandinsky5": {}, "qwen": _TWO_STREAM_ARGS,
             "lumina2": {}, "z_image": {}, "hidream_o1": _HIDREAM_O1_ARGS, "hidream": {},
             "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS,
             "ltxv": _LTXV_ARGS, "ltx2": _LTX2_ARGS, "krea2": {},
-            "longcat": _FLUX_ARGS, "mage_flow": _TWO_STREAM_ARGS, "anima": {}}
+            "longcat": _FLUX_ARGS, "mage_flow": _TWO_STREAM_ARGS, "anima": {}, "boogu": {},
+            "ideogram4": {}}
 
 
 # Conditioning whose latent's tokens the family's stream holds after the image's (SCAIL's pose

@@ -77,7 +77,9 @@ class Family:
     conditioning node code has added what it adds there (LTXVAddGuide's guide frames,
     WanVaceToVideo's VACE context, Kandinsky5ImageToVideo's start image);
     scale: latent pixels per unit of the sizes `inputs` takes (HiDream-O1 samples pixels, which
-    its model cuts into 32-pixel patches without padding: sizes count its patches).
+    its model cuts into 32-pixel patches without padding: sizes count its patches);
+    own_sizes: the config class's unet_extra_config overlays the real widths (Ideogram 4):
+    the toy unet_config is put back over them.
     """
 
     name: str
@@ -95,6 +97,7 @@ class Family:
     audio_tokens: int = 0
     guides: Callable[..., tuple] | None = None
     scale: int = 1
+    own_sizes: bool = False
 
 
 # Toy unet_configs, in each family's real layout -------------------------------------------------
@@ -142,6 +145,26 @@ def _mage_flow() -> dict[str, Any]:
     return {"image_model": "mage_flow", "in_channels": 128, "out_channels": 128,
             "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 4,
             "joint_attention_dim": TEXT_DIM, "axes_dims_rope": (4, 6, 6)}
+
+
+def _boogu() -> dict[str, Any]:
+    """Boogu-Image: patch 2 over 16 channels, width 64 in 4 query and 2 key/value heads of 16
+    (RoPE axes 4+6+6), one refiner of each kind, 2 double- and 2 single-stream blocks."""
+    return {"image_model": "boogu", "patch_size": 2, "in_channels": 16, "hidden_size": 64,
+            "num_layers": 2, "num_double_stream_layers": 2, "num_refiner_layers": 1,
+            "num_attention_heads": 4, "num_kv_heads": 2, "multiple_of": 16,
+            "axes_dim_rope": (4, 6, 6), "axes_lens": (256, 256, 256),
+            "instruction_feat_dim": TEXT_DIM}
+
+
+def _ideogram4() -> dict[str, Any]:
+    """Ideogram 4: the 128-channel latent one pixel a token (its 2x2 patches in the channels),
+    width 64 in 4 heads of 16 (interleaved MRoPE sections 4+2+2, half the head as the real
+    model's), the text context TEXT_DIM wide."""
+    return {"image_model": "ideogram4", "in_channels": 128, "num_layers": 2,
+            "num_attention_heads": 4, "attention_head_dim": 16, "intermediate_size": 128,
+            "adaln_dim": 32, "llm_features_dim": TEXT_DIM, "rope_theta": 10000,
+            "mrope_section": [4, 2, 2], "norm_eps": 1e-5}
 
 
 def _anima() -> dict[str, Any]:
@@ -611,6 +634,24 @@ def _qwen_edit(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     return {"reference_latents": [_randn(1, 16, 1, h + 2, max(w - 2, 2), seed=seed + 9)]}
 
 
+def _boogu_edit(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """TextEncodeBooguEdit's conditioning: the text's attention mask, and one reference latent
+    [1, 16, h, w] of another size than the output (its tokens in front of the image's).
+    Smaller than the node's own (which scales the image to about 1 Mpx): a tiny model on the
+    CPU."""
+    h, w = shape[-2], shape[-1]
+    return {**_text_mask(batch, shape, seed),
+            "reference_latents": [_randn(1, 16, h + 2, max(w - 2, 2), seed=seed + 9)]}
+
+
+def _padded_text_mask(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """A text encoder's attention mask [1, L] whose last two tokens are padding (0): Ideogram
+    4 puts them in an attention segment of their own (its blocks' mask)."""
+    mask = torch.ones(1, TEXT_TOKENS, dtype=torch.long)
+    mask[:, -2:] = 0
+    return {"attention_mask": mask}
+
+
 def _hunyuan_i2v_concat(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     """HunyuanImageToVideo "v1 (concat)": start image latent and concat_mask (0 on frame 0)."""
     return {**_pooled(batch, shape, seed), **_wan_concat(batch, shape, seed)}
@@ -723,6 +764,8 @@ _SCAIL2 = ("comfy.ldm.wan.model", "SCAIL2WanModel")
 _KREA2 = ("comfy.ldm.krea2.model", "SingleStreamDiT")
 _MAGE_FLOW = ("comfy.ldm.mage_flow.model", "MageFlowTransformer2DModel")
 _ANIMA = ("comfy.ldm.anima.model", "Anima")
+_BOOGU = ("comfy.ldm.boogu.model", "BooguTransformer2DModel")
+_IDEOGRAM4 = ("comfy.ldm.ideogram4.model", "Ideogram4Transformer2DModel")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -874,6 +917,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Anima text-to-image (its text through the LLM adapter, as CLIPTextEncode conditions it)
     Family("anima", "Anima", _anima, _ANIMA, frames_dim=True, text_dim=1024,
            guides=_anima_text),
+    # Boogu-Image text-to-image, and editing one reference (TextEncodeBooguEdit's conds)
+    Family("boogu", "Boogu", _boogu, _BOOGU, extra_conds=_text_mask),
+    Family("boogu_edit", "Boogu", _boogu, _BOOGU, extra_conds=_boogu_edit),
+    # Ideogram 4 text-to-image, and with padding in the text (its segment attention mask)
+    Family("ideogram4", "Ideogram4", _ideogram4, _IDEOGRAM4, patch=(1, 1, 1), own_sizes=True),
+    Family("ideogram4_padded", "Ideogram4", _ideogram4, _IDEOGRAM4, patch=(1, 1, 1),
+           own_sizes=True, extra_conds=_padded_text_mask),
 )}
 
 
@@ -922,7 +972,10 @@ def tiny_patcher(name: str, seed: int = 0, **overrides: Any) -> ModelPatcher:
     import comfy.supported_models
 
     fam = family(name)
-    config = getattr(comfy.supported_models, fam.config)({**fam.unet_config(), **overrides})
+    toy = {**fam.unet_config(), **overrides}
+    config = getattr(comfy.supported_models, fam.config)(toy)
+    if fam.own_sizes:              # BASE.__init__ overlaid unet_extra_config's real widths
+        config.unet_config.update(toy)
     patcher = _patcher(config, seed)
     _fill_buffers(patcher.model, seed)
     return patcher

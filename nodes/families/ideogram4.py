@@ -1,0 +1,47 @@
+"""Ideogram 4 (comfy/ldm/ideogram4, ComfyUI 0.33 and later): one kind of single-stream block
+on [text; image] (the image alone where a call has no text), which ComfyUI calls without
+replace patches: ToMA patches each block's forward. The latent's channels hold its 2x2 patches,
+so a token is one latent pixel. The text never merges; the RoPE rows and the segment attention
+mask (text padding in a segment of its own) follow the merged image; the modulation is one row
+for every token."""
+
+from __future__ import annotations
+
+import torch
+
+from ..contracts import Contract, Gives
+from ..dit_families import BlockKind, Family, latent_grid, set_grid
+
+# the models of this family, as the node's error and the README name them
+MODELS = "Ideogram 4"
+
+KINDS = (BlockKind("layer", "layers", "", "stream_before", stream="x", txt=None,
+                   pe="freqs_cis", mask="attn_mask", hook="object"),)
+
+IDEOGRAM4 = "comfy.ldm.ideogram4.model:Ideogram4Transformer2DModel"
+
+CONTRACT = Contract(
+    "Ideogram 4",
+    models={IDEOGRAM4: ()},
+    needs=(Gives("comfy.model_base:Ideogram4.extra_conds", ("c_crossattn", "attention_mask"),
+                 what="conditioning"),),
+    blocks={KINDS[0].modules: KINDS[0].arguments},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of an Ideogram 4 model (families.family_of checked it)."""
+    return description()
+
+
+def description(patch: tuple[int, int, int] = (1, 1, 1)) -> Family:
+    """Ideogram 4's Family (benchmarks call blocks without a model call to describe)."""
+
+    def describe(call, base_model, arguments: dict) -> None:
+        """The (1, h, w) grid of latent x [B, C, H, W] and the text in front of it: the
+        context's length (none where the call has no context)."""
+        set_grid(call, latent_grid(arguments.get("x"), patch))
+        context = arguments.get("c_crossattn")
+        call.txt_len = context.shape[1] if torch.is_tensor(context) else 0
+
+    return Family("ideogram4", "Ideogram 4", KINDS, patch, describe)
