@@ -73,6 +73,21 @@ UNIFORM_KINDS = (BlockKind("double_block", "blocks", "", "none"),)
 # control mask folded into 8 x 8 = 64 channels (one per pixel of a latent cell).
 VACE_MASK_CHANNELS = 64
 
+# Models of these classes share Wan's blocks but are left alone, and the error says why
+# (classes by name: some exist only in some ComfyUI versions).
+NOT_MERGED = {
+    "WanAnimate2Model": "Wan Animate 2's self-attention splits the video's queries frame by "
+                        "frame, each frame attending its own pose frame; merged tokens span "
+                        "frames",
+    "WanModel_S2V": "Wan S2V spreads its timestep rows over the sequence by position (with "
+                    "motion frames two a frame plus three, across video, reference and motion "
+                    "tokens), so a shorter merged sequence would hand tokens other rows",
+    "HumoWanModel": "HuMo's audio cross-attention cuts the video's tokens into equal parts, one "
+                    "a frame, and WanHuMoImageToVideo always appends a reference frame (zeros "
+                    "without a reference image) that must not merge, so merged frames could "
+                    "not be equal parts",
+}
+
 WAN = "comfy.ldm.wan.model:WanModel"
 VACE = "comfy.ldm.wan.model:VaceWanModel"
 CAMERA = "comfy.ldm.wan.model:CameraWanModel"
