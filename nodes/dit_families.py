@@ -39,6 +39,20 @@ VIDEO_REGION_FRAMES = 2
 
 
 @dataclass(frozen=True)
+class ShardKind:
+    """How raylight's sequence-parallel forward (sequence_parallel.py) hands one kind of block
+    its shard.
+
+    text_in_stream: the stream is a shard of [text; grid; ...] (Flux's single blocks), the text
+    length the first item of transformer_options["img_slice"] (the whole text's length on every
+    rank); pe_item: the positional-rows argument is a list whose item `pe_item` holds the
+    stream's rows (Qwen-Image: [image rows, text rows]), None: it is the stream's rows alone."""
+
+    text_in_stream: bool = False
+    pe_item: int | None = None
+
+
+@dataclass(frozen=True)
 class BlockKind:
     """One kind of block and how its call carries the tokens.
 
@@ -72,6 +86,8 @@ class BlockKind:
     merged away (token_layout.moved_positions); with hook "dit" ComfyUI's block loop hands
     them to the block's forward, not to the replace patch, and ToMA patches that forward too;
     hook: "dit" (replace patch) or "object" (patch of the block's forward);
+    shard: how raylight's sequence-parallel forward hands these blocks their shard, for the
+    forwards read (in raylight 1.5.1); None: such blocks run unmerged under it;
     returns: for an object-patched block whose forward returns a tuple (HiDream's double
     blocks: image and text tokens), the argument names of its items; () when it returns the
     stream alone.
@@ -97,6 +113,7 @@ class BlockKind:
     positions: tuple[str, ...] = ()
     hook: str = "dit"
     returns: tuple[str, ...] = ()
+    shard: ShardKind | None = None
     # the stream argument is the grid tensor itself (read without a further call per block)
     bare: bool = field(init=False, repr=False, compare=False)
 
@@ -139,7 +156,9 @@ class Family:
     foreign_block(patch): why a block holding another node's "dit" replace patch `patch` must
     not merge (that patch reads the block's whole sequence by a layout merging would break),
     or None: such blocks run unmerged when ToMA wraps the patch, and the run says so where
-    the patch replaced ToMA's.
+    the patch replaced ToMA's;
+    sequence_parallel_refusal: why raylight's sequence-parallel forward of this family cannot
+    take a block patch (ToMA then leaves the model alone under raylight), or None.
     """
 
     name: str
@@ -153,6 +172,7 @@ class Family:
     held_rows: HeldRows | None = None
     prefix_cache: bool = False
     foreign_block: Callable[[Callable], str | None] | None = None
+    sequence_parallel_refusal: str | None = None
 
 
 # Reading a model call -------------------------------------------------------------------------

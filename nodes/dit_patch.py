@@ -56,7 +56,6 @@ from .forward_patches import ForwardPatches, kept_allocations
 from .model_call import ModelCall
 from .prefix_cache import prefix_run
 from .run_state import ToMAState
-from .sequence_parallel import SHARD_KINDS
 from .token_layout import (
     MERGED_FLAG,
     Layout,
@@ -199,7 +198,7 @@ class DiTToMA:
         this rank's own tokens or offsets, so that every rank merges, or none does: the
         attention's all-to-all needs equal lengths."""
         shard, label = call.shard, self.family.label
-        spec = SHARD_KINDS.get((self.family.name, kind.key))
+        spec = kind.shard
         if spec is None:
             call.note(f"ToMA does not merge {label} under raylight's sequence parallelism "
                       f"({shard.forward}): those model calls run unmerged")
@@ -394,7 +393,7 @@ class DiTToMA:
                                                 plan.tokens - plan.merged_tokens)
         out["transformer_options"] = merged_options(
             options, lay.seq_start, plan, call.grid, None if merged is None else lay.offset,
-            self, call.shard is not None and kind.text == "stream_before")
+            self, call.shard is not None and kind.shard.text_in_stream)
         return out, merged, base
 
     def merged_rows(self, call: ModelCall, plan: MergePlan, lay: Layout, value: object,

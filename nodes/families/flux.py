@@ -12,16 +12,17 @@ import dataclasses
 import inspect
 
 from ..contracts import Contract, Gives, Hands, Mentions, Takes
-from ..dit_families import BlockKind, Family, describe_plain
+from ..dit_families import BlockKind, Family, ShardKind, describe_plain
 
 # the models of this family, as the node's error and the README name them
 MODELS = ("Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma, "
           "Chroma Radiance")
 
 KINDS = (BlockKind("double_block", "double_blocks", "d", "before", mask="attn_mask",
-                   positions=("modulation_dims_img",)),
+                   positions=("modulation_dims_img",), shard=ShardKind()),
          BlockKind("single_block", "single_blocks", "s", "stream_before", txt=None,
-                   mask="attn_mask", positions=("modulation_dims",)))
+                   mask="attn_mask", positions=("modulation_dims",),
+                   shard=ShardKind(text_in_stream=True)))
 
 FLUX = "comfy.ldm.flux.model:Flux"
 CHROMA = "comfy.ldm.chroma.model:Chroma"

@@ -26,6 +26,8 @@ def kinds(flipped: bool) -> tuple[BlockKind, ...]:
 
 
 HUNYUAN_VIDEO = "comfy.ldm.hunyuan_video.model:HunyuanVideo"
+RAYLIGHT_REFUSAL = ("raylight's HunyuanVideo forward fails whenever a block patch is installed "
+                    "(its patched-block branch returns a tuple where the image is expected)")
 
 CONTRACT = Contract(
     "HunyuanVideo",
@@ -68,4 +70,5 @@ def family(diffusion_model) -> Family:
                  prefix=math.prod(ref) if ref else 0, protect_frames=1 if guided else 0)
 
     return Family("hunyuan_video", "HunyuanVideo", kinds(flipped(diffusion_model)), patch,
-                  describe, frames_per_region=VIDEO_REGION_FRAMES)
+                  describe, frames_per_region=VIDEO_REGION_FRAMES,
+                  sequence_parallel_refusal=RAYLIGHT_REFUSAL)
