@@ -11,11 +11,11 @@ Token layout in a block call, per kind (stream = the tensor holding the image gr
 
     stream = [prefix][grid: t*h*w tokens][suffix]
 
-prefix: the text when it is in the stream and comes first (`text` "stream_before"), then tokens
+prefix: the text when it is in the stream and comes first (TextAt.STREAM_BEFORE), then tokens
 that never merge (reference latents put in front, image-to-video conditioning frames); suffix:
 everything after the grid (reference images, padding, text that comes last, LTX's guide
 frames). Positional rows (RoPE) and attention masks follow the attention sequence, which also
-holds the text when the block attends over [text; image] ("before") or [image; text] ("after").
+holds the text when the block attends over [text; image] (BEFORE) or [image; text] (AFTER).
 Modulation rows (`rows`: per-token or per-frame timestep embeddings) are spread evenly over
 the stream: R rows of L / R tokens each, one row for all (R 1), one per token or one per frame.
 """
@@ -25,17 +25,29 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum, auto
 
 import torch
 
 from .model_call import ModelCall
 
-TEXT_POSITIONS = ("before", "after", "stream_before", "stream_after", "none")
 # tile_count 0: regions of about REGION_TOKENS tokens, VIDEO_REGION_FRAMES frames deep for
 # video: the sizes whose merged blocks and samples stayed closest to unmerged among those tried
 # (docs/compatibility.md, settings for the transformer families).
 REGION_TOKENS = 64
 VIDEO_REGION_FRAMES = 2
+
+
+class TextAt(Enum):
+    """Where a block's text is: BEFORE / AFTER the image in the attention, from a text stream
+    of its own; STREAM_BEFORE / STREAM_AFTER the image in the stream itself; NONE: the text is
+    not among the attended tokens (cross-attention context, or no text)."""
+
+    BEFORE = auto()
+    AFTER = auto()
+    STREAM_BEFORE = auto()
+    STREAM_AFTER = auto()
+    NONE = auto()
 
 
 @dataclass(frozen=True)
@@ -57,8 +69,8 @@ class BlockKind:
     """One kind of block and how its call carries the tokens.
 
     key: the "dit" replace key ("double_block"/"single_block"); modules: the diffusion model's
-    attribute holding these blocks; letter: its skip_blocks letter ("" in one-kind families);
-    text: where the text is (TEXT_POSITIONS, see the module docstring); stream / txt / pe / mask:
+    attribute holding these blocks; letter: its skip_blocks label ("" in one-kind families);
+    text: where the text is (see the module docstring); stream / txt / pe / mask:
     argument names of the image stream, the separate text stream, the positional rows and the
     attention mask (None: the block has none); mask_dims: the mask's token dims;
     rows: arguments holding modulation rows along dim 1 (Wan's per-frame e0, LTX's per-token
@@ -86,6 +98,8 @@ class BlockKind:
     merged away (token_layout.moved_positions); with hook "dit" ComfyUI's block loop hands
     them to the block's forward, not to the replace patch, and ToMA patches that forward too;
     hook: "dit" (replace patch) or "object" (patch of the block's forward);
+    attention_scope: merge_scope "attention" merges only these blocks' image attention (the
+    family's `attention_scope` hooks, which a family with such kinds gives);
     shard: how raylight's sequence-parallel forward hands these blocks their shard, for the
     forwards read (in raylight 1.5.1); None: such blocks run unmerged under it;
     returns: for an object-patched block whose forward returns a tuple (HiDream's double
@@ -96,7 +110,7 @@ class BlockKind:
     key: str
     modules: str
     letter: str
-    text: str
+    text: TextAt
     stream: str = "img"
     txt: str | None = "txt"
     pe: str | None = "pe"
@@ -113,6 +127,7 @@ class BlockKind:
     positions: tuple[str, ...] = ()
     hook: str = "dit"
     returns: tuple[str, ...] = ()
+    attention_scope: bool = False
     shard: ShardKind | None = None
     # the stream argument is the grid tensor itself (read without a further call per block)
     bare: bool = field(init=False, repr=False, compare=False)
@@ -168,11 +183,15 @@ class Family:
     describe: Callable[[ModelCall, object, dict], str | None]
     tokens_per_region: int = REGION_TOKENS
     frames_per_region: int = 1
-    attention_scope: bool = False     # Flux's double blocks have ToMA's attention-only variant
     held_rows: HeldRows | None = None
     prefix_cache: bool = False
     foreign_block: Callable[[Callable], str | None] | None = None
     sequence_parallel_refusal: str | None = None
+
+    @property
+    def attention_scope(self) -> bool:
+        """Whether merge_scope "attention" applies to some of its blocks (BlockKind)."""
+        return any(kind.attention_scope for kind in self.kinds)
 
 
 # Reading a model call -------------------------------------------------------------------------

@@ -233,7 +233,7 @@ class DiTToMA:
                           f"(raylight's forward does not split them): those blocks run "
                           f"unmerged")
                 return None
-        if self.attention is not None and kind.letter == "d":
+        if self.attention is not None and kind.attention_scope:
             call.note(f"under raylight's sequence parallelism {label}'s double blocks merge "
                       f"whole blocks (merge_scope attention applies on one GPU)")
         key = (kind.key, group, call.grid, geometry, shard.rank, stream.shape[0],
@@ -364,7 +364,7 @@ class DiTToMA:
         rows, masks and modulation rows are the same for every block of a group in a call:
         merged once, kept in call.merged_rows."""
         out, merged, base = dict(args), None, None
-        if self.attention is None or kind.letter != "d" or call.shard is not None:
+        if self.attention is None or not kind.attention_scope or call.shard is not None:
             merged, base = plan.begin(stream, lay.offset)
             out[kind.stream] = merged if kind.bare else with_stream(
                 kind, args[kind.stream], merged)      # a bare tensor without a further call
@@ -574,7 +574,8 @@ def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatc
             from .flux_patch import AttentionScope
 
             attention = AttentionScope(state)
-            attention.install(model, patches, [i for (key, i) in groups if key == "double_block"])
+            scoped = {kind.key for kind in family.kinds if kind.attention_scope}
+            attention.install(model, patches, [i for (key, i) in groups if key in scoped])
         else:
             state.setup_note(f"merge_scope attention: {family.label} has no attention-only "
                              f"variant; whole blocks merge")

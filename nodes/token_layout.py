@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..toma_core import MergePlan
-from .dit_families import BlockKind
+from .dit_families import BlockKind, TextAt
 from .model_call import ModelCall
 
 # Set in the transformer_options handed to a merged block: a ToMA patch further in (a second
@@ -64,11 +64,11 @@ def layout(kind: BlockKind, args: dict, stream: torch.Tensor, call: ModelCall,
     prefix = call.prefix
     txt = args.get(kind.txt) if kind.txt else None
     n_txt = txt.shape[1] if isinstance(txt, torch.Tensor) else 0
-    if kind.text == "before":
+    if kind.text is TextAt.BEFORE:
         return Layout(prefix, n_txt + prefix, n_txt + n_stream)
-    if kind.text == "after":
+    if kind.text is TextAt.AFTER:
         return Layout(prefix, prefix, n_stream + n_txt)
-    if kind.text == "stream_before":
+    if kind.text is TextAt.STREAM_BEFORE:
         span = options.get("img_slice")
         text = int(span[0]) if span else call.txt_len
         if text is None:

@@ -12,15 +12,16 @@ import dataclasses
 import inspect
 
 from ..contracts import Contract, Gives, Hands, Mentions, Takes
-from ..dit_families import BlockKind, Family, ShardKind, describe_plain
+from ..dit_families import BlockKind, Family, ShardKind, TextAt, describe_plain
 
 # the models of this family, as the node's error and the README name them
 MODELS = ("Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma, "
           "Chroma Radiance")
 
-KINDS = (BlockKind("double_block", "double_blocks", "d", "before", mask="attn_mask",
-                   positions=("modulation_dims_img",), shard=ShardKind()),
-         BlockKind("single_block", "single_blocks", "s", "stream_before", txt=None,
+KINDS = (BlockKind("double_block", "double_blocks", "d", TextAt.BEFORE, mask="attn_mask",
+                   positions=("modulation_dims_img",), attention_scope=True,
+                   shard=ShardKind()),
+         BlockKind("single_block", "single_blocks", "s", TextAt.STREAM_BEFORE, txt=None,
                    mask="attn_mask", positions=("modulation_dims",),
                    shard=ShardKind(text_in_stream=True)))
 
@@ -64,4 +65,4 @@ def family(diffusion_model) -> Family:
 
 def description(patch: tuple[int, int, int], describe=None, kinds=KINDS) -> Family:
     """The Flux family's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("flux", "Flux", kinds, patch, describe, attention_scope=True)
+    return Family("flux", "Flux", kinds, patch, describe)

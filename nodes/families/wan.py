@@ -55,6 +55,7 @@ from ..dit_families import (
     BlockKind,
     Family,
     ShardKind,
+    TextAt,
     given_frames,
     latent_grid,
     leading_true,
@@ -65,12 +66,12 @@ from ..dit_families import (
 # the models of this family, as the node's error and the README name them
 MODELS = "Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate)"
 
-KINDS = (BlockKind("double_block", "blocks", "", "none", rows=("vec",), rows_dims=4,
+KINDS = (BlockKind("double_block", "blocks", "", TextAt.NONE, rows=("vec",), rows_dims=4,
                    shard=ShardKind()),)
 # VACE's and the camera model's blocks get one modulation for every token: e0 [B, 6, C] (the
 # block chunks it along dim 1; both embed t [B], not per-frame timesteps), not WanModel's
 # [B, frames, 6, C] rows.
-UNIFORM_KINDS = (BlockKind("double_block", "blocks", "", "none", shard=ShardKind()),)
+UNIFORM_KINDS = (BlockKind("double_block", "blocks", "", TextAt.NONE, shard=ShardKind()),)
 # WanVaceToVideo's VACE context per input: 32 latent channels (inactive, reactive), then the
 # control mask folded into 8 x 8 = 64 channels (one per pixel of a latent cell).
 VACE_MASK_CHANNELS = 64
