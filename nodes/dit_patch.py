@@ -66,10 +66,8 @@ from .token_layout import (
     merge_mask,
     merged_options,
     merged_rows_of,
-    merged_spans,
     moved_positions,
     position_tensors,
-    positions_inside,
     regroup_frame_rows,
     sequence_positions,
     stream_of,
@@ -155,7 +153,8 @@ class DiTToMA:
         if forms is None:
             return unmerged()
         for name in kind.spans:
-            if merged_spans(args.get(name), lay.offset, tokens_n, tokens_n) is None:
+            if moved_positions(args.get(name), lay.offset, lay.offset + tokens_n, 0,
+                               spans=True) is None:
                 call.note(f"the token spans {name} of {self.family.label} blocks do not keep "
                           f"the {level} grid in a span of its own (or hold values per token "
                           f"there); block {layer} and others like it run unmerged")
@@ -294,8 +293,8 @@ class DiTToMA:
             return False
         opaque = kind.opaque and [name for name in kind.opaque if args.get(name) is not None]
         for name in kind.positions:       # those the call hands (an object-patched forward's)
-            if name in args and positions_inside(args[name], lay.offset,
-                                                  lay.offset + math.prod(call.grid)):
+            if args.get(name) is not None and moved_positions(
+                    args[name], lay.offset, lay.offset + math.prod(call.grid), 0) is None:
                 opaque = [name]
         if opaque:
             call.note(f"{self.family.label} blocks get {', '.join(opaque)}, which "
@@ -385,11 +384,12 @@ class DiTToMA:
         for name in kind.spans:
             value = args[name]
             out[name] = self.once(call, ("spans", name, key), value, lambda v=value: (
-                merged_spans(v, lay.offset, plan.tokens, plan.merged_tokens)))
+                moved_positions(v, lay.offset, lay.offset + plan.tokens,
+                                plan.tokens - plan.merged_tokens, spans=True)))
         if merged is not None:
             for name in kind.positions:
                 if name in args:
-                    out[name] = moved_positions(args[name], lay.offset + plan.tokens,
+                    out[name] = moved_positions(args[name], lay.offset, lay.offset + plan.tokens,
                                                 plan.tokens - plan.merged_tokens)
         out["transformer_options"] = merged_options(
             options, lay.seq_start, plan, call.grid, None if merged is None else lay.offset,
@@ -497,13 +497,14 @@ class DiTToMA:
                 return original(*args, **kwargs)
             start, tokens = flag["offset"], flag["tokens"]
             for name in kind.positions:
-                if name not in kwargs:
+                if kwargs.get(name) is None:
                     continue
-                if positions_inside(kwargs[name], start, start + tokens):
+                moved = moved_positions(kwargs[name], start, start + tokens,
+                                        tokens - flag["merged_tokens"])
+                if moved is None:
                     raise RuntimeError(f"ToMA: {self.family.label} handed its blocks a {name} "
                                        f"inside the merged image tokens ({kwargs[name]})")
-                kwargs[name] = moved_positions(kwargs[name], start + tokens,
-                                               tokens - flag["merged_tokens"])
+                kwargs[name] = moved
             return original(*args, **kwargs)
 
         return forward
