@@ -99,7 +99,7 @@ class BlockKind:
     them to the block's forward, not to the replace patch, and ToMA patches that forward too;
     hook: "dit" (replace patch) or "object" (patch of the block's forward);
     attention_scope: merge_scope "attention" merges only these blocks' image attention (the
-    family's `attention_scope` hooks, which a family with such kinds gives);
+    family's attention_hooks);
     shard: how raylight's sequence-parallel forward hands these blocks their shard, for the
     forwards read (in raylight 1.5.1); None: such blocks run unmerged under it;
     returns: for an object-patched block whose forward returns a tuple (HiDream's double
@@ -173,7 +173,11 @@ class Family:
     or None: such blocks run unmerged when ToMA wraps the patch, and the run says so where
     the patch replaced ToMA's;
     sequence_parallel_refusal: why raylight's sequence-parallel forward of this family cannot
-    take a block patch (ToMA then leaves the model alone under raylight), or None.
+    take a block patch (ToMA then leaves the model alone under raylight), or None;
+    attention_hooks: where merge_scope "attention" applies to some of its kinds
+    (BlockKind.attention_scope), what makes the hooks of one node: `install(model, patches,
+    indices)` puts them on those blocks, `run(index, plan, merged_args, run)` runs one block
+    with only its attention merged (families/flux.py's AttentionScope).
     """
 
     name: str
@@ -187,11 +191,7 @@ class Family:
     prefix_cache: bool = False
     foreign_block: Callable[[Callable], str | None] | None = None
     sequence_parallel_refusal: str | None = None
-
-    @property
-    def attention_scope(self) -> bool:
-        """Whether merge_scope "attention" applies to some of its blocks (BlockKind)."""
-        return any(kind.attention_scope for kind in self.kinds)
+    attention_hooks: Callable[[], object] | None = None
 
 
 # Reading a model call -------------------------------------------------------------------------

@@ -82,7 +82,8 @@ class DiTToMA:
     """The patch functions for one ToMA node on one diffusion transformer.
 
     groups: (kind key, block index) -> first index of its group, for merged blocks only.
-    attention: the Flux attention-scope helper for double blocks, or None (whole blocks).
+    attention: the family's attention_hooks for merge_scope "attention", or None (whole
+    blocks).
     """
 
     def __init__(self, state: ToMAState, family: Family, groups: dict[tuple[str, int], int],
@@ -571,10 +572,8 @@ def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatc
     family, groups = reading.family, reading.groups
     attention = None
     if state.options.merge_scope == "attention":
-        if family.attention_scope:
-            from .flux_patch import AttentionScope
-
-            attention = AttentionScope(state)
+        if family.attention_hooks is not None:
+            attention = family.attention_hooks()
             scoped = {kind.key for kind in family.kinds if kind.attention_scope}
             attention.install(model, patches, [i for (key, i) in groups if key in scoped])
         else:
