@@ -81,8 +81,9 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("wan_animate_2", Rule("Wan Animate 2", status="WanAnimate2Model")),
     ("s2v", Rule("Wan 2.2 S2V", status="WanModel_S2V")),
     ("humo", Rule("HuMo", status="HumoWanModel")),
-    # Wan variants with a class of their own, none of them in the pack's Wan family
-    ("scail", Rule("SCAIL-2 (Wan 2.1)", status=no_family("SCAIL2WanModel"))),
+    # SCAIL-2: the pack's SCAIL family (tests/integration/test_dit_families.py, wan_scail2)
+    ("scail", Rule("SCAIL-2 (Wan 2.1)", "SCAIL")),
+    # Wan variants with a class of their own, none of them in the pack's families
     ("causal_forcing", Rule("Causal Forcing (Wan 2.1)", status=no_family("CausalWanModel"))),
     ("dancer", Rule("WanDancer (Wan 2.2)", status=no_family("WanDancerModel"))),
     # VOID's two passes are CogVideoX models
@@ -93,9 +94,10 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("fun_camera", Rule("Wan Fun camera", "camera control")),
     ("chrono_edit", Rule("ChronoEdit (Wan 2.1 image to video)", "Wan 2.1/2.2")),
     ("wan", Rule("Wan 2.1/2.2", "Wan 2.1/2.2")),
-    # LTX-2's class (LTXAVModel) with the cross-attention AdaLN the pack's tiny LTX-2 lacks
-    ("ltx-2.3", Rule("LTX-2.3", "LTX-2", "untested: its cross-attention AdaLN")),
-    ("ltx-2.5", Rule("LTX-2.5", "LTX-2", "untested: its cross-attention AdaLN")),
+    # LTX-2's class (LTXAVModel) with the cross-attention AdaLN
+    # (tests/integration/test_ltx23.py)
+    ("ltx-2.3", Rule("LTX-2.3", "LTX-2")),
+    ("ltx-2.5", Rule("LTX-2.5", "LTX-2")),
     ("ltx-2", Rule("LTX-2", "LTX-2")),
     ("ltx-video", Rule("LTX-Video", "LTX-Video")),
     ("hunyuanvideo1.5", Rule("HunyuanVideo 1.5", "HunyuanVideo 1.0/1.5")),
@@ -113,7 +115,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("ideogram4", Rule("Ideogram 4", status=no_family("Ideogram4"))),
     ("flux-2", Rule("Flux 2 (Klein)", "Flux 2")),
     ("flux2", Rule("Flux 2", "Flux 2")),
-    ("anima", Rule("Anima", status=no_family("Anima"))),
+    ("anima", Rule("Anima", "Anima")),
     ("boogu", Rule("Boogu", status=no_family("Boogu"))),
     ("joyai", Rule("JoyAI Image Edit", status=no_family("JoyImage"))),
     ("ernie", Rule("ERNIE-Image", status=no_family("ErnieImage"))),
@@ -128,7 +130,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("chroma", Rule("Chroma", "Chroma")),
     ("kontext", Rule("Flux Kontext", "Flux Kontext")),
     ("flux", Rule("Flux.1", "Flux.1 dev/schnell")),
-    ("mage_flow", Rule("Mage-Flow", status=no_family("MageFlow"))),
+    ("mage_flow", Rule("Mage-Flow", "Mage-Flow")),
     ("sd_xl", Rule("SDXL", "SDXL")),
     ("sd3.5", Rule("SD3.5", "SD3/SD3.5")),
     ("omnigen2", Rule("OmniGen2", status=no_family("Omnigen2"))),
@@ -145,6 +147,10 @@ TEMPLATE_RULES: tuple[tuple[str, Rule], ...] = (
     # unmerged (docs/compatibility.md)
     ("infinitetalk", Rule("Wan 2.1 InfiniteTalk", status="runs unmerged (MultiTalk's attention "
                                                          "patches in its blocks)")),
+    # AnimaLLLiteApply puts attention patches (per-token control) in Anima's blocks: those run
+    # unmerged
+    ("anima_lllite", Rule("Anima LLLite", status="runs unmerged (LLLite's attention patches in "
+                                                "its blocks)")),
     # USOStyleReference's post-input patch on Flux.1: no test of the pack runs it
     ("uso", Rule("Flux.1 USO", status="unclassified")),
 )

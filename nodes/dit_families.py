@@ -85,8 +85,14 @@ class BlockKind:
     [B, H, L, D] queries and keys (HiDream-O1's): merged per batch item they become
     [B, 1, L', D], the head axis made explicit;
     stream_item: the stream argument is a tuple (LTX-2's (video, audio)) whose item this is;
-    opaque: arguments the patch cannot line up with a merged sequence (LTX's guide attention
-    mask, which addresses fixed token spans): a block call where one is set runs unmerged;
+    opaque: arguments the patch cannot line up with a merged sequence (an attention mask
+    addressing fixed token spans): a block call where one is set runs unmerged;
+    shortened: arguments over the sequence whose entries for every token up to the grid's end
+    are alike (an attention bias the same for each of those tokens), as (name, shorten) pairs:
+    shorten(value, end, removed) gives the argument for the sequence with `removed` of its
+    first `end` tokens merged away (those entries dropped, the ones after moved back), or None
+    where the value's alike entries do not end at `end` (the block then runs unmerged, as with
+    an opaque one); for kinds whose blocks merge their whole stream;
     batched: False where the stream argument is one item's tokens [L, C] without a batch axis;
     spans: arguments listing the stream's token spans as (start, stop, value...) tuples (one
     modulation row per span): spans before the grid are kept, the grid's own span becomes the
@@ -97,6 +103,8 @@ class BlockKind:
     (start, end, ...) spans): in a merged call those past the grid move back by the tokens
     merged away (token_layout.moved_positions); with hook "dit" ComfyUI's block loop hands
     them to the block's forward, not to the replace patch, and ToMA patches that forward too;
+    grid_axes: the stream argument is the grid alone laid out [B, T, H, W, C] (Cosmos's
+    blocks): read as [B, T*H*W, C], a merged one handed over as [B, 1, 1, M, C];
     hook: "dit" (replace patch) or "object" (patch of the block's forward);
     attention_scope: merge_scope "attention" merges only these blocks' image attention (the
     family's attention_hooks);
@@ -122,9 +130,11 @@ class BlockKind:
     pe_heads: bool = False
     stream_item: int | None = None
     opaque: tuple[str, ...] = ()
+    shortened: tuple[tuple[str, Callable[[object, int, int], object | None]], ...] = ()
     batched: bool = True
     spans: tuple[str, ...] = ()
     positions: tuple[str, ...] = ()
+    grid_axes: bool = False
     hook: str = "dit"
     returns: tuple[str, ...] = ()
     attention_scope: bool = False
@@ -133,13 +143,14 @@ class BlockKind:
     bare: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "bare", self.stream_item is None and self.batched)
+        object.__setattr__(self, "bare", self.stream_item is None and self.batched
+                           and not self.grid_axes)
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The arguments of a block call of this kind that ToMA reads or rewrites by name (the
-        opaque ones aside: a block loop may not hand them at all): what a family's contract
-        requires ComfyUI's block loop or the block's forward to name so."""
+        opaque and shortened ones aside: a block loop may not hand them at all): what a
+        family's contract requires ComfyUI's block loop or the block's forward to name so."""
         names = (self.stream, self.txt, self.pe, self.mask, *self.rows, *self.more_pe,
                  *self.spans)
         return tuple(dict.fromkeys(name for name in names if name))

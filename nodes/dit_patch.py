@@ -25,7 +25,8 @@ What other packs' code sees, decided on every block call from what ComfyUI hands
   told once (unet_neighbours.in_block_patches; UNet blocks fall back to attention scope).
 - Another pack's "dit" replace patch or object patch of the block wraps the block: ToMA runs
   it on the merged arguments, like the block itself. Arguments the family marks opaque (an
-  attention mask over fixed token spans) make the block run unmerged when set.
+  attention mask over fixed token spans) make the block run unmerged when set; those it marks
+  shortened (alike for every token up to the grid's end) are shortened with the merged grid.
 - An attention override (`optimized_attention_override`: a choice of attention kernel) gets
   the merged queries, keys and values: attention does not care about the sequence's order.
 - In a merged block, transformer_options carry MERGED_FLAG (a second ToMA node leaves the
@@ -123,7 +124,7 @@ class DiTToMA:
         if restored is got:
             return out
         return {**out, kind.stream: restored if kind.bare
-                else with_stream(kind, out[kind.stream], restored)}
+                else with_stream(kind, out[kind.stream], restored, args[kind.stream])}
 
     def plan_for(self, kind: BlockKind, index: int, args: dict, stream: torch.Tensor | None,
                  options: dict, call: ModelCall | None, layer: str
@@ -293,9 +294,13 @@ class DiTToMA:
                       f"it run unmerged")
             return False
         opaque = kind.opaque and [name for name in kind.opaque if args.get(name) is not None]
+        end = lay.offset + math.prod(call.grid)
         for name in kind.positions:       # those the call hands (an object-patched forward's)
-            if args.get(name) is not None and moved_positions(
-                    args[name], lay.offset, lay.offset + math.prod(call.grid), 0) is None:
+            if args.get(name) is not None and moved_positions(args[name], lay.offset, end,
+                                                              0) is None:
+                opaque = [name]
+        for name, shorten in kind.shortened:
+            if args.get(name) is not None and shorten(args[name], end, 0) is None:
                 opaque = [name]
         if opaque:
             call.note(f"{self.family.label} blocks get {', '.join(opaque)}, which "
@@ -392,6 +397,12 @@ class DiTToMA:
                 if name in args:
                     out[name] = moved_positions(args[name], lay.offset, lay.offset + plan.tokens,
                                                 plan.tokens - plan.merged_tokens)
+            for name, shorten in kind.shortened:
+                value = args.get(name)
+                if value is not None:
+                    out[name] = self.once(call, ("shortened", name, key), value, lambda v=value,
+                                          f=shorten: f(v, lay.offset + plan.tokens,
+                                                       plan.tokens - plan.merged_tokens))
         out["transformer_options"] = merged_options(
             options, lay.seq_start, plan, call.grid, None if merged is None else lay.offset,
             self, call.shard is not None and kind.shard.text_in_stream)

@@ -37,6 +37,9 @@ def stream_of(kind: BlockKind, value: object) -> torch.Tensor | None:
     stream has none), None when it is not there."""
     if not kind.batched:
         return value.unsqueeze(0) if isinstance(value, torch.Tensor) else None
+    if kind.grid_axes:
+        return value.flatten(1, -2) if isinstance(value, torch.Tensor) and value.dim() == 5 \
+            else None
     if kind.stream_item is not None:
         if not isinstance(value, (tuple, list)) or len(value) <= kind.stream_item:
             return None
@@ -44,10 +47,16 @@ def stream_of(kind: BlockKind, value: object) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
-def with_stream(kind: BlockKind, value: object, tensor: torch.Tensor) -> object:
-    """The stream argument's `value` holding `tensor` [B, L, C] in place of its grid tensor."""
+def with_stream(kind: BlockKind, value: object, tensor: torch.Tensor,
+                full: torch.Tensor | None = None) -> object:
+    """The stream argument's `value` holding `tensor` [B, L, C] in place of its grid tensor; a
+    grid laid out on its axes (kind.grid_axes) takes the shape of `full`, the block's input,
+    where it holds as many tokens, else [B, 1, 1, L, C]."""
     if not kind.batched:
         return tensor[0]
+    if kind.grid_axes:
+        whole = full is not None and full.shape[1:-1].numel() == tensor.shape[1]
+        return tensor.reshape(full.shape if whole else (tensor.shape[0], 1, 1, *tensor.shape[1:]))
     if kind.stream_item is None:
         return tensor
     items = list(value)

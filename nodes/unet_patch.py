@@ -57,10 +57,10 @@ GPU_FIGURE = ("SD1.5 at 512x512 on an H200, projected: 0.98x with its two larges
               "merged, 0.995x with the largest alone")
 # Below this even "all" skips a level: a few tokens per tile leave nothing to merge.
 MIN_TOKENS = 16
-# Self-attention over merged tokens weighted by the merged keys' sizes (docs/quality.md, the
-# real-model section). Off until ComfyUI's MultiGPU CFG split gives the samples of one device
-# with it (docs/quality.md says by how much it does not).
-SIZE_WEIGHTED = False
+# Self-attention over merged tokens weighted by the merged keys' sizes: far closer to unmerged
+# on a real trained UNet and on the SDXL-proportioned fixture (docs/quality.md, the real-model
+# section).
+SIZE_WEIGHTED = True
 # On ToMA's block forwards: the UNetToMA they belong to (a block hands its grid on in region
 # order only to a forward of its own node).
 OWNER = "_toma_unet"
@@ -110,11 +110,13 @@ def is_video_unet(diffusion_model: torch.nn.Module) -> bool:
 class UNetToMA:
     """The patch functions for one ToMA node on one UNet model."""
 
-    def __init__(self, state: ToMAState, scope: str, largest_level_ds: int) -> None:
+    def __init__(self, state: ToMAState, scope: str, largest_level_ds: int,
+                 attn1_keys: tuple = ()) -> None:
         self.state = state
         self.scope = scope   # the merge_scope widget: "auto", "block" or "attention"
-        # every attn1 key a size-weighted call has named (a dict: ordered, no Python call to add)
-        self.attn1_keys: dict = {}
+        # the blocks' attn1 keys, named at patch time so that a traced call does not add to
+        # them (torch.compile guards on the dict's length); a call names any other it meets
+        self.attn1_keys: dict = dict.fromkeys(attn1_keys)
         self.largest_level_ds = largest_level_ds
 
     # Which calls merge ---------------------------------------------------------------------------
@@ -335,7 +337,7 @@ def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan
         bias = None
         if plan is not None and k.shape[1] == plan.merged_tokens:
             # the kept bias read inline: no call per block once it is made
-            bias = plan._rows.get(("size_bias", k.shape[1], 0, q.dtype))
+            bias = plan.size_biases.get((k.shape[1], 0, q.dtype))
             if bias is None:
                 bias = size_bias(plan, k.shape[1], 0, q.dtype)
         # looked up per call, as CrossAttention's own call does (the attention ComfyUI chose)
@@ -344,7 +346,8 @@ def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan
             attn_precision=extra_options.get("attn_precision"), transformer_options=extra_options)
 
     setattr(attend, TOMA_MARK, True)     # mark() without a call per block
-    keys[key] = None
+    if key not in keys:
+        keys[key] = None
     replace["attn1"] = {**attn1, **dict.fromkeys(keys, attend)}
     return {**options, "patches_replace": replace}
 
@@ -385,6 +388,18 @@ def transformer_blocks(diffusion_model: torch.nn.Module) -> list[tuple[str, torc
     return found
 
 
+def attn1_key(path: str) -> tuple[str, int, int] | None:
+    """The attn1 replace key of the transformer block at dotted `path` (transformer_blocks'
+    names): (block kind, its index, block_index), as the UNet's forward and SpatialTransformer
+    name it in transformer_options; None outside the UNet's three block lists."""
+    parts = path.split(".")
+    kind = {"input_blocks": "input", "middle_block": "middle",
+            "output_blocks": "output"}.get(parts[0])
+    if kind is None:
+        return None
+    return kind, 0 if kind == "middle" else int(parts[1]), int(parts[-1])
+
+
 def handed_on(diffusion_model: torch.nn.Module) -> dict[str, str]:
     """Dotted path of each transformer block -> that of the block its output goes to next, in
     transformers whose own forward runs their blocks one after another (SpatialTransformer's;
@@ -420,7 +435,8 @@ def patch_unet(model, state: ToMAState, scope: str, patches: ForwardPatches) -> 
     blocks = transformer_blocks(diffusion_model)
     if not blocks:
         raise ValueError("ToMA: this UNet has no transformer blocks to merge")
-    toma = UNetToMA(state, scope, largest_level_downsample(diffusion_model))
+    toma = UNetToMA(state, scope, largest_level_downsample(diffusion_model),
+                    tuple(filter(None, (attn1_key(name) for name, _ in blocks))))
     following = handed_on(diffusion_model)
     for name, _ in blocks:
         patches.add(model, name, lambda block, original, *after: toma.block_forward(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from .merge_plan import MergePlan
+from .regions import compiling
 
 # attend(tokens [B, L', C], bias [B, 1, 1, L'] or None) -> [B, L', C]: an attention whose keys
 # come from `tokens`, taking `bias` as an additive mask on their logits
@@ -26,15 +27,17 @@ def size_bias(plan: MergePlan, length: int, prefix: int = 0,
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The additive mask of size-weighted attention for a merged sequence of `length` tokens
     whose grid starts at `prefix`: [B, 1, 1, length], log(size) over the grid, 0 elsewhere.
-    Made once per plan, length, prefix and dtype."""
-    key = ("size_bias", length, prefix, dtype)
-    found = plan._rows.get(key)
+    Made once per plan, length, prefix and dtype (kept in plan.size_biases under that key)."""
+    key = (length, prefix, dtype)
+    found = plan.size_biases.get(key)
     if found is None:
         bias = plan.key_sizes().log()
         tail = length - prefix - bias.shape[1]
         if prefix or tail:
             bias = torch.nn.functional.pad(bias, (prefix, tail))
-        found = plan._rows[key] = bias.to(dtype)[:, None, None]
+        found = bias.to(dtype)[:, None, None]
+        if not compiling():     # a traced graph makes its own (a kept one is guarded on)
+            plan.size_biases[key] = found
     return found
 
 

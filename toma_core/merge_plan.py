@@ -37,7 +37,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from .plan_op import plan_weights, plan_weights_reference
-from .regions import REGION_MODES, RegionMode, Regions, RegionTables, make_regions
+from .regions import REGION_MODES, RegionMode, Regions, RegionTables, compiling, make_regions
 from .shards import SpanRegions
 
 UnmergeMethod = Literal["transpose", "pinv"]
@@ -77,6 +77,9 @@ class MergePlan:
     (the merged sequence's order); merge_w [B*R, k, S] and unmerge_w [B*R, S, k]: M and U in
     the activations' dtype (pad slots have zero weight); assignment [B*R, S, k]: P^T where
     unmerge_w is something else (pinv), None where it is P^T (key_sizes reads it).
+    size_biases: the additive masks of size-weighted attention (attention.size_bias) by
+    (length, prefix, dtype), made on first use and kept for the plan's life; a hot path reads
+    them here inline and calls size_bias only where one is missing.
     Regions of a sequence shard (SpanRegions) keep unequal numbers of destinations: k is the
     most any keeps, the others' places are pads (zero weights), and the merged sequence holds
     only the real ones: one gather from the padded R*k order (tables.compact) after the merge
@@ -93,6 +96,7 @@ class MergePlan:
     assignment: torch.Tensor | None = None
     _cast: dict = field(default_factory=dict, repr=False)
     _rows: dict = field(default_factory=dict, repr=False)
+    size_biases: dict = field(default_factory=dict, repr=False)
     # derived once: blocks read them on every call, where a property is a Python call each
     tokens: int = field(init=False, repr=False)          # N, grid tokens before merging
     merged_tokens: int = field(init=False, repr=False)   # grid tokens after merging (R * k)
@@ -149,14 +153,16 @@ class MergePlan:
     def key_sizes(self) -> torch.Tensor:
         """[B, merged_tokens] float32: how many grid tokens each merged token stands for (its
         row of P summed: the keys' weights of size-weighted attention, attention.py). Made on
-        first use and kept: only size-weighted attention reads them."""
+        first use and kept (outside torch.compile's tracing): only size-weighted attention reads
+        them."""
         found = self._rows.get("key_sizes")
         if found is None:
             p_t = self.unmerge_w if self.assignment is None else self.assignment
             found = p_t.sum(1, dtype=torch.float32).view(self.items, -1)
             if self.compact is not None:      # ragged counts: the real destinations only
                 found = found.index_select(1, self.compact)
-            self._rows["key_sizes"] = found
+            if not compiling():     # a traced graph makes its own (a kept one is guarded on)
+                self._rows["key_sizes"] = found
         return found
 
     def merge(self, x: torch.Tensor, prefix: int = 0) -> torch.Tensor:

@@ -5,8 +5,15 @@ cross-attention context.
 - LTX-2 (LTXAVModel) runs a video and an audio stream through each block (`img` = (video,
   audio)); the audio tokens, their own attention and the text never merge. The video side of
   its audio-video attention (queries, and keys for the audio's queries) takes the merged video.
+  LTX-2.3 / 2.5 (`cross_attention_adaln`) carry 9 modulation vectors a row in `v_timestep`
+  instead of 6 (the text cross-attention's query shift, scale and gate) and move with it;
+  their `v_prompt_timestep` modulates the text, one row a call, and passes as it came.
 - Guide frames (LTXVAddGuide) are appended to the latent after the video, their token
-  positions in `keyframe_idxs`: their tokens are the stream's suffix and never merge.
+  positions in `keyframe_idxs`: their tokens are the stream's suffix and never merge. A guide
+  at strength other than 1 gets the blocks a guide attention mask (`self_attention_mask`, a
+  GuideAttentionMask, ComfyUI 0.33): an additive bias between the video tokens and the guide
+  tokens from `guide_start` on, the same for every video token; merged, the mask loses as many
+  of its leading video columns as the grid loses tokens and `guide_start` moves back with them.
 - Image-to-video and in-place guide frames are the leading frames the denoise mask does not
   leave all to the sampler (LTXVImgToVideo: 1 - strength on the image's frames): their tokens
   get other timesteps and never merge. Timesteps come per token (LTX-Video, LTX-2 before
@@ -32,13 +39,34 @@ from ..dit_families import (
 # the models of this family, as the node's error and the README name them
 MODELS = "LTX-Video, LTX-2"
 
+
+def shortened_guide_mask(mask, end: int, removed: int):
+    """ComfyUI's guide attention mask (GuideAttentionMask) for the sequence with `removed` of
+    its first `end` tokens merged away, or None where the guide tokens do not start at `end`.
+    Its bias is the same for every token before `guide_start`: their queries share one row
+    (noisy_mask [1, 1, 1, L]), and each guide token's row (tracked_mask [1, 1, G, L]) holds one
+    value over their keys; so dropping `removed` of those columns is the merged tokens' mask."""
+    if mask.guide_start != end:
+        return None
+    if not removed:
+        return mask
+    out = type(mask).__new__(type(mask))
+    out.guide_start = end - removed
+    out.tracked_count = mask.tracked_count
+    out.noisy_mask = mask.noisy_mask[..., removed:].contiguous()
+    out.tracked_mask = mask.tracked_mask[..., removed:].contiguous()
+    return out
+
+
+# the guide attention mask's argument and its shortening with the merged grid
+GUIDE_MASK = (("self_attention_mask", shortened_guide_mask),)
 VIDEO = BlockKind("double_block", "transformer_blocks", "", TextAt.NONE, txt=None, rows=("vec",),
-                  opaque=("self_attention_mask",))
+                  shortened=GUIDE_MASK)
 AUDIO_VIDEO = BlockKind("double_block", "transformer_blocks", "", TextAt.NONE, txt=None, pe="v_pe",
                         more_pe=("v_cross_pe",), stream_item=0,
                         rows=("v_timestep", "v_cross_scale_shift_timestep",
                               "v_cross_gate_timestep"),
-                        opaque=("self_attention_mask",))
+                        shortened=GUIDE_MASK)
 
 
 LTXV = "comfy.ldm.lightricks.model:LTXVModel"
@@ -46,17 +74,18 @@ LTXAV = "comfy.ldm.lightricks.av_model:LTXAVModel"
 AV_MODEL = "comfy.ldm.lightricks.av_model"
 # The object LTX-2's blocks get their per-frame timestep rows in (held_rows)
 COMPRESSED = f"{AV_MODEL}:CompressedTimestep"
-# ComfyUI versions whose LTX blocks get a guide attention mask (opaque to ToMA) and compress
-# LTX-2's timesteps
+# ComfyUI versions whose LTX blocks get a guide attention mask and compress LTX-2's timesteps
 GUIDE_MASKS = "0.33.0"
+GUIDE_MASK_CLASS = "comfy.ldm.lightricks.model:GuideAttentionMask"
+GUIDE_MASK_ARGUMENTS = tuple(name for name, _ in GUIDE_MASK)
 
 CONTRACT = Contract(
     "LTX",
     models={
         LTXV: (Hands(LTXV, VIDEO.key, VIDEO.arguments),
-               Hands(LTXV, VIDEO.key, VIDEO.opaque, since=GUIDE_MASKS)),
+               Hands(LTXV, VIDEO.key, GUIDE_MASK_ARGUMENTS, since=GUIDE_MASKS)),
         LTXAV: (Hands(LTXAV, AUDIO_VIDEO.key, AUDIO_VIDEO.arguments),
-                Hands(LTXAV, AUDIO_VIDEO.key, AUDIO_VIDEO.opaque, since=GUIDE_MASKS),
+                Hands(LTXAV, AUDIO_VIDEO.key, GUIDE_MASK_ARGUMENTS, since=GUIDE_MASKS),
                 Gives("comfy.model_base:LTXAV.extra_conds",
                       ("latent_shapes", "denoise_mask", "keyframe_idxs"), what="conditioning"),
                 Gives("comfy.model_base:LTXAV.extra_conds", ("generated_keyframes",),
@@ -69,6 +98,9 @@ CONTRACT = Contract(
     },
     needs=(Gives("comfy.model_base:LTXV.extra_conds", ("denoise_mask", "keyframe_idxs"),
                  what="conditioning"),
+           Sets(f"{GUIDE_MASK_CLASS}.__init__",
+                ("guide_start", "tracked_count", "noisy_mask", "tracked_mask"),
+                since=GUIDE_MASKS, why="the guide attention mask ToMA shortens"),
            Gives("comfy.model_base:LTXV.extra_conds", ("generated_keyframes",),
                  what="conditioning", since=GUIDE_MASKS)),
     blocks={"transformer_blocks": ()},

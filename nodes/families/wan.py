@@ -80,8 +80,10 @@ VACE_MASK_CHANNELS = 64
 # (classes by name: some exist only in some ComfyUI versions).
 NOT_MERGED = {
     "WanAnimate2Model": "Wan Animate 2's self-attention splits the video's queries frame by "
-                        "frame, each frame attending its own pose frame; merged tokens span "
-                        "frames",
+                        "frame, each frame attending its own pose frame, with one length "
+                        "(hw) for a frame of queries, its pose frame's keys and the "
+                        "reference frame; merged frames shorter than hw could keep neither "
+                        "the reference frame nor the pose frames whole",
     "WanModel_S2V": "Wan S2V spreads its timestep rows over the sequence by position (with "
                     "motion frames two a frame plus three, across video, reference and motion "
                     "tokens), so a shorter merged sequence would hand tokens other rows",

@@ -32,6 +32,7 @@ sys.argv = [sys.argv[0], "--cpu"]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from tie_gaps import parting_gaps  # noqa: E402
 
 import comfy_harness as ch  # noqa: E402
 import pack_loader  # noqa: E402
@@ -146,24 +147,10 @@ class Destinations:
         if given.shape != own.shape:
             raise RuntimeError(f"reference picks {tuple(given.shape)} for a rank's "
                                f"{tuple(own.shape)}")
-        self.note_parting(sim, own, given)
+        gaps = parting_gaps(sim, own, given)
+        self.parted += len(gaps)
+        self.gap = max([self.gap, *gaps])
         return given
-
-    def note_parting(self, sim: torch.Tensor, own: torch.Tensor, given: torch.Tensor) -> None:
-        """At the first pick where a region's own picks part from the given ones (the same
-        before it), the greedy's gain of its own pick less that of the given one, on this
-        rank's similarities: a tie to float precision leaves about the rounding of a gain."""
-        shifted = (sim.float() + 1.0).flatten(0, -3)                        # [G, S, S]
-        for rows, mine, theirs in zip(shifted, own.flatten(0, -2), given.flatten(0, -2),
-                                      strict=True):
-            parting = (mine != theirs).nonzero()
-            if len(parting) == 0:
-                continue
-            t = int(parting[0])
-            cover = rows[theirs[:t]].amax(0) if t else torch.zeros_like(rows[0])
-            gains = (rows - cover).clamp_min(0).sum(-1)
-            self.parted += 1
-            self.gap = max(self.gap, float(gains[mine[t]] - gains[theirs[t]]))
 
 
 GREEDY = plan_op.greedy_facility_location

@@ -36,7 +36,7 @@ SECONDS = 600
 # the re-spelling, where this ComfyUI has it.
 MERGING = ("sdxl", "flux", "chroma", "wan21_i2v", "wan_vace", "wan_camera", "wan_animate",
            "hunyuan_video", "hunyuan_image", "qwen_image", "sd3", "lumina2", "ltxv", "ltx2",
-           "hidream", "hidream_o1", "kandinsky5")
+           "hidream", "hidream_o1", "kandinsky5", "mage_flow", "anima", "wan_scail2")
 
 
 def contracts_here():

@@ -52,14 +52,15 @@ PROTECTED_FRAMES = {"wan21_i2v": 1, "wan22_14b_i2v": 1, "wan22_5b_i2v": 1,
                     "wan_animate": 1, "wan_animate_continue": 2}
 SUFFIX_FRAMES = {"ltxv_guide": 1}
 # Tokens in front of the latent's grid, in frames' worth, that never merge (Wan Fun's reference
-# image through ref_conv: one frame of tokens).
-PREFIX_FRAMES = {"wan22_fun_control": 1}
+# image through ref_conv: one frame of tokens; SCAIL's reference frame in front in time).
+PREFIX_FRAMES = {"wan22_fun_control": 1, "wan_scail": 1, "wan_scail2": 1}
 NAMES = list(FAMILIES)
 
 
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
-                   "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat"):
+                   "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat",
+                   "mage_flow", "anima"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -80,9 +81,11 @@ def prompt_tokens(name: str, x) -> int:
 
 
 def stream_tensor(value):
-    """The grid's tensor of a block's stream argument or output: LTX-2's video of its (video,
-    audio) pair, else the value itself."""
-    return value[0] if isinstance(value, (tuple, list)) else value
+    """The grid's tensor [B, L, C] of a block's stream argument or output: LTX-2's video of its
+    (video, audio) pair, Anima's [B, T, H, W, C] grid flattened, else the value itself."""
+    if isinstance(value, (tuple, list)):
+        return value[0]
+    return value.flatten(1, -2) if value.dim() == 5 else value
 
 
 def lumina_text(name: str, length: int, image: int) -> int:
@@ -108,7 +111,7 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     g = group(name)
     if g in ("flux2", "chroma", "longcat"):
         return (0, txt_len) if kind == "double_block" else (txt_len, txt_len)
-    if g == "qwen":
+    if g in ("qwen", "mage_flow"):                             # [image; references]
         return 0, txt_len
     if g == "hunyuan":
         if flipped(model):                                      # [image; text]
@@ -157,6 +160,8 @@ class Recorder:
         blocks = [(kind, attr) for kind, attr in OBJECT_BLOCKS if hasattr(dm, attr)]
         if type(dm).__name__ == KREA2_MODEL:
             blocks = [KREA2_BLOCKS]
+        if type(dm).__name__ == ANIMA_MODEL:
+            blocks = [ANIMA_BLOCKS]
         for kind, attr in blocks:                   # Lumina 2 / Z-Image, HiDream, Kandinsky 5
             for i, layer in enumerate(getattr(dm, attr)):
                 key = f"diffusion_model.{attr}.{i}.forward"
@@ -210,10 +215,13 @@ def stream_out(out: dict):
 # Blocks ComfyUI calls without replace patches: (kind, diffusion model attribute).
 OBJECT_BLOCKS = (("layer", "layers"), ("double_block", "double_stream_blocks"),
                  ("single_block", "single_stream_blocks"), ("visual", "visual_transformer_blocks"))
-STREAM = {"layer": "x", "visual": "visual_embed", "block": "x"}
+STREAM = {"layer": "x", "visual": "visual_embed", "block": "x", "cosmos": "x_B_T_H_W_D"}
 # Krea 2's blocks (`blocks`, a name Wan's replace-patched blocks have too)
 KREA2_MODEL = "SingleStreamDiT"
 KREA2_BLOCKS = ("block", "blocks")
+# Anima's blocks (Cosmos Predict2's, `blocks` too)
+ANIMA_MODEL = "Anima"
+ANIMA_BLOCKS = ("cosmos", "blocks")
 
 
 def stream_name(name: str, kind: str) -> str:
@@ -227,6 +235,7 @@ def stream_name(name: str, kind: str) -> str:
 # Arguments holding positional rows over the grid's sequence (a tensor, or a tuple whose
 # tensors are rows: LTX's (rotation, split) pair, (cos, sin) before ComfyUI 0.8).
 PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "block": ("freqs",),
+      "cosmos": ("rope_emb_L_1_1_D",),
       "ltx2": ("v_pe", "v_cross_pe"), "hidream": ("rope",), "hidream_o1": ("freqs_cis",)}
 # The separate text stream of two-stream blocks: it reaches the block as it came.
 TEXT = {"hidream": "text_tokens"}
@@ -240,15 +249,16 @@ ROWS = {"wan": ("vec",), "ltxv": ("vec",), "wan_vace": (), "wan_vace_ref": (), "
 
 
 def recorded_run(name: str, ratio: float = RATIO, extra: dict | None = None,
-                 single: bool = False):
+                 single: bool = False, base=None, x=None):
     """One merged sampling step of the family's tiny model at its odd test size (1 step, CFG
     where ComfyUI allows it; `single`: batch 1 without CFG), recorded inside and outside ToMA;
-    `extra` is added to both conditionings."""
-    base = tiny_patcher(name)
+    `extra` is added to both conditionings. `base` and `x` (a model of the family and its
+    SampleInputs) replace the family's tiny model and `inputs`."""
+    base = tiny_patcher(name) if base is None else base
     (batch, height, width, frames), cfg = sample_args(name)
     if single:
         batch, cfg = 1, 1.0
-    x = inputs(name, base, batch, height, width, frames)
+    x = inputs(name, base, batch, height, width, frames) if x is None else x
     for cond in (x.positive, x.negative):
         cond[0][1].update(extra or {})
     inner, outer = Recorder(), Recorder(unmerged=True)
@@ -359,7 +369,12 @@ def test_merged_blocks_follow_the_plan(name):
     recorder) runs for every block, on the merged arguments."""
     if not available(name):
         return assert_absent(name)
-    base, x, inner_rec, outer_rec, out = recorded_run(name)
+    check_merged_blocks(name, *recorded_run(name))
+
+
+def check_merged_blocks(name: str, base, x, inner_rec: Recorder, outer_rec: Recorder,
+                        out: torch.Tensor) -> None:
+    """test_merged_blocks_follow_the_plan's checks on one recorded_run of the family `name`."""
     inner, outer = inner_rec.calls, outer_rec.calls
     assert len(inner) == len(outer) > 0
     assert out.shape == video_of(x.latent).shape and torch.isfinite(out).all()
@@ -491,6 +506,8 @@ UPDATE_ERROR = {
     "wan22_camera_i2v": 0.37,   # 0.247
     "wan_animate": 0.37,   # 0.244
     "wan_animate_continue": 0.27,   # 0.178
+    "wan_scail": 0.40,   # 0.262 (v0.33.0)
+    "wan_scail2": 0.40,   # 0.261 (v0.33.0)
     "qwen_image_edit_2511": 0.84,   # 0.560
     "flux2_timestep_zero": 0.81,   # 0.541 (v0.8.0; 0.522 on v0.33.0)
     "chroma_radiance": 0.39,   # 0.258
@@ -498,6 +515,9 @@ UPDATE_ERROR = {
     "longcat_image_edit": 0.68,   # 0.456
     "krea2": 1.57,   # 1.048
     "krea2_reference": 1.23,   # 0.822
+    "mage_flow": 0.95,   # 0.632 (v0.33.0)
+    "mage_flow_edit": 0.54,   # 0.361 (v0.33.0)
+    "anima": 0.71,   # 0.475 (v0.33.0)
 }
 
 
@@ -509,7 +529,15 @@ def test_merged_block_outputs_follow_the_update_rule(name):
     within a measured distance of the unmerged block's on the same input."""
     if not available(name):
         return assert_absent(name)
-    base, x, inner, outer, out = recorded_run(name)
+    worst = worst_update_error(name, *recorded_run(name))
+    print(f"{name}: worst relative error of a merged block's update {worst:.3f}")
+    assert worst <= UPDATE_ERROR[name]
+
+
+def worst_update_error(name: str, base, x, inner: Recorder, outer: Recorder, out) -> float:
+    """test_merged_block_outputs_follow_the_update_rule's checks on one recorded_run of the
+    family `name`; returns the largest relative error of a merged block's update against the
+    unmerged block's."""
     grid = merged_grid(name, x.latent)
     _, h, w = grid
     n = math.prod(grid)
@@ -543,8 +571,7 @@ def test_merged_block_outputs_follow_the_update_rule(name):
         assert float((b_out[:, offset:offset + n] - expected).abs().max()) <= 4e-7 * scale
         got, want = b_out - x_in, ref - x_in
         worst = max(worst, float((got - want).norm() / want.norm()))
-    print(f"{name}: worst relative error of a merged block's update {worst:.3f}")
-    assert worst <= UPDATE_ERROR[name]
+    return worst
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -824,11 +851,34 @@ def test_default_widgets_on_hunyuan_video15_as_comfyui_builds_it():
     assert lengths[:5] == [full] * 5 and all(n < full for n in lengths[5:8])
 
 
-def test_ltx_guide_with_attention_strength_runs_unmerged(caplog):
-    """A guide whose strength is not 1 (LTXVAddGuide, ComfyUI 0.33) makes LTX build a guide
-    attention mask over fixed token spans (the guide tokens at the end of the sequence):
-    blocks given one run unmerged, the samples equal the unmerged model's bit for bit, and the
-    user is told once. Earlier ComfyUI versions have no such mask."""
+def check_guide_masks(inner: Recorder, outer: Recorder, guides: int) -> None:
+    """Each merged LTX block's guide attention mask (GuideAttentionMask, ComfyUI 0.33) is the
+    full one less as many of its leading columns as the video lost tokens, `guide_start` moved
+    back by as many; the full one has `guides` guide tokens ending the sequence and one bias for
+    every video token before them (the premise of the shortening)."""
+    from comfy.ldm.lightricks.model import GuideAttentionMask
+
+    assert len(inner.calls) == len(outer.calls) > 0
+    for (_, _, a), (_, _, b) in zip(inner.calls, outer.calls, strict=True):
+        full, merged = b["self_attention_mask"], a["self_attention_mask"]
+        assert isinstance(full, GuideAttentionMask) and isinstance(merged, GuideAttentionMask)
+        tokens = stream_tensor(b["img"]).shape[1]
+        assert tokens - full.guide_start == guides == full.tracked_count
+        video = full.tracked_mask[..., :full.guide_start]
+        assert full.noisy_mask.shape[2] == 1 and not full.noisy_mask[..., :full.guide_start].any()
+        assert torch.equal(video, video[..., :1].expand_as(video))
+        removed = tokens - stream_tensor(a["img"]).shape[1]
+        assert removed > 0 and merged.guide_start == full.guide_start - removed
+        assert merged.tracked_count == full.tracked_count
+        assert torch.equal(merged.noisy_mask, full.noisy_mask[..., removed:])
+        assert torch.equal(merged.tracked_mask, full.tracked_mask[..., removed:])
+
+
+def test_ltx_guide_with_attention_strength_merges(monkeypatch):
+    """A guide whose strength is not 1 (LTXVAddGuide, ComfyUI 0.33) makes LTX give its blocks a
+    guide attention mask (the guide tokens at the end of the sequence): every block merges, the
+    merged blocks follow the plan and get the full mask shortened with the video
+    (check_guide_masks). Earlier ComfyUI versions have no such mask."""
 
     name = "ltxv_guide"
     model = tiny_patcher(name)
@@ -842,8 +892,13 @@ def test_ltx_guide_with_attention_strength_runs_unmerged(caplog):
         return
     positive, negative = lt._append_guide_attention_entry(
         x.positive, x.negative, height * width, [1, height, width], strength=0.5)
-    run = {"steps": 1, "cfg": cfg, "noise_mask": x.noise_mask}
-    assert_runs_unmerged(model, x.latent, positive, negative, run, "self_attention_mask", caplog)
+    sent: list[dict] = []
+    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
+    run = recorded_run(name, base=model, x=dataclasses.replace(x, positive=positive,
+                                                               negative=negative))
+    check_merged_blocks(name, *run)
+    assert sent[-1]["layers_merged"] == sent[-1]["layers_total"] > 0
+    check_guide_masks(run[2], run[3], SUFFIX_FRAMES[name] * height * width)
 
 
 @pytest.mark.parametrize("name", ["ltxv", "ltx2"])

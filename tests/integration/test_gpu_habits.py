@@ -92,7 +92,8 @@ SYNC_FAMILIES = ["wan21_t2v", "wan22_5b", "wan22_5b_i2v", "qwen_image", "qwen_im
                  "wan22_camera_i2v", "wan_animate", "wan_animate_continue", "wan_vace2",
                  "wan22_fun_control", "hidream_o1", "qwen_image_edit_2511",
                  "flux2_timestep_zero", "krea2", "krea2_reference", "longcat_image",
-                 "longcat_image_edit", "chroma_radiance"]
+                 "longcat_image_edit", "chroma_radiance", "mage_flow", "mage_flow_edit", "anima",
+                 "wan_scail", "wan_scail2"]
 
 
 def assert_no_syncs(plain: OpCounter, toma: OpCounter, dropped: tuple[str, ...] = ()) -> None:

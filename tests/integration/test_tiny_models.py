@@ -43,9 +43,10 @@ ODD_IMAGE = (2, 7, 9, 1)
 # control (its camera adapter's unpadded convolution likewise gives 3x4 tokens a frame), and
 # Kandinsky 5 (it pads the latent but does not crop its output back), Wan Animate (its
 # pose embedding is an unpadded convolution too) and Wan Fun's reference image (ref_conv,
-# likewise). Their nodes make latents
-# of even sizes (pixels in steps of 16). (HiDream-O1's sizes count its 32-pixel patches: its
-# tiny family's `scale`.)
+# likewise), and SCAIL (its node resizes the pose video and SCAIL-2's pose mask to half the
+# video's size apart, and ComfyUI adds the two: at 7x9 their latents are 3x4 and 3x5). Their
+# nodes make latents of even sizes (pixels in steps of 16; SCAIL's 32). (HiDream-O1's sizes
+# count its 32-pixel patches: its tiny family's `scale`.)
 EVEN_VIDEO = (2, 6, 10, 3)
 EVEN_IMAGE = (2, 6, 10, 1)
 SIZES = {"hunyuan_video": EVEN_VIDEO, "hunyuan_video_i2v": EVEN_VIDEO,
@@ -53,7 +54,8 @@ SIZES = {"hunyuan_video": EVEN_VIDEO, "hunyuan_video_i2v": EVEN_VIDEO,
          "wan_vace2": EVEN_VIDEO, "wan22_fun_control": EVEN_VIDEO,
          "kandinsky5": EVEN_VIDEO, "kandinsky5_i2v": EVEN_VIDEO, "kandinsky5_image": EVEN_IMAGE,
          "wan_camera": EVEN_VIDEO, "wan_camera_i2v": EVEN_VIDEO, "wan22_camera_i2v": EVEN_VIDEO,
-         "wan_animate": EVEN_VIDEO, "wan_animate_continue": EVEN_VIDEO}
+         "wan_animate": EVEN_VIDEO, "wan_animate_continue": EVEN_VIDEO,
+         "wan_scail": EVEN_VIDEO, "wan_scail2": EVEN_VIDEO}
 
 
 def assert_absent(name: str) -> None:
@@ -162,7 +164,12 @@ DIT_ARGS = {"wan": _TWO_STREAM_ARGS, "kandinsky5": {}, "qwen": _TWO_STREAM_ARGS,
             "lumina2": {}, "z_image": {}, "hidream_o1": _HIDREAM_O1_ARGS, "hidream": {},
             "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS,
             "ltxv": _LTXV_ARGS, "ltx2": _LTX2_ARGS, "krea2": {},
-            "longcat": _FLUX_ARGS}
+            "longcat": _FLUX_ARGS, "mage_flow": _TWO_STREAM_ARGS, "anima": {}}
+
+
+# Conditioning whose latent's tokens the family's stream holds after the image's (SCAIL's pose
+# video, at half the video's size).
+APPENDED = {"wan_scail": "pose_video_latent", "wan_scail2": "pose_video_latent"}
 
 
 def dit_args(name: str) -> dict[str, set[str]]:
@@ -236,6 +243,9 @@ def test_dit_replace_patches_see_the_documented_sequence(name: str) -> None:
     image = math.prod(token_grid(name, x.latent.shape))   # LTX: its guide frames included
     for ref in x.positive[0][1].get("reference_latents", []):
         image += math.prod(token_grid(name, ref.shape))   # Qwen edit: appended to the image
+    appended = x.positive[0][1].get(APPENDED.get(name, ""))
+    if appended is not None:                               # SCAIL: the pose video's tokens
+        image += math.prod(token_grid(name, appended.shape))
     text = None
     video_only = _group(name) in ("wan", "ltxv", "ltx2")   # the text is cross-attention only
     for kind, _, args in calls:

@@ -136,6 +136,28 @@ def _krea2() -> dict[str, Any]:
             "txtheads": 2, "txtkvheads": 2}
 
 
+def _mage_flow() -> dict[str, Any]:
+    """Mage-Flow: Qwen-Image's blocks on the 128-channel latent one pixel a token (patch 1),
+    4 heads of 16 (RoPE axes 4+6+6)."""
+    return {"image_model": "mage_flow", "in_channels": 128, "out_channels": 128,
+            "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 4,
+            "joint_attention_dim": TEXT_DIM, "axes_dims_rope": (4, 6, 6)}
+
+
+def _anima() -> dict[str, Any]:
+    """Anima: Cosmos Predict2's blocks at width 64, 4 heads of 16 (3-D RoPE 8+4+4), patch
+    (1, 2, 2), AdaLN-LoRA of 16 (the real layout's shape at toy width); its LLM adapter is
+    ComfyUI's fixed size (its output, the blocks' context, 1024 wide)."""
+    return {"image_model": "anima", "max_img_h": 240, "max_img_w": 240, "max_frames": 128,
+            "in_channels": 16, "out_channels": 16, "patch_spatial": 2, "patch_temporal": 1,
+            "concat_padding_mask": True, "model_channels": 64, "num_blocks": 2,
+            "num_heads": 4, "crossattn_emb_channels": 1024, "pos_emb_cls": "rope3d",
+            "pos_emb_learnable": True, "pos_emb_interpolation": "crop", "min_fps": 1,
+            "max_fps": 30, "use_adaln_lora": True, "adaln_lora_dim": 16,
+            "extra_per_block_abs_pos_emb": False, "rope_h_extrapolation_ratio": 4.0,
+            "rope_w_extrapolation_ratio": 4.0, "rope_t_extrapolation_ratio": 1.0}
+
+
 def _hunyuan_video(**overrides: Any) -> Callable[[], dict[str, Any]]:
     """HunyuanVideo: double + single blocks (Flux's, image first before 0.33), patch [1, 2, 2]."""
     def config() -> dict[str, Any]:
@@ -303,6 +325,67 @@ def _timestep_zero_reference(latent: torch.Tensor, mask: torch.Tensor | None, po
     return latent, mask, out[0], out[1]
 
 
+class _StubImageVAE:
+    """An image VAE's encode: pixels [N, H, W, 3] -> latent [N, channels, H / f, W / f], f x f
+    means through a fixed random projection."""
+
+    def __init__(self, channels: int, factor: int, seed: int) -> None:
+        self.projection, self.factor = _randn(channels, 3, seed=seed), factor
+
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        cells = torch.nn.functional.avg_pool2d(pixels.movedim(-1, 1).float(), self.factor)
+        return torch.einsum("oc,nchw->nohw", self.projection, cells - 0.5) * 4
+
+
+class _GivenClip:
+    """A text encoder handing back given conditionings: `positive` for the prompt "positive",
+    `negative` for any other (the images a node tokenizes with the prompt are not read)."""
+
+    def __init__(self, positive: Any, negative: Any) -> None:
+        self.positive, self.negative = positive, negative
+
+    def tokenize(self, text: str, images: Any = None, **kwargs: Any) -> str:
+        return text
+
+    def encode_from_tokens_scheduled(self, tokens: str) -> Any:
+        return self.positive if tokens == "positive" else self.negative
+
+
+def _mage_flow_edit(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any,
+                    negative: Any, seed: int) -> tuple:
+    """TextEncodeMageFlowEdit with two seeded reference images of other sizes than the output
+    (width and height the latent's): ComfyUI's own node resizes them to the output, encodes
+    them and appends them as reference_latents to both conditionings."""
+    import comfy_harness
+
+    comfy_harness.comfy_top_level_nodes()
+    from comfy_extras.nodes_mage import TextEncodeMageFlowEdit
+
+    h, w = latent.shape[-2:]
+    images = {"image_1": _pixels(1, 2 * h + 2, 2 * w, seed + 13),
+              "image_2": _pixels(1, 2 * h, 2 * w + 4, seed + 14)}
+    out = _node_output(TextEncodeMageFlowEdit.execute(
+        _GivenClip(positive, negative), "positive", "negative", _StubImageVAE(128, 16, seed + 12),
+        images, w * 16, h * 16, latent.shape[0]))
+    assert out[2]["samples"].shape == latent.shape
+    return latent, mask, out[0], out[1]
+
+
+def _anima_text(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any, negative: Any,
+                seed: int) -> tuple:
+    """Anima's conditioning as CLIPTextEncode hands it from Anima's text encoder: the Qwen3
+    0.6B states [1, L, 1024] with the prompt's T5 token ids and weights (seeded ids, weights
+    1), which ComfyUI's Anima runs through its LLM adapter into the blocks' context."""
+    out = []
+    for offset, cond in enumerate((positive, negative)):
+        generator = torch.Generator().manual_seed(seed + 20 + offset)
+        ids = torch.randint(1, 32128, (TEXT_TOKENS + 2,), generator=generator, dtype=torch.int)
+        context, extras = cond[0]
+        out.append([[context[:1], {**extras, "t5xxl_ids": ids,
+                                   "t5xxl_weights": torch.ones(TEXT_TOKENS + 2)}]])
+    return latent, mask, out[0], out[1]
+
+
 def _kandinsky5(**overrides: Any) -> Callable[[], dict[str, Any]]:
     """Kandinsky 5: patch (1, 2, 2), 4 heads of 16 (RoPE axes 4+6+6), one text block; the video
     model's input is 16 latent + 16 image + 1 mask channels (33 x 4 = 132 per patch, the real
@@ -431,6 +514,35 @@ def wan_animate_guides(face_frames: int = 0, continue_motion: bool = False
             reference_image=_pixels(1, h, w, seed + 13),
             pose_video=_pixels(length, h, w, seed + 14), face_video=face,
             continue_motion=_pixels(1, h, w, seed + 16) if continue_motion else None).result
+        assert out[2]["samples"].shape == latent.shape
+        return latent, mask, out[0], out[1]
+    return guides
+
+
+def wan_scail_guides(masks: bool) -> Callable[..., tuple]:
+    """WanSCAILToVideo with a seeded reference image, pose video and CLIP-vision output, and
+    with `masks` (SCAIL-2's replacement mode, as its templates run it) a pose video mask and a
+    reference image mask: ComfyUI's own node hands the reference latent (put in front of the
+    video in time), the pose latents at half the video's size (their tokens after the video)
+    and, with masks, SCAIL-2's identity mask streams."""
+    def guides(latent: torch.Tensor, mask: torch.Tensor | None, positive: Any, negative: Any,
+               seed: int) -> tuple:
+        import comfy_harness
+
+        comfy_harness.comfy_top_level_nodes()
+        from comfy_extras.nodes_scail import WanSCAILToVideo
+
+        batch, _, frames, h, w = latent.shape
+        length = (frames - 1) * 4 + 1
+        clip = _clip_vision("penultimate_hidden_states", CLIP_VISION_TOKENS, CLIP_VISION_DIM,
+                            1, seed + 17)
+        shown = (lambda n, s: _pixels(n, h, w, s)) if masks else (lambda n, s: None)
+        out = WanSCAILToVideo.execute(
+            positive, negative, _StubVAE(seed + 12), w * 8, h * 8, length, batch, 1.0, 0.0,
+            1.0, 0, 5, replacement_mode=masks, reference_image=_pixels(1, h, w, seed + 13),
+            clip_vision_output=clip, pose_video=_pixels(length, h, w, seed + 14),
+            pose_video_mask=shown(length, seed + 15),
+            reference_image_mask=shown(1, seed + 16)).result
         assert out[2]["samples"].shape == latent.shape
         return latent, mask, out[0], out[1]
     return guides
@@ -606,7 +718,11 @@ _VACE = ("comfy.ldm.wan.model", "VaceWanModel")
 _CAMERA = ("comfy.ldm.wan.model", "CameraWanModel")
 _K5 = ("comfy.ldm.kandinsky5.model", "Kandinsky5")
 _ANIMATE = ("comfy.ldm.wan.model_animate", "AnimateWanModel")
+_SCAIL = ("comfy.ldm.wan.model", "SCAILWanModel")
+_SCAIL2 = ("comfy.ldm.wan.model", "SCAIL2WanModel")
 _KREA2 = ("comfy.ldm.krea2.model", "SingleStreamDiT")
+_MAGE_FLOW = ("comfy.ldm.mage_flow.model", "MageFlowTransformer2DModel")
+_ANIMA = ("comfy.ldm.anima.model", "Anima")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -734,6 +850,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            video=True, guides=wan_animate_guides()),
     Family("wan_animate_continue", "WAN22_Animate", _wan(model_type="animate", in_dim=36),
            _ANIMATE, video=True, guides=wan_animate_guides(continue_motion=True)),
+    # SCAIL (animation mode) and SCAIL-2 (replacement mode with its identity masks, as its
+    # templates run it) through WanSCAILToVideo: a reference frame in front of the video, pose
+    # tokens after it.
+    Family("wan_scail", "WAN21_SCAIL", _wan(model_type="scail", in_dim=20), _SCAIL,
+           video=True, guides=wan_scail_guides(masks=False)),
+    Family("wan_scail2", "WAN21_SCAIL2", _wan(model_type="scail2", in_dim=20), _SCAIL2,
+           video=True, guides=wan_scail_guides(masks=True)),
     # Kandinsky 5 video, text- and image-to-video (Kandinsky5ImageToVideo), and image.
     Family("kandinsky5", "Kandinsky5", _kandinsky5(), _K5, video=True, extra_conds=_pooled),
     Family("kandinsky5_i2v", "Kandinsky5", _kandinsky5(), _K5, video=True,
@@ -744,6 +867,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("krea2", "Krea2", _krea2, _KREA2, frames_dim=True, text_dim=2 * TEXT_DIM),
     Family("krea2_reference", "Krea2", _krea2, _KREA2, frames_dim=True, text_dim=2 * TEXT_DIM,
            guides=_timestep_zero_reference),
+    # Mage-Flow text-to-image, and editing two images (TextEncodeMageFlowEdit)
+    Family("mage_flow", "MageFlow", _mage_flow, _MAGE_FLOW, patch=(1, 1, 1)),
+    Family("mage_flow_edit", "MageFlow", _mage_flow, _MAGE_FLOW, patch=(1, 1, 1),
+           guides=_mage_flow_edit),
+    # Anima text-to-image (its text through the LLM adapter, as CLIPTextEncode conditions it)
+    Family("anima", "Anima", _anima, _ANIMA, frames_dim=True, text_dim=1024,
+           guides=_anima_text),
 )}
 
 

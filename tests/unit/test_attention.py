@@ -51,6 +51,7 @@ def test_size_bias_is_log_size_on_the_grid_and_zero_elsewhere() -> None:
     assert torch.equal(bias[..., 3 + m:], torch.zeros(2, 1, 1, 2, dtype=torch.float16))
     assert torch.allclose(bias[0, 0, 0, 3:3 + m].float(), plan.key_sizes()[0].log(), atol=1e-2)
     assert size_bias(plan, 3 + m + 2, prefix=3, dtype=torch.float16) is bias   # made once
+    assert plan.size_biases[(3 + m + 2, 3, torch.float16)] is bias   # where hot paths read it
 
 
 def test_merging_duplicate_keys_loses_nothing_when_size_weighted() -> None:

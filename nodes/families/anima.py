@@ -1,0 +1,53 @@
+"""Anima (comfy/ldm/anima, ComfyUI 0.33 and later): Cosmos Predict2's blocks (MiniTrainDIT), an
+image model. ComfyUI calls the blocks without replace patches: ToMA patches each block's
+forward. The stream is the image grid alone, laid out [B, T, H, W, C]; the text reaches the
+blocks only as cross-attention context (after Anima's LLM adapter) and never merges. The RoPE
+rows (one per grid token) follow the merged tokens; the timestep modulation is one row per
+latent frame, and an image has one, which every merged token shares. A call of more than one
+latent frame runs unmerged: its frames' modulation rows address the grid by frame."""
+
+from __future__ import annotations
+
+from ..contracts import Contract, Sets
+from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
+
+# the models of this family, as the node's error and the README name them
+MODELS = "Anima"
+
+# extra_per_block_pos_emb: Cosmos's learned positions per grid token, absent from Anima's
+# checkpoints: a block handed them runs unmerged
+KINDS = (BlockKind("block", "blocks", "", TextAt.NONE, stream="x_B_T_H_W_D", txt=None,
+                   pe="rope_emb_L_1_1_D", opaque=("extra_per_block_pos_emb",), grid_axes=True,
+                   hook="object"),)
+
+ANIMA = "comfy.ldm.anima.model:Anima"
+COSMOS = "comfy.ldm.cosmos.predict2:MiniTrainDIT"
+
+CONTRACT = Contract(
+    "Anima",
+    models={ANIMA: (Sets(f"{COSMOS}.__init__", ("patch_spatial", "patch_temporal"),
+                         why="the size of its patches"),)},
+    blocks={KINDS[0].modules: KINDS[0].arguments},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of an Anima model (families.family_of checked it)."""
+    size = int(diffusion_model.patch_spatial)
+    return description((int(diffusion_model.patch_temporal), size, size))
+
+
+def description(patch: tuple[int, int, int] = (1, 2, 2)) -> Family:
+    """Anima's Family (benchmarks call blocks without a model call to describe)."""
+
+    def describe(call, base_model, arguments: dict) -> str | None:
+        """The (1, h, w) grid of latent x [B, C, 1, H, W]."""
+        grid = latent_grid(arguments.get("x"), patch)
+        if grid is not None and grid[0] != 1:
+            call.mergeable = False
+            return (f"an Anima call of {grid[0]} latent frames (its blocks modulate each "
+                    f"frame's tokens by the frame's row); those model calls run unmerged")
+        set_grid(call, grid)
+        return None
+
+    return Family("anima", "Anima", KINDS, patch, describe)
