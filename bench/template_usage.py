@@ -8,8 +8,8 @@ diffusion model where its graph has a diffusion loader (LOADERS); the model fami
 the loaders' file names (FILE_RULES, first match wins; TEMPLATE_RULES, by template name, where
 the file is a plain base model run through another model's nodes). The status of a family is
 read from the pack: "merges" only where the family's model name is in the pack's supported list
-(nodes/families: UNET_MODELS and each family module's MODELS), the refusal reason from
-NOT_MERGED where the pack gives one. Templates with no diffusion loader (API nodes, LLMs,
+(nodes/families: UNET_MODELS and each family module's MODELS), the refusal reason from a
+family's NOT_MERGED where the pack gives one. Templates with no diffusion loader (API nodes, LLMs,
 estimators) are counted apart; audio, 3D, upscaler and estimator models are listed but left out
 of the image and video total. Stdlib only: the pack's lists are read with `ast`, nothing imported.
 """
@@ -157,19 +157,21 @@ TEMPLATE_RULES: tuple[tuple[str, Rule], ...] = (
 
 
 def pack_lists(families: Path = FAMILIES) -> tuple[str, dict[str, str]]:
-    """The pack's supported-model list (as supported_models() joins it) and NOT_MERGED, read
-    from the source of nodes/families without importing it."""
-    init = ast.parse((families / "__init__.py").read_text())
-    consts = {target.id: node.value for node in init.body if isinstance(node, ast.Assign)
-              for target in node.targets if isinstance(target, ast.Name)}
-    modules = [name.id for name in consts["MODULES"].elts]
-    names = [ast.literal_eval(consts["UNET_MODELS"])]
-    for module in modules:
-        tree = ast.parse((families / f"{module}.py").read_text())
-        names += [ast.literal_eval(node.value) for node in tree.body
-                  if isinstance(node, ast.Assign)
-                  and any(getattr(t, "id", "") == "MODELS" for t in node.targets)]
-    return ", ".join(names), ast.literal_eval(consts["NOT_MERGED"])
+    """The pack's supported-model list (as supported_models() joins it) and NOT_MERGED (every
+    family module's), read from the source of nodes/families without importing it."""
+    def constants(path: Path) -> dict[str, ast.expr]:
+        return {target.id: node.value for node in ast.parse(path.read_text()).body
+                if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Name)}
+
+    names = [ast.literal_eval(constants(families / "__init__.py")["UNET_MODELS"])]
+    not_merged: dict[str, str] = {}
+    for path in sorted(families.glob("*.py")):
+        if path.name != "__init__.py":
+            consts = constants(path)
+            names.append(ast.literal_eval(consts["MODELS"]))
+            not_merged.update(ast.literal_eval(consts.get("NOT_MERGED", ast.Dict([], []))))
+    return ", ".join(names), not_merged
 
 
 def status_of(rule: Rule, supported: str, not_merged: dict[str, str]) -> str:

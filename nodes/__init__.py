@@ -13,7 +13,6 @@ unet_neighbours -- other nodes' patches inside UNet blocks, and where ToMA stand
 dit_neighbours -- other nodes that replace a transformer's blocks or patch their self-attention
 dit_patch     -- the diffusion transformers (Flux, Wan, HunyuanVideo, Qwen-Image, SD3, ...): one
                  block patch reading the per-family descriptions in dit_families / families/
-flux_patch    -- Flux double blocks in merge scope "attention"
 run_state     -- per-run plans and counters, the model call in flight on each thread
 ui_stats      -- the stats line pushed to the graph
 """

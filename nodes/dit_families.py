@@ -11,11 +11,11 @@ Token layout in a block call, per kind (stream = the tensor holding the image gr
 
     stream = [prefix][grid: t*h*w tokens][suffix]
 
-prefix: the text when it is in the stream and comes first (`text` "stream_before"), then tokens
+prefix: the text when it is in the stream and comes first (TextAt.STREAM_BEFORE), then tokens
 that never merge (reference latents put in front, image-to-video conditioning frames); suffix:
 everything after the grid (reference images, padding, text that comes last, LTX's guide
 frames). Positional rows (RoPE) and attention masks follow the attention sequence, which also
-holds the text when the block attends over [text; image] ("before") or [image; text] ("after").
+holds the text when the block attends over [text; image] (BEFORE) or [image; text] (AFTER).
 Modulation rows (`rows`: per-token or per-frame timestep embeddings) are spread evenly over
 the stream: R rows of L / R tokens each, one row for all (R 1), one per token or one per frame.
 """
@@ -25,12 +25,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum, auto
 
 import torch
 
 from .model_call import ModelCall
 
-TEXT_POSITIONS = ("before", "after", "stream_before", "stream_after", "none")
 # tile_count 0: regions of about REGION_TOKENS tokens, VIDEO_REGION_FRAMES frames deep for
 # video: the sizes whose merged blocks and samples stayed closest to unmerged among those tried
 # (docs/compatibility.md, settings for the transformer families).
@@ -38,13 +38,39 @@ REGION_TOKENS = 64
 VIDEO_REGION_FRAMES = 2
 
 
+class TextAt(Enum):
+    """Where a block's text is: BEFORE / AFTER the image in the attention, from a text stream
+    of its own; STREAM_BEFORE / STREAM_AFTER the image in the stream itself; NONE: the text is
+    not among the attended tokens (cross-attention context, or no text)."""
+
+    BEFORE = auto()
+    AFTER = auto()
+    STREAM_BEFORE = auto()
+    STREAM_AFTER = auto()
+    NONE = auto()
+
+
+@dataclass(frozen=True)
+class ShardKind:
+    """How raylight's sequence-parallel forward (sequence_parallel.py) hands one kind of block
+    its shard.
+
+    text_in_stream: the stream is a shard of [text; grid; ...] (Flux's single blocks), the text
+    length the first item of transformer_options["img_slice"] (the whole text's length on every
+    rank); pe_item: the positional-rows argument is a list whose item `pe_item` holds the
+    stream's rows (Qwen-Image: [image rows, text rows]), None: it is the stream's rows alone."""
+
+    text_in_stream: bool = False
+    pe_item: int | None = None
+
+
 @dataclass(frozen=True)
 class BlockKind:
     """One kind of block and how its call carries the tokens.
 
     key: the "dit" replace key ("double_block"/"single_block"); modules: the diffusion model's
-    attribute holding these blocks; letter: its skip_blocks letter ("" in one-kind families);
-    text: where the text is (TEXT_POSITIONS, see the module docstring); stream / txt / pe / mask:
+    attribute holding these blocks; letter: its skip_blocks label ("" in one-kind families);
+    text: where the text is (see the module docstring); stream / txt / pe / mask:
     argument names of the image stream, the separate text stream, the positional rows and the
     attention mask (None: the block has none); mask_dims: the mask's token dims;
     rows: arguments holding modulation rows along dim 1 (Wan's per-frame e0, LTX's per-token
@@ -82,6 +108,10 @@ class BlockKind:
     grid_axes: the stream argument is the grid alone laid out [B, T, H, W, C] (Cosmos's
     blocks): read as [B, T*H*W, C], a merged one handed over as [B, 1, 1, M, C];
     hook: "dit" (replace patch) or "object" (patch of the block's forward);
+    attention_scope: merge_scope "attention" merges only these blocks' image attention (the
+    family's attention_hooks);
+    shard: how raylight's sequence-parallel forward hands these blocks their shard, for the
+    forwards read (in raylight 1.5.1); None: such blocks run unmerged under it;
     returns: for an object-patched block whose forward returns a tuple (HiDream's double
     blocks: image and text tokens), the argument names of its items; () when it returns the
     stream alone.
@@ -90,7 +120,7 @@ class BlockKind:
     key: str
     modules: str
     letter: str
-    text: str
+    text: TextAt
     stream: str = "img"
     txt: str | None = "txt"
     pe: str | None = "pe"
@@ -110,6 +140,8 @@ class BlockKind:
     grid_axes: bool = False
     hook: str = "dit"
     returns: tuple[str, ...] = ()
+    attention_scope: bool = False
+    shard: ShardKind | None = None
     # the stream argument is the grid tensor itself (read without a further call per block)
     bare: bool = field(init=False, repr=False, compare=False)
 
@@ -153,7 +185,13 @@ class Family:
     foreign_block(patch): why a block holding another node's "dit" replace patch `patch` must
     not merge (that patch reads the block's whole sequence by a layout merging would break),
     or None: such blocks run unmerged when ToMA wraps the patch, and the run says so where
-    the patch replaced ToMA's.
+    the patch replaced ToMA's;
+    sequence_parallel_refusal: why raylight's sequence-parallel forward of this family cannot
+    take a block patch (ToMA then leaves the model alone under raylight), or None;
+    attention_hooks: where merge_scope "attention" applies to some of its kinds
+    (BlockKind.attention_scope), what makes the hooks of one node: `install(model, patches,
+    indices)` puts them on those blocks, `run(index, plan, merged_args, run)` runs one block
+    with only its attention merged (families/flux.py's AttentionScope).
     """
 
     name: str
@@ -163,10 +201,11 @@ class Family:
     describe: Callable[[ModelCall, object, dict], str | None]
     tokens_per_region: int = REGION_TOKENS
     frames_per_region: int = 1
-    attention_scope: bool = False     # Flux's double blocks have ToMA's attention-only variant
     held_rows: HeldRows | None = None
     prefix_cache: bool = False
     foreign_block: Callable[[Callable], str | None] | None = None
+    sequence_parallel_refusal: str | None = None
+    attention_hooks: Callable[[], object] | None = None
 
 
 # Reading a model call -------------------------------------------------------------------------

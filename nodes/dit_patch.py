@@ -57,7 +57,6 @@ from .forward_patches import ForwardPatches, kept_allocations
 from .model_call import ModelCall
 from .prefix_cache import prefix_run
 from .run_state import ToMAState
-from .sequence_parallel import SHARD_KINDS
 from .token_layout import (
     MERGED_FLAG,
     Layout,
@@ -68,10 +67,8 @@ from .token_layout import (
     merge_mask,
     merged_options,
     merged_rows_of,
-    merged_spans,
     moved_positions,
     position_tensors,
-    positions_inside,
     regroup_frame_rows,
     sequence_positions,
     stream_of,
@@ -86,7 +83,8 @@ class DiTToMA:
     """The patch functions for one ToMA node on one diffusion transformer.
 
     groups: (kind key, block index) -> first index of its group, for merged blocks only.
-    attention: the Flux attention-scope helper for double blocks, or None (whole blocks).
+    attention: the family's attention_hooks for merge_scope "attention", or None (whole
+    blocks).
     """
 
     def __init__(self, state: ToMAState, family: Family, groups: dict[tuple[str, int], int],
@@ -157,7 +155,8 @@ class DiTToMA:
         if forms is None:
             return unmerged()
         for name in kind.spans:
-            if merged_spans(args.get(name), lay.offset, tokens_n, tokens_n) is None:
+            if moved_positions(args.get(name), lay.offset, lay.offset + tokens_n, 0,
+                               spans=True) is None:
                 call.note(f"the token spans {name} of {self.family.label} blocks do not keep "
                           f"the {level} grid in a span of its own (or hold values per token "
                           f"there); block {layer} and others like it run unmerged")
@@ -200,7 +199,7 @@ class DiTToMA:
         this rank's own tokens or offsets, so that every rank merges, or none does: the
         attention's all-to-all needs equal lengths."""
         shard, label = call.shard, self.family.label
-        spec = SHARD_KINDS.get((self.family.name, kind.key))
+        spec = kind.shard
         if spec is None:
             call.note(f"ToMA does not merge {label} under raylight's sequence parallelism "
                       f"({shard.forward}): those model calls run unmerged")
@@ -235,7 +234,7 @@ class DiTToMA:
                           f"(raylight's forward does not split them): those blocks run "
                           f"unmerged")
                 return None
-        if self.attention is not None and kind.letter == "d":
+        if self.attention is not None and kind.attention_scope:
             call.note(f"under raylight's sequence parallelism {label}'s double blocks merge "
                       f"whole blocks (merge_scope attention applies on one GPU)")
         key = (kind.key, group, call.grid, geometry, shard.rank, stream.shape[0],
@@ -297,7 +296,8 @@ class DiTToMA:
         opaque = kind.opaque and [name for name in kind.opaque if args.get(name) is not None]
         end = lay.offset + math.prod(call.grid)
         for name in kind.positions:       # those the call hands (an object-patched forward's)
-            if name in args and positions_inside(args[name], lay.offset, end):
+            if args.get(name) is not None and moved_positions(args[name], lay.offset, end,
+                                                              0) is None:
                 opaque = [name]
         for name, shorten in kind.shortened:
             if args.get(name) is not None and shorten(args[name], end, 0) is None:
@@ -369,7 +369,7 @@ class DiTToMA:
         rows, masks and modulation rows are the same for every block of a group in a call:
         merged once, kept in call.merged_rows."""
         out, merged, base = dict(args), None, None
-        if self.attention is None or kind.letter != "d" or call.shard is not None:
+        if self.attention is None or not kind.attention_scope or call.shard is not None:
             merged, base = plan.begin(stream, lay.offset)
             out[kind.stream] = merged if kind.bare else with_stream(
                 kind, args[kind.stream], merged)      # a bare tensor without a further call
@@ -390,11 +390,12 @@ class DiTToMA:
         for name in kind.spans:
             value = args[name]
             out[name] = self.once(call, ("spans", name, key), value, lambda v=value: (
-                merged_spans(v, lay.offset, plan.tokens, plan.merged_tokens)))
+                moved_positions(v, lay.offset, lay.offset + plan.tokens,
+                                plan.tokens - plan.merged_tokens, spans=True)))
         if merged is not None:
             for name in kind.positions:
                 if name in args:
-                    out[name] = moved_positions(args[name], lay.offset + plan.tokens,
+                    out[name] = moved_positions(args[name], lay.offset, lay.offset + plan.tokens,
                                                 plan.tokens - plan.merged_tokens)
             for name, shorten in kind.shortened:
                 value = args.get(name)
@@ -404,7 +405,7 @@ class DiTToMA:
                                                        plan.tokens - plan.merged_tokens))
         out["transformer_options"] = merged_options(
             options, lay.seq_start, plan, call.grid, None if merged is None else lay.offset,
-            self, call.shard is not None and kind.text == "stream_before")
+            self, call.shard is not None and kind.shard.text_in_stream)
         return out, merged, base
 
     def merged_rows(self, call: ModelCall, plan: MergePlan, lay: Layout, value: object,
@@ -508,13 +509,14 @@ class DiTToMA:
                 return original(*args, **kwargs)
             start, tokens = flag["offset"], flag["tokens"]
             for name in kind.positions:
-                if name not in kwargs:
+                if kwargs.get(name) is None:
                     continue
-                if positions_inside(kwargs[name], start, start + tokens):
+                moved = moved_positions(kwargs[name], start, start + tokens,
+                                        tokens - flag["merged_tokens"])
+                if moved is None:
                     raise RuntimeError(f"ToMA: {self.family.label} handed its blocks a {name} "
                                        f"inside the merged image tokens ({kwargs[name]})")
-                kwargs[name] = moved_positions(kwargs[name], start + tokens,
-                                               tokens - flag["merged_tokens"])
+                kwargs[name] = moved
             return original(*args, **kwargs)
 
         return forward
@@ -592,11 +594,10 @@ def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatc
     family, groups = reading.family, reading.groups
     attention = None
     if state.options.merge_scope == "attention":
-        if family.attention_scope:
-            from .flux_patch import AttentionScope
-
-            attention = AttentionScope(state)
-            attention.install(model, patches, [i for (key, i) in groups if key == "double_block"])
+        if family.attention_hooks is not None:
+            attention = family.attention_hooks()
+            scoped = {kind.key for kind in family.kinds if kind.attention_scope}
+            attention.install(model, patches, [i for (key, i) in groups if key in scoped])
         else:
             state.setup_note(f"merge_scope attention: {family.label} has no attention-only "
                              f"variant; whole blocks merge")

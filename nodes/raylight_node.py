@@ -275,6 +275,22 @@ def shipped(function: str, *args: Any) -> Callable:
         if package not in system.modules:
             code = json_module.loads(zlib_module.decompress(sources))
 
+            class Listing:
+                """A shipped package's modules, as pkgutil.iter_modules lists a folder's (the
+                family registry lists its package so)."""
+
+                def __init__(self, below):
+                    self.start = f"{below}." if below else ""
+
+                def find_spec(self, name, target=None):
+                    return None
+
+                def iter_modules(self, prefix=""):
+                    for name, (is_package, _, _) in code.items():
+                        rest = name[len(self.start):]
+                        if name.startswith(self.start) and rest and "." not in rest:
+                            yield prefix + rest, is_package
+
             class ShippedPack(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 """The pack's modules from the shipped sources (first on the meta path, so
                 that the actor runs the driver's code)."""
@@ -293,8 +309,11 @@ def shipped(function: str, *args: Any) -> Callable:
                 def exec_module(self, module):
                     below = "" if module.__name__ == package else \
                         module.__name__[len(package) + 1:]
-                    _, source, origin = code[below]
+                    is_package, source, origin = code[below]
                     module.__file__ = origin
+                    if is_package:
+                        module.__path__ = [f"{origin}:shipped"]
+                        system.path_importer_cache[module.__path__[0]] = Listing(below)
                     exec(compile(source, origin, "exec"), module.__dict__)
 
             system.meta_path.insert(0, ShippedPack())

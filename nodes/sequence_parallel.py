@@ -8,9 +8,9 @@ still run, each on its own GPU's shard. ToMA merges that shard: the full grid's 
 the shard (toma_core.shards), every GPU dropping the same number of tokens (the attention's
 all-to-all needs equal lengths), decided from the shard geometry alone, with no communication.
 
-What raylight hands a block's patch differs per family (its own forwards); `SHARD_KINDS` says it
-for the families whose sequence-parallel forward was read and tested. A family raylight runs
-that is not there runs unmerged under sequence parallelism, and says so.
+What raylight hands a block's patch differs per family (its own forwards); a family's block kinds
+say it (BlockKind.shard) where its sequence-parallel forward was read and tested. A kind without
+one runs unmerged under sequence parallelism, and says so.
 """
 
 from __future__ import annotations
@@ -33,36 +33,6 @@ class Shard:
     rank: int
     world: int
     forward: str
-
-
-@dataclass(frozen=True)
-class ShardKind:
-    """How raylight's forward hands one kind of block its shard.
-
-    text_in_stream: the stream is a shard of [text; grid; ...] (Flux's single blocks), the text
-    length the first item of transformer_options["img_slice"] (the whole text's length on every
-    rank); pe_item: the positional-rows argument is a list whose item `pe_item` holds the
-    stream's rows (Qwen-Image: [image rows, text rows]), None: it is the stream's rows alone."""
-
-    text_in_stream: bool = False
-    pe_item: int | None = None
-
-
-# (family name, block kind key) -> what raylight's forward hands that block, for the forwards
-# read in raylight 1.5.1 (wan/, flux/, chroma/ and qwen_image/xdit_context_parallel.py)
-SHARD_KINDS: dict[tuple[str, str], ShardKind] = {
-    ("wan", "double_block"): ShardKind(),
-    ("flux", "double_block"): ShardKind(),
-    ("flux", "single_block"): ShardKind(text_in_stream=True),
-    ("qwen_image", "double_block"): ShardKind(pe_item=0),
-}
-
-# Families raylight runs whose sequence-parallel forward cannot take a block patch: ToMA leaves
-# them alone under raylight rather than let raylight's forward fail.
-REFUSED = {
-    "hunyuan_video": "raylight's HunyuanVideo forward fails whenever a block patch is installed "
-                     "(its patched-block branch returns a tuple where the image is expected)",
-}
 
 
 def raylight_forward(diffusion_model: object) -> str | None:
@@ -98,7 +68,7 @@ def install_refusal(model) -> str | None:
     if not uses_raylight(model):
         return None
     family = family_of(model.get_model_object("diffusion_model"))
-    reason = REFUSED.get(family.name) if family is not None else None
+    reason = family.sequence_parallel_refusal if family is not None else None
     if reason is None:
         return None
     return (f"ToMA leaves {family.label} alone under raylight's sequence parallelism: "

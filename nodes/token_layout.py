@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..toma_core import MergePlan
-from .dit_families import BlockKind
+from .dit_families import BlockKind, TextAt
 from .model_call import ModelCall
 
 # Set in the transformer_options handed to a merged block: a ToMA patch further in (a second
@@ -73,11 +73,11 @@ def layout(kind: BlockKind, args: dict, stream: torch.Tensor, call: ModelCall,
     prefix = call.prefix
     txt = args.get(kind.txt) if kind.txt else None
     n_txt = txt.shape[1] if isinstance(txt, torch.Tensor) else 0
-    if kind.text == "before":
+    if kind.text is TextAt.BEFORE:
         return Layout(prefix, n_txt + prefix, n_txt + n_stream)
-    if kind.text == "after":
+    if kind.text is TextAt.AFTER:
         return Layout(prefix, prefix, n_stream + n_txt)
-    if kind.text == "stream_before":
+    if kind.text is TextAt.STREAM_BEFORE:
         span = options.get("img_slice")
         text = int(span[0]) if span else call.txt_len
         if text is None:
@@ -148,36 +148,34 @@ def merged_options(options: dict, start: int, plan: MergePlan, grid: tuple[int, 
     return out
 
 
-def position_values(value: object) -> list[int]:
-    """The token positions a positions argument (BlockKind.positions) holds: an index, or the
-    first two items (start, end) of each of its spans; none for anything else."""
-    if isinstance(value, (int, torch.SymInt)):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [p for span in value if isinstance(span, (tuple, list)) for p in span[:2]]
-    return []
-
-
-def positions_inside(value: object, start: int, end: int) -> bool:
-    """Whether a positions argument holds a position strictly inside the grid [start, end),
-    which no merged sequence has (the block then runs unmerged)."""
-    for p in position_values(value):      # a loop, not any(): no generator call per block
-        if start < p < end:
-            return True
-    return False
-
-
-def moved_positions(value: object, end: int, dropped: int) -> object:
-    """A positions argument for the merged stream whose grid, ending at `end`, lost `dropped`
-    tokens: positions at or past `end` move back by `dropped`, the others stay; a span's items
-    after its first two (which modulation it takes) stay as they are."""
-    if isinstance(value, (int, torch.SymInt)):
-        return value - dropped if value >= end else value
+def moved_positions(value: object, start: int, end: int, dropped: int,
+                    spans: bool = False) -> object | None:
+    """Token positions in a stream whose grid [start, end) merges `dropped` tokens away: an
+    index, or spans (first, stop, value...) whose items after the first two stay as they are.
+    Positions at or past `end` move back by `dropped`, the others stay. None where one lies
+    strictly inside the grid, which no merged stream has (so callers pass no None value); with
+    `spans` (BlockKind.spans) also where the value is not a list of spans, or a span covers
+    part of the grid or holds a tensor (values per token, which a merge would have to pick)
+    over it."""
+    if isinstance(value, (int, torch.SymInt)) and not spans:
+        return None if start < value < end else value - dropped if value >= end else value
     if not isinstance(value, (tuple, list)):
-        return value
-    return type(value)([
-        type(span)([*[p - dropped if p >= end else p for p in span[:2]], *span[2:]])
-        if isinstance(span, (tuple, list)) else span for span in value])
+        return None if spans else value
+    out = []
+    for span in value:      # a loop: no generator call per block (any() on the grid's span only)
+        if not isinstance(span, (tuple, list)):
+            if spans:
+                return None
+            out.append(span)
+            continue
+        first, stop = span[0], span[1]
+        if start < first < end or start < stop < end or (
+                spans and first < end and stop > start and (first != start or stop != end or any(
+                    isinstance(item, torch.Tensor) for item in span[2:]))):
+            return None
+        out.append(type(span)([first - dropped if first >= end else first,
+                               stop - dropped if stop >= end else stop, *span[2:]]))
+    return type(value)(out)
 
 
 def merged_rows_of(kind: BlockKind, plan: MergePlan, pe: torch.Tensor,
@@ -189,29 +187,6 @@ def merged_rows_of(kind: BlockKind, plan: MergePlan, pe: torch.Tensor,
     if kind.pe_heads and pe.dim() == 3 and merged.shape[0] > 1:
         return merged.unsqueeze(1)
     return merged
-
-
-def merged_spans(spans: object, offset: int, tokens: int, merged: int) -> list | None:
-    """Token spans [(start, stop, value...)] of a stream whose grid of `tokens` tokens from
-    `offset` merges to `merged`: those before the grid kept, the grid's own span shortened,
-    those after it moved. None when the spans are not a list, one cuts into the grid, or the
-    grid's span holds a tensor (values per token, which a merge would have to pick)."""
-    if not isinstance(spans, (list, tuple)):
-        return None
-    end, shift = offset + tokens, merged - tokens
-    out = []
-    for span in spans:
-        start, stop = span[0], span[1]
-        if stop <= offset:
-            out.append(span)
-        elif start >= end:
-            out.append((start + shift, stop + shift, *span[2:]))
-        elif start == offset and stop == end and not any(
-                isinstance(value, torch.Tensor) for value in span[2:]):
-            out.append((start, stop + shift, *span[2:]))
-        else:
-            return None
-    return out
 
 
 def mask_fits(mask: torch.Tensor | None, dims: tuple[int, ...], length: int) -> bool:

@@ -8,38 +8,27 @@ which must get the "not supported" error rather than a wrong merge.
 
 `family_of` checks a model's family contract against the running ComfyUI before it describes
 the model: a family whose contract fails refuses its models with what changed, and every other
-family keeps working (no family imports its classes outside contracts.py's guards).
+family keeps working (no family imports its classes outside contracts.py's guards). Adding a
+family is adding its module here: the registry finds it.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from ..contracts import block_mismatches, claimed, mismatches, refusal
 from ..dit_families import Family
-from . import (
-    anima,
-    boogu,
-    flux,
-    hidream,
-    hidream_o1,
-    hunyuan_image,
-    hunyuan_video,
-    ideogram4,
-    kandinsky5,
-    krea2,
-    ltx,
-    lumina,
-    mage_flow,
-    minimax_h3,
-    qwen_image,
-    scail,
-    sd3,
-    wan,
-)
 
-MODULES = (flux, wan, hunyuan_video, hunyuan_image, qwen_image, sd3, lumina, ltx, hidream,
-           hidream_o1, kandinsky5, krea2, minimax_h3, mage_flow, anima, scail, boogu,
-           ideogram4)
+# every module of this package is a family, tried in name order (a model two modules' classes
+# share goes to the one whose `claims` takes it)
+MODULES = tuple(importlib.import_module(f"{__name__}.{info.name}")
+                for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name))
 UNET_MODELS = "SDXL, SD1.5 and SD2 (ComfyUI's UNet)"
+# model class name -> why ToMA leaves it alone although it shares a family's blocks: each
+# family's NOT_MERGED (classes by name: some exist only in some ComfyUI versions)
+NOT_MERGED = {name: why for module in MODULES
+              for name, why in getattr(module, "NOT_MERGED", {}).items()}
 
 
 def supported_models() -> str:
@@ -47,24 +36,6 @@ def supported_models() -> str:
     family's."""
     names = [UNET_MODELS, *(module.MODELS for module in MODULES)]
     return ", ".join(names[:-1]) + " and " + names[-1]
-
-
-# Models of these classes share a supported family's blocks but are left alone, and the error
-# says why (classes by name: some exist only in some ComfyUI versions).
-NOT_MERGED = {
-    "WanAnimate2Model": "Wan Animate 2's self-attention splits the video's queries frame by "
-                        "frame, each frame attending its own pose frame, with one length "
-                        "(hw) for a frame of queries, its pose frame's keys and the "
-                        "reference frame; merged frames shorter than hw could keep neither "
-                        "the reference frame nor the pose frames whole",
-    "WanModel_S2V": "Wan S2V spreads its timestep rows over the sequence by position (with "
-                    "motion frames two a frame plus three, across video, reference and motion "
-                    "tokens), so a shorter merged sequence would hand tokens other rows",
-    "HumoWanModel": "HuMo's audio cross-attention cuts the video's tokens into equal parts, one "
-                    "a frame, and WanHuMoImageToVideo always appends a reference frame (zeros "
-                    "without a reference image) that must not merge, so merged frames could "
-                    "not be equal parts",
-}
 
 
 def not_merged_reason(diffusion_model) -> str | None:

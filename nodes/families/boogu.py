@@ -11,19 +11,19 @@ from __future__ import annotations
 import torch
 
 from ..contracts import Contract, Gives, Sets
-from ..dit_families import BlockKind, Family, latent_grid, set_grid
+from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
 
 # the models of this family, as the node's error and the README name them
 MODELS = "Boogu-Image"
 
 # the attention masks ComfyUI's forward hands these blocks are always None: one given would
 # address fixed token spans
-KINDS = (BlockKind("double_block", "double_stream_layers", "d", "before",
+KINDS = (BlockKind("double_block", "double_stream_layers", "d", TextAt.BEFORE,
                    stream="img_hidden_states", txt="instruct_hidden_states",
                    pe="joint_rotary_emb", stream_pe=("img_rotary_emb",),
                    opaque=("joint_attention_mask", "img_attention_mask"), hook="object",
                    returns=("img_hidden_states", "instruct_hidden_states")),
-         BlockKind("single_block", "single_stream_layers", "s", "stream_before",
+         BlockKind("single_block", "single_stream_layers", "s", TextAt.STREAM_BEFORE,
                    stream="hidden_states", txt=None, pe="image_rotary_emb",
                    opaque=("attention_mask",), hook="object"))
 

@@ -4,24 +4,42 @@ streams (attention over [text; image]), then single blocks on [text; image]; ref
 (Kontext, Flux 2, LongCat-Image Edit) are appended after the main image tokens and never merge.
 References with "index_timestep_zero" get timestep zero's modulation over token spans
 (modulation_dims) that ComfyUI's block loop hands the blocks beside the replace patch's
-arguments: ToMA moves them with the merged image."""
+arguments: ToMA moves them with the merged image.
+
+Merge scope "attention" (the paper's variant, AttentionScope): only the double blocks' image
+attention runs merged. Such a block gets the whole image stream, with merged RoPE and mask rows;
+object patches on its img_attn.qkv and img_attn.proj forwards merge the projection's input
+(image Q/K/V come from merged tokens, text Q/K/V stay full, the joint attention runs on [text;
+merged image]) and unmerge the attention projection's output; the image MLP runs at full
+length. This route is the same on every ComfyUI version (the >= 0.17 attn1 patches would only
+see Q/K/V after the full-length projection). Merging whole double blocks is much faster, at a
+block error like a merged single block's (docs/benchmarks.md, Flux blocks); hence merge_scope
+"auto" merges whole blocks."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import torch
+
+from ...toma_core import MergePlan
 from ..contracts import Contract, Gives, Hands, Mentions, Takes
-from ..dit_families import BlockKind, Family, describe_plain
+from ..dit_families import BlockKind, Family, ShardKind, TextAt, describe_plain
+from ..forward_patches import ForwardPatches
 
 # the models of this family, as the node's error and the README name them
 MODELS = ("Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma, "
           "Chroma Radiance")
 
-KINDS = (BlockKind("double_block", "double_blocks", "d", "before", mask="attn_mask",
-                   positions=("modulation_dims_img",)),
-         BlockKind("single_block", "single_blocks", "s", "stream_before", txt=None,
-                   mask="attn_mask", positions=("modulation_dims",)))
+KINDS = (BlockKind("double_block", "double_blocks", "d", TextAt.BEFORE, mask="attn_mask",
+                   positions=("modulation_dims_img",), attention_scope=True,
+                   shard=ShardKind()),
+         BlockKind("single_block", "single_blocks", "s", TextAt.STREAM_BEFORE, txt=None,
+                   mask="attn_mask", positions=("modulation_dims",),
+                   shard=ShardKind(text_in_stream=True)))
 
 FLUX = "comfy.ldm.flux.model:Flux"
 CHROMA = "comfy.ldm.chroma.model:Chroma"
@@ -63,4 +81,63 @@ def family(diffusion_model) -> Family:
 
 def description(patch: tuple[int, int, int], describe=None, kinds=KINDS) -> Family:
     """The Flux family's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("flux", "Flux", kinds, patch, describe, attention_scope=True)
+    return Family("flux", "Flux", kinds, patch, describe, attention_hooks=AttentionScope)
+
+
+@dataclass
+class AttentionCall:
+    """A double block running in scope "attention": its plan, and whether the qkv hook merged."""
+
+    plan: MergePlan
+    merged: bool = False
+
+
+class AttentionScope:
+    """The img_attn hooks of one ToMA node. A double block running in this scope leaves its
+    plan here, under its index and device, for the hooks inside it (which see no
+    transformer_options); two calls of one block on one device never overlap, and calls on
+    other devices (v0.33's per-GPU threads) have their own entries."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[int, torch.device], AttentionCall] = {}
+
+    def install(self, model, patches: ForwardPatches, indices: list[int]) -> None:
+        """Object patches on img_attn.qkv and img_attn.proj of the double blocks `indices`
+        (chaining another pack's patch of the same forward)."""
+        for index in indices:
+            for name, make in (("qkv", self.qkv_forward), ("proj", self.proj_forward)):
+                patches.add(model, f"{KINDS[0].modules}.{index}.img_attn.{name}",
+                            lambda module, original, m=make, i=index: m(i, original))
+
+    def run(self, index: int, plan: MergePlan, merged_args: dict,
+            run: Callable[[dict], dict]) -> dict:
+        """Run double block `index` with only its image attention merged."""
+        key = (index, plan.merge_w.device)
+        self.entries[key] = AttentionCall(plan)
+        try:
+            return run(merged_args)
+        finally:
+            self.entries.pop(key, None)
+
+    def qkv_forward(self, index: int, original: Callable) -> Callable:
+        """img_attn.qkv: project merged image tokens [B, N + refs, C] -> [B, N' + refs, 3C]."""
+
+        def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            entry = self.entries.get((index, x.device))
+            if entry is None or entry.merged or x.shape[1] < entry.plan.tokens:
+                return original(x, *args, **kwargs)
+            entry.merged = True
+            return original(entry.plan.merge(x), *args, **kwargs)
+
+        return forward
+
+    def proj_forward(self, index: int, original: Callable) -> Callable:
+        """img_attn.proj: project, then unmerge [B, N' + refs, C] -> [B, N + refs, C].
+        Unmerge rows sum to 1, so unmerging after the projection equals unmerging before it."""
+
+        def forward(y: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            entry = self.entries.get((index, y.device))
+            out = original(y, *args, **kwargs)
+            return out if entry is None or not entry.merged else entry.plan.unmerge(out)
+
+        return forward

@@ -9,15 +9,15 @@ again after the block. The MoE feed-forward routes each merged token like any ot
 from __future__ import annotations
 
 from ..contracts import Contract, Gives
-from ..dit_families import BlockKind, Family, latent_grid, set_grid
+from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
 
 # image_tokens_masks (a key mask over the image tokens, only for a list of latents of other
 # sizes, which ComfyUI's forward never builds) lines up with fixed token spans: opaque.
 _BLOCK = {"stream": "image_tokens", "pe": "rope", "opaque": ("image_tokens_masks",),
           "hook": "object"}
-KINDS = (BlockKind("double_block", "double_stream_blocks", "d", "after", txt="text_tokens",
+KINDS = (BlockKind("double_block", "double_stream_blocks", "d", TextAt.AFTER, txt="text_tokens",
                    returns=("image_tokens", "text_tokens"), **_BLOCK),
-         BlockKind("single_block", "single_stream_blocks", "s", "stream_after", txt=None,
+         BlockKind("single_block", "single_stream_blocks", "s", TextAt.STREAM_AFTER, txt=None,
                    **_BLOCK))
 
 # the models of this family, as the node's error and the README name them

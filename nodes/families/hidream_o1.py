@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 
 from ..contracts import Contract, Gives, Hands
-from ..dit_families import BlockKind, Family, set_grid
+from ..dit_families import BlockKind, Family, TextAt, set_grid
 
 # the models of this family, as the node's error and the README name them
 MODELS = "HiDream-O1"
 
-KINDS = (BlockKind("double_block", "language_model.layers", "", "stream_before", stream="x",
+KINDS = (BlockKind("double_block", "language_model.layers", "", TextAt.STREAM_BEFORE, stream="x",
                    txt=None, pe="freqs_cis", mask="attention_mask", pe_heads=True),)
 PATCH = (1, 32, 32)
 

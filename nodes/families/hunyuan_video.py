@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from ..contracts import Contract, Gives, Hands, JoinOrder
-from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, latent_grid, set_grid
+from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, latent_grid, set_grid
 
 # the models of this family, as the node's error and the README name them
 MODELS = "HunyuanVideo 1.0/1.5"
@@ -18,14 +18,16 @@ FLIPPED = "flipped_img_txt"
 
 
 def kinds(flipped: bool) -> tuple[BlockKind, ...]:
-    return (BlockKind("double_block", "double_blocks", "d", "after" if flipped else "before",
-                      mask="attention_mask"),
+    return (BlockKind("double_block", "double_blocks", "d",
+                      TextAt.AFTER if flipped else TextAt.BEFORE, mask="attention_mask"),
             BlockKind("single_block", "single_blocks", "s",
-                      "stream_after" if flipped else "stream_before", txt=None,
+                      TextAt.STREAM_AFTER if flipped else TextAt.STREAM_BEFORE, txt=None,
                       mask="attention_mask"))
 
 
 HUNYUAN_VIDEO = "comfy.ldm.hunyuan_video.model:HunyuanVideo"
+RAYLIGHT_REFUSAL = ("raylight's HunyuanVideo forward fails whenever a block patch is installed "
+                    "(its patched-block branch returns a tuple where the image is expected)")
 
 CONTRACT = Contract(
     "HunyuanVideo",
@@ -68,4 +70,5 @@ def family(diffusion_model) -> Family:
                  prefix=math.prod(ref) if ref else 0, protect_frames=1 if guided else 0)
 
     return Family("hunyuan_video", "HunyuanVideo", kinds(flipped(diffusion_model)), patch,
-                  describe, frames_per_region=VIDEO_REGION_FRAMES)
+                  describe, frames_per_region=VIDEO_REGION_FRAMES,
+                  sequence_parallel_refusal=RAYLIGHT_REFUSAL)

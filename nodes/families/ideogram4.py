@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 
 from ..contracts import Contract, Gives
-from ..dit_families import BlockKind, Family, latent_grid, set_grid
+from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
 
 # the models of this family, as the node's error and the README name them
 MODELS = "Ideogram 4"
 
-KINDS = (BlockKind("layer", "layers", "", "stream_before", stream="x", txt=None,
+KINDS = (BlockKind("layer", "layers", "", TextAt.STREAM_BEFORE, stream="x", txt=None,
                    pe="freqs_cis", mask="attn_mask", hook="object"),)
 
 IDEOGRAM4 = "comfy.ldm.ideogram4.model:Ideogram4Transformer2DModel"

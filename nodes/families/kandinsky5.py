@@ -18,12 +18,12 @@ import math
 import torch
 
 from ..contracts import Contract, Gives
-from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, latent_grid, set_grid
+from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, latent_grid, set_grid
 
 # the models of this family, as the node's error and the README name them
 MODELS = "Kandinsky 5"
 
-KINDS = (BlockKind("double_block", "visual_transformer_blocks", "", "none",
+KINDS = (BlockKind("double_block", "visual_transformer_blocks", "", TextAt.NONE,
                    stream="visual_embed", txt="text_embed", pe="freqs", hook="object"),)
 
 

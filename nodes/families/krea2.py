@@ -8,12 +8,12 @@ is one frame's."""
 from __future__ import annotations
 
 from ..contracts import Contract, Gives, Sets
-from ..dit_families import BlockKind, Family, set_grid, shape_grid
+from ..dit_families import BlockKind, Family, TextAt, set_grid, shape_grid
 
 # the models of this family, as the node's error and the README name them
 MODELS = "Krea 2"
 
-KINDS = (BlockKind("block", "blocks", "", "stream_before", stream="x", txt=None, pe="freqs",
+KINDS = (BlockKind("block", "blocks", "", TextAt.STREAM_BEFORE, stream="x", txt=None, pe="freqs",
                    mask="mask", positions=("timestep_zero_index",), hook="object"),)
 
 KREA2 = "comfy.ldm.krea2.model:SingleStreamDiT"

@@ -30,6 +30,7 @@ from ..dit_families import (
     BlockKind,
     Family,
     HeldRows,
+    TextAt,
     conditioned_frames,
     set_grid,
     shape_grid,
@@ -37,7 +38,6 @@ from ..dit_families import (
 
 # the models of this family, as the node's error and the README name them
 MODELS = "LTX-Video, LTX-2"
-
 
 
 def shortened_guide_mask(mask, end: int, removed: int):
@@ -60,9 +60,9 @@ def shortened_guide_mask(mask, end: int, removed: int):
 
 # the guide attention mask's argument and its shortening with the merged grid
 GUIDE_MASK = (("self_attention_mask", shortened_guide_mask),)
-VIDEO = BlockKind("double_block", "transformer_blocks", "", "none", txt=None, rows=("vec",),
+VIDEO = BlockKind("double_block", "transformer_blocks", "", TextAt.NONE, txt=None, rows=("vec",),
                   shortened=GUIDE_MASK)
-AUDIO_VIDEO = BlockKind("double_block", "transformer_blocks", "", "none", txt=None, pe="v_pe",
+AUDIO_VIDEO = BlockKind("double_block", "transformer_blocks", "", TextAt.NONE, txt=None, pe="v_pe",
                         more_pe=("v_cross_pe",), stream_item=0,
                         rows=("v_timestep", "v_cross_scale_shift_timestep",
                               "v_cross_gate_timestep"),

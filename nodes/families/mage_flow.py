@@ -6,12 +6,12 @@ and never merge; the RoPE rows of the image follow its merged tokens."""
 from __future__ import annotations
 
 from ..contracts import Contract, Hands, Sets
-from ..dit_families import BlockKind, Family, describe_plain
+from ..dit_families import BlockKind, Family, TextAt, describe_plain
 
 # the models of this family, as the node's error and the README name them
 MODELS = "Mage-Flow (and Edit)"
 
-KINDS = (BlockKind("double_block", "transformer_blocks", "", "before"),)
+KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.BEFORE),)
 
 MAGE_FLOW = "comfy.ldm.mage_flow.model:MageFlowTransformer2DModel"
 

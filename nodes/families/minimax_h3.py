@@ -20,12 +20,12 @@ from __future__ import annotations
 import math
 
 from ..contracts import Contract, Gives, Hands, Sets
-from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, set_grid, shape_grid
+from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, set_grid, shape_grid
 
 # the models of this family, as the node's error and the README name them
 MODELS = "MiniMax H3"
 
-BLOCK = BlockKind("double_block", "blocks", "", "none", txt=None, pe="rope_freqs",
+BLOCK = BlockKind("double_block", "blocks", "", TextAt.NONE, txt=None, pe="rope_freqs",
                   spans=("mod_segments",), batched=False)
 MODEL = "comfy.ldm.minimax.model:MiniMaxH3Model"
 BASE = "comfy.model_base:MiniMaxH3"

@@ -10,7 +10,7 @@ import dataclasses
 import inspect
 
 from ..contracts import Contract, Gives, Hands, Mentions, Takes
-from ..dit_families import BlockKind, Family, describe_plain
+from ..dit_families import BlockKind, Family, ShardKind, TextAt, describe_plain
 
 # the models of this family, as the node's error and the README name them
 MODELS = "Qwen-Image (and Edit)"
@@ -18,8 +18,9 @@ MODELS = "Qwen-Image (and Edit)"
 # The block forward's parameter holding where the references start in the image stream, in
 # ComfyUI versions whose Qwen-Image modulates "index_timestep_zero" references on their own.
 TIMESTEP_ZERO = "timestep_zero_index"
-KINDS = (BlockKind("double_block", "transformer_blocks", "", "before",
-                   positions=(TIMESTEP_ZERO,)),)
+# raylight hands the blocks positional rows [image rows, text rows]
+KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.BEFORE,
+                   positions=(TIMESTEP_ZERO,), shard=ShardKind(pe_item=0)),)
 
 QWEN_IMAGE = "comfy.ldm.qwen_image.model:QwenImageTransformer2DModel"
 _SEPARATE_MODULATION = Mentions("comfy.ldm.qwen_image.model", ("index_timestep_zero",))

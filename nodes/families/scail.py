@@ -19,14 +19,18 @@ handed: they merge as the other frames do, and the sampler puts them back after 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..contracts import Contract, Gives, Hands, Sets, Takes
 from ..dit_families import VIDEO_REGION_FRAMES, Family, latent_grid, set_grid
-from .wan import KINDS
+from .wan import KINDS as WAN_KINDS
 
 # the models of this family, as the node's error and the README name them
 MODELS = "SCAIL and SCAIL-2 (Wan 2.1)"
+
+# Wan's blocks; raylight's sequence-parallel forward of SCAIL was not read: unmerged under it
+KINDS = tuple(dataclasses.replace(kind, shard=None) for kind in WAN_KINDS)
 
 SCAIL = "comfy.ldm.wan.model:SCAILWanModel"
 SCAIL2 = "comfy.ldm.wan.model:SCAIL2WanModel"

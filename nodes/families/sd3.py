@@ -4,12 +4,12 @@ added once before the blocks (no positional rows to gather)."""
 from __future__ import annotations
 
 from ..contracts import Contract, Hands
-from ..dit_families import BlockKind, Family, describe_plain
+from ..dit_families import BlockKind, Family, TextAt, describe_plain
 
 # the models of this family, as the node's error and the README name them
 MODELS = "SD3/SD3.5"
 
-KINDS = (BlockKind("double_block", "joint_blocks", "", "before", pe=None),)
+KINDS = (BlockKind("double_block", "joint_blocks", "", TextAt.BEFORE, pe=None),)
 
 MMDIT = "comfy.ldm.modules.diffusionmodules.mmdit:OpenAISignatureMMDITWrapper"
 

@@ -54,6 +54,8 @@ from ..dit_families import (
     VIDEO_REGION_FRAMES,
     BlockKind,
     Family,
+    ShardKind,
+    TextAt,
     given_frames,
     latent_grid,
     leading_true,
@@ -64,14 +66,32 @@ from ..dit_families import (
 # the models of this family, as the node's error and the README name them
 MODELS = "Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate)"
 
-KINDS = (BlockKind("double_block", "blocks", "", "none", rows=("vec",), rows_dims=4),)
+KINDS = (BlockKind("double_block", "blocks", "", TextAt.NONE, rows=("vec",), rows_dims=4,
+                   shard=ShardKind()),)
 # VACE's and the camera model's blocks get one modulation for every token: e0 [B, 6, C] (the
 # block chunks it along dim 1; both embed t [B], not per-frame timesteps), not WanModel's
 # [B, frames, 6, C] rows.
-UNIFORM_KINDS = (BlockKind("double_block", "blocks", "", "none"),)
+UNIFORM_KINDS = (BlockKind("double_block", "blocks", "", TextAt.NONE, shard=ShardKind()),)
 # WanVaceToVideo's VACE context per input: 32 latent channels (inactive, reactive), then the
 # control mask folded into 8 x 8 = 64 channels (one per pixel of a latent cell).
 VACE_MASK_CHANNELS = 64
+
+# Models of these classes share Wan's blocks but are left alone, and the error says why
+# (classes by name: some exist only in some ComfyUI versions).
+NOT_MERGED = {
+    "WanAnimate2Model": "Wan Animate 2's self-attention splits the video's queries frame by "
+                        "frame, each frame attending its own pose frame, with one length "
+                        "(hw) for a frame of queries, its pose frame's keys and the "
+                        "reference frame; merged frames shorter than hw could keep neither "
+                        "the reference frame nor the pose frames whole",
+    "WanModel_S2V": "Wan S2V spreads its timestep rows over the sequence by position (with "
+                    "motion frames two a frame plus three, across video, reference and motion "
+                    "tokens), so a shorter merged sequence would hand tokens other rows",
+    "HumoWanModel": "HuMo's audio cross-attention cuts the video's tokens into equal parts, one "
+                    "a frame, and WanHuMoImageToVideo always appends a reference frame (zeros "
+                    "without a reference image) that must not merge, so merged frames could "
+                    "not be equal parts",
+}
 
 WAN = "comfy.ldm.wan.model:WanModel"
 VACE = "comfy.ldm.wan.model:VaceWanModel"

@@ -144,7 +144,9 @@ def test_the_readme_is_short_and_says_what_a_user_needs_first():
 
 def test_the_code_map_is_true():
     """Every path the code map (docs/development.md) names exists, and every module of the
-    product's two packages (nodes/, toma_core/) is named there, so the map cannot drift."""
+    product's two packages (nodes/, toma_core/) is named there, itself or by its folder where
+    the map names a folder of like modules (nodes/families/: one a family), so the map cannot
+    drift."""
     development = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
     code_map = development[development.index("\n## Code map\n"):]
     named = set(re.findall(r"`([\w./-]+)`", code_map))
@@ -153,7 +155,9 @@ def test_the_code_map_is_true():
     assert not missing, missing
     modules = {str(p.relative_to(ROOT)) for package in ("nodes", "toma_core")
                for p in (ROOT / package).rglob("*.py") if p.name != "__init__.py"}
-    unnamed = sorted(modules - paths)
+    # subpackages named as a folder (not nodes/ or toma_core/ themselves)
+    folders = tuple(p for p in paths if p.endswith("/") and p.count("/") > 1)
+    unnamed = sorted(m for m in modules - paths if not m.startswith(folders))
     assert not unnamed, unnamed
 
 
