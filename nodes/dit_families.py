@@ -144,10 +144,15 @@ class BlockKind:
     shard: ShardKind | None = None
     # the stream argument is the grid tensor itself (read without a further call per block)
     bare: bool = field(init=False, repr=False, compare=False)
+    # every positional-rows argument (pe, more_pe, stream_pe), named once for the hot path
+    pe_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bare", self.stream_item is None and self.batched
                            and not self.grid_axes)
+        names = (self.pe, *self.more_pe, *self.stream_pe) if self.pe else \
+            (*self.more_pe, *self.stream_pe)
+        object.__setattr__(self, "pe_names", names)
 
     @property
     def arguments(self) -> tuple[str, ...]:

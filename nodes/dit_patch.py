@@ -277,7 +277,8 @@ class DiTToMA:
         """Whether positional rows and mask line up with the sequence, no opaque argument is
         set, and no other pack's in-block patch reads tokens by their grid position (else the
         block runs unmerged)."""
-        for name, seq in positional(kind, lay, args):
+        for name in kind.pe_names:
+            seq = stream_layout(kind, lay, args) if name in kind.stream_pe else lay
             value = args.get(name)
             for pe in (position_tensors(value) if seq.pe_item is None
                        else sequence_positions(value, seq.pe_item)):
@@ -373,7 +374,8 @@ class DiTToMA:
             merged, base = plan.begin(stream, lay.offset)
             out[kind.stream] = merged if kind.bare else with_stream(
                 kind, args[kind.stream], merged)      # a bare tensor without a further call
-        for name, seq in positional(kind, lay, args):
+        for name in kind.pe_names:
+            seq = stream_layout(kind, lay, args) if name in kind.stream_pe else lay
             value = args.get(name)
             if position_tensors(value):
                 out[name] = self.once(call, ("pe", name, key), value, lambda v=value, q=seq: (
@@ -522,15 +524,10 @@ class DiTToMA:
         return forward
 
 
-def positional(kind: BlockKind, lay: Layout, args: dict) -> tuple[tuple[str, Layout], ...]:
-    """(argument, the layout its rows follow) for each positional-rows argument of a block
-    call: the attention sequence's `lay`, and for kind.stream_pe the stream's own tokens."""
-    names = (kind.pe, *kind.more_pe) if kind.pe else kind.more_pe
-    found = tuple((name, lay) for name in names)
-    if not kind.stream_pe:
-        return found
-    stream = Layout(lay.offset, lay.offset, stream_of(kind, args.get(kind.stream)).shape[1])
-    return (*found, *((name, stream) for name in kind.stream_pe))
+def stream_layout(kind: BlockKind, lay: Layout, args: dict) -> Layout:
+    """The layout of kind.stream_pe's rows: the stream's own tokens, where `lay` is the
+    attention sequence's."""
+    return Layout(lay.offset, lay.offset, stream_of(kind, args.get(kind.stream)).shape[1])
 
 
 def same_object(a: object, b: object) -> bool:

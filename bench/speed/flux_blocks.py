@@ -132,7 +132,6 @@ class _Toma:
     def __init__(self, kind: str, block: torch.nn.Module, ratio: float, scope: str) -> None:
         from toma_pack.nodes.dit_patch import DiTToMA
         from toma_pack.nodes.families import flux
-        from toma_pack.nodes.flux_patch import AttentionScope
         from toma_pack.nodes.model_call import ModelCall
         from toma_pack.nodes.options import make_options
         from toma_pack.nodes.run_state import ToMAState
@@ -146,7 +145,7 @@ class _Toma:
                               txt_len=TEXT)
         self.kind, self.block = kind, block
         self.spec = flux.KINDS[0 if kind == "double" else 1]
-        self.attention = AttentionScope(state) if scope == "attention" else None
+        self.attention = flux.AttentionScope() if scope == "attention" else None
         self.toma = DiTToMA(state, flux.description((1, 2, 2)), {(self.spec.key, 0): 0},
                             self.attention)
         self.patch = self.toma.replace_patch(self.spec, 0, None)
