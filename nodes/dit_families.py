@@ -55,10 +55,12 @@ class ShardKind:
     """How raylight's sequence-parallel forward (sequence_parallel.py) hands one kind of block
     its shard.
 
-    text_in_stream: the stream is a shard of [text; grid; ...] (Flux's single blocks), the text
-    length the first item of transformer_options["img_slice"] (the whole text's length on every
-    rank); pe_item: the positional-rows argument is a list whose item `pe_item` holds the
-    stream's rows (Qwen-Image: [image rows, text rows]), None: it is the stream's rows alone."""
+    text_in_stream: the stream is a shard of [text; grid; ...] (Flux's single blocks, Lumina's
+    layers), the text length the first item of transformer_options["img_slice"] (the whole
+    text's length on every rank) where raylight sets it, else the one the family's describe
+    read (ModelCall.txt_len); pe_item: the positional-rows argument is a list whose item
+    `pe_item` holds the stream's rows (Qwen-Image: [image rows, text rows]), None: it is the
+    stream's rows alone."""
 
     text_in_stream: bool = False
     pe_item: int | None = None

@@ -207,11 +207,11 @@ class DiTToMA:
         text = 0
         if spec.text_in_stream:
             span = options.get("img_slice")
-            if not span:
+            text = int(span[0]) if span else call.txt_len
+            if text is None:
                 call.note(f"{label}'s {kind.key} blocks under raylight's sequence parallelism "
                           f"got no text length (img_slice): those blocks run unmerged")
                 return None
-            text = int(span[0])
         geometry = ShardGeometry(shard.world, stream.shape[1], text + call.prefix,
                                  self.regions_of(call.grid, self.family.frames_per_region))
         if not geometry.fits():

@@ -8,14 +8,16 @@ import math
 import torch
 
 from ..contracts import Contract, Gives, Sets, Takes
-from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
+from ..dit_families import BlockKind, Family, ShardKind, TextAt, latent_grid, set_grid
 from ..model_call import ModelCall
 
 # the models of this family, as the node's error and the README name them
 MODELS = "Lumina 2, Z-Image"
 
+# raylight hands each layer a shard of [text; image; padding] and its positional rows
 KINDS = (BlockKind("layer", "layers", "", TextAt.STREAM_BEFORE, stream="x", txt=None,
-                   pe="freqs_cis", mask="x_mask", mask_dims=(-1,), hook="object"),)
+                   pe="freqs_cis", mask="x_mask", mask_dims=(-1,), hook="object",
+                   shard=ShardKind(text_in_stream=True)),)
 
 NEXT_DIT = "comfy.ldm.lumina.model:NextDiT"
 # The attribute whose presence says the text is padded to a multiple (Z-Image), not cut to

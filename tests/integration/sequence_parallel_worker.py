@@ -176,6 +176,8 @@ def model_and_inputs(case: dict):
     for seed, [[context, extras]] in ((5, x.positive), (6, x.negative)):
         words = torch.randn(batch, text, context.shape[-1],
                             generator=torch.Generator().manual_seed(seed))
+        if "attention_mask" in extras:      # the text encoder's mask: one 1 a token
+            extras = {**extras, "attention_mask": torch.ones(1, text, dtype=torch.long)}
         conds.append([[words, extras]])
     return patcher, (x.latent, *conds, x.noise_mask)
 

@@ -1,7 +1,7 @@
 """ToMA inside raylight's sequence parallelism, with raylight's real code: 2 and 4 gloo processes
 on the CPU (`python -m torch.distributed.run`, sequence_parallel_worker.py), raylight's own
-sequence-parallel forwards for Wan, Flux and Qwen-Image on tiny models from ComfyUI's config
-classes, ToMA applied by its node function, sampling by ComfyUI's KSampler path.
+sequence-parallel forwards for Wan, Flux, Qwen-Image and Lumina 2 / Z-Image on tiny models from
+ComfyUI's config classes, ToMA applied by its node function, sampling by ComfyUI's KSampler path.
 
 Checked per scenario (one launch per rank count runs them all):
 - the merged sequence-parallel samples against single-process ToMA with the same regions (the
@@ -55,6 +55,8 @@ SCENARIOS = {
     "flux_single": {"family": "flux", "size": "1x8x8", "text": 8, "skip": "d0-1", "steps": 1},
     "qwen_image": {"family": "qwen_image", "size": "1x16x16", "text": 8, "skip": "",
                    "steps": 1},
+    # [text; image] in one stream, the text on rank 0 (its length read from the call)
+    "lumina2": {"family": "lumina2", "size": "1x16x16", "text": 8, "skip": "", "steps": 1},
 }
 EXTRA_AT_TWO = {
     # image to video (the start frame never merges: rank 0 holds it) and VACE
@@ -76,10 +78,14 @@ EXTRA_AT_TWO = {
                       "steps": 1, "batch": 2, "cfg": 3.0},
     "qwen_batch_cfg": {"family": "qwen_image", "size": "1x16x16", "text": 8, "skip": "",
                        "steps": 1, "batch": 2, "cfg": 3.0},
+    # the text padded to 32 tokens: rank 0 holds 16 of the 64 grid tokens (4 ranks: none)
+    "z_image": {"family": "z_image", "size": "1x16x16", "text": 8, "skip": "", "steps": 1},
 }
-EXACT = {"wan", "flux_double", "flux_single", "qwen_image"}
-EXACT_AT_TWO = {"wan21_i2v", "wan22_14b_i2v", "wan_vace", "chroma_double", "flux_chained"}
-GRID_TOKENS = {"wan": 64, "wan_pad": 27, "flux_double": 64, "flux_single": 64, "qwen_image": 64}
+EXACT = {"wan", "flux_double", "flux_single", "qwen_image", "lumina2"}
+EXACT_AT_TWO = {"wan21_i2v", "wan22_14b_i2v", "wan_vace", "chroma_double", "flux_chained",
+                "z_image"}
+GRID_TOKENS = {"wan": 64, "wan_pad": 27, "flux_double": 64, "flux_single": 64, "qwen_image": 64,
+               "lumina2": 64}
 # Relative difference of the merged sequence-parallel samples to single-process ToMA with the
 # same regions: 10 x the largest measured (1.78e-7, Flux single blocks on 4 ranks; raylight
 # without ToMA differs from one process by 1.76e-7 alike), well inside the 1e-5 asked for.
@@ -179,6 +185,16 @@ def test_flux_single_blocks_text_lies_on_rank_zero(runs) -> None:
     for world, shard in ((2, 36), (4, 18)):
         levels = [s["levels"][0] for s in merged_ranks(runs[world]["flux_single"])]
         assert [level["tokens"] for level in levels] == [shard - 8] + [shard] * (world - 1)
+
+
+def test_lumina_text_lies_on_rank_zero(runs) -> None:
+    """Lumina 2 / Z-Image's layers get shards of [text; image], raylight handing no text length:
+    the call's own (8 tokens; Z-Image pads them to 32) puts the grid after it, on rank 0 beside
+    the text."""
+    for world, name, tokens in ((2, "lumina2", [28, 36]), (4, "lumina2", [10, 18, 18, 18]),
+                                (2, "z_image", [16, 48])):
+        levels = [s["levels"][0] for s in merged_ranks(runs[world][name])]
+        assert [level["tokens"] for level in levels] == tokens, (name, levels)
 
 
 @pytest.mark.parametrize("world", [2, 4])
