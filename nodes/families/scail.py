@@ -19,7 +19,6 @@ handed: they merge as the other frames do, and the sampler puts them back after 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from ..contracts import Contract, Gives, Hands, Sets, Takes
@@ -29,8 +28,9 @@ from .wan import KINDS as WAN_KINDS
 # the models of this family, as the node's error and the README name them
 MODELS = "SCAIL and SCAIL-2 (Wan 2.1)"
 
-# Wan's blocks; raylight's sequence-parallel forward of SCAIL was not read: unmerged under it
-KINDS = tuple(dataclasses.replace(kind, shard=None) for kind in WAN_KINDS)
+# Wan's blocks; raylight's SCAIL forward splits [references; video; pose] as Wan's forward
+# splits Wan's stream
+KINDS = WAN_KINDS
 
 SCAIL = "comfy.ldm.wan.model:SCAILWanModel"
 SCAIL2 = "comfy.ldm.wan.model:SCAIL2WanModel"

@@ -1,7 +1,8 @@
 """ToMA inside raylight's sequence parallelism, with raylight's real code: 2 and 4 gloo processes
 on the CPU (`python -m torch.distributed.run`, sequence_parallel_worker.py), raylight's own
-sequence-parallel forwards for Wan, Flux, Qwen-Image and Lumina 2 / Z-Image on tiny models from
-ComfyUI's config classes, ToMA applied by its node function, sampling by ComfyUI's KSampler path.
+sequence-parallel forwards for Wan, SCAIL, Flux, Qwen-Image and Lumina 2 / Z-Image on tiny models
+from ComfyUI's config classes, ToMA applied by its node function, sampling by ComfyUI's KSampler
+path.
 
 Checked per scenario (one launch per rank count runs them all):
 - the merged sequence-parallel samples against single-process ToMA with the same regions (the
@@ -80,10 +81,13 @@ EXTRA_AT_TWO = {
                        "steps": 1, "batch": 2, "cfg": 3.0},
     # the text padded to 32 tokens: rank 0 holds 16 of the 64 grid tokens (4 ranks: none)
     "z_image": {"family": "z_image", "size": "1x16x16", "text": 8, "skip": "", "steps": 1},
+    # [reference frame; video; pose tokens] (SCAIL-2 adds its masks to the embeddings)
+    "scail": {"family": "wan_scail", "size": "2x8x8", "text": 8, "skip": "", "steps": 1},
+    "scail2": {"family": "wan_scail2", "size": "2x8x8", "text": 8, "skip": "", "steps": 1},
 }
 EXACT = {"wan", "flux_double", "flux_single", "qwen_image", "lumina2"}
 EXACT_AT_TWO = {"wan21_i2v", "wan22_14b_i2v", "wan_vace", "chroma_double", "flux_chained",
-                "z_image"}
+                "z_image", "scail", "scail2"}
 GRID_TOKENS = {"wan": 64, "wan_pad": 27, "flux_double": 64, "flux_single": 64, "qwen_image": 64,
                "lumina2": 64}
 # Relative difference of the merged sequence-parallel samples to single-process ToMA with the
@@ -231,6 +235,16 @@ def test_image_to_video_start_frames_stay_on_their_rank(runs) -> None:
         assert [level["tokens"] for level in levels] == [16, 32], levels
         assert levels[0]["tokens"] - levels[0]["merged_tokens"] == \
             levels[1]["tokens"] - levels[1]["merged_tokens"]
+
+
+def test_scail_references_and_pose_stay_whole(runs) -> None:
+    """SCAIL's stream [reference frame (16 tokens); 2x4x4 video; pose tokens]: rank 0 holds the
+    reference and 12 grid tokens, rank 1 the other 20 and the pose tokens, which never merge;
+    both drop alike."""
+    for name in ("scail", "scail2"):
+        levels = [s["levels"][0] for s in merged_ranks(runs[2][name])]
+        assert [(level["tokens"], level["merged_tokens"]) for level in levels] == \
+            [(12, 4), (20, 12)], levels
 
 
 def test_attention_scope_merges_whole_blocks_under_raylight(runs) -> None:
