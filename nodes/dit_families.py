@@ -193,8 +193,9 @@ class Family:
     not merge (that patch reads the block's whole sequence by a layout merging would break),
     or None: such blocks run unmerged when ToMA wraps the patch, and the run says so where
     the patch replaced ToMA's;
-    sequence_parallel_refusal: why raylight's sequence-parallel forward of this family cannot
-    take a block patch (ToMA then leaves the model alone under raylight), or None;
+    sequence_parallel_refusal: why ToMA does not merge this family under raylight's
+    sequence-parallel forward (it then leaves the model alone under raylight, saying so), or
+    None;
     attention_hooks: where merge_scope "attention" applies to some of its kinds
     (BlockKind.attention_scope), what makes the hooks of one node: `install(model, patches,
     indices)` puts them on those blocks, `run(index, plan, merged_args, run)` runs one block

@@ -9,16 +9,17 @@ latent frame runs unmerged: its frames' modulation rows address the grid by fram
 from __future__ import annotations
 
 from ..contracts import Contract, Sets
-from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
+from ..dit_families import BlockKind, Family, ShardKind, TextAt, latent_grid, set_grid
 
 # the models of this family, as the node's error and the README name them
 MODELS = "Anima"
 
 # extra_per_block_pos_emb: Cosmos's learned positions per grid token, absent from Anima's
-# checkpoints: a block handed them runs unmerged
+# checkpoints: a block handed them runs unmerged. raylight splits the image's rows over the
+# GPUs (one frame: a contiguous span of the tokens) with their positional rows
 KINDS = (BlockKind("block", "blocks", "", TextAt.NONE, stream="x_B_T_H_W_D", txt=None,
                    pe="rope_emb_L_1_1_D", opaque=("extra_per_block_pos_emb",), grid_axes=True,
-                   hook="object"),)
+                   hook="object", shard=ShardKind()),)
 
 ANIMA = "comfy.ldm.anima.model:Anima"
 COSMOS = "comfy.ldm.cosmos.predict2:MiniTrainDIT"

@@ -55,6 +55,11 @@ def family(diffusion_model) -> Family:
     return description(describe)
 
 
+RAYLIGHT_REFUSAL = ("raylight's HiDream-O1 forward puts the whole prompt in front of every GPU's "
+                    "share of the image tokens, a split ToMA's shard plans do not describe")
+
+
 def description(describe=None) -> Family:
     """HiDream-O1's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("hidream_o1", "HiDream-O1", KINDS, PATCH, describe, prefix_cache=True)
+    return Family("hidream_o1", "HiDream-O1", KINDS, PATCH, describe, prefix_cache=True,
+                  sequence_parallel_refusal=RAYLIGHT_REFUSAL)

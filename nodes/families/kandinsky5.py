@@ -18,13 +18,23 @@ import math
 import torch
 
 from ..contracts import Contract, Gives
-from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, latent_grid, set_grid
+from ..dit_families import (
+    VIDEO_REGION_FRAMES,
+    BlockKind,
+    Family,
+    ShardKind,
+    TextAt,
+    latent_grid,
+    set_grid,
+)
 
 # the models of this family, as the node's error and the README name them
 MODELS = "Kandinsky 5"
 
+# raylight hands each visual block a shard of the video tokens and their positional rows
 KINDS = (BlockKind("double_block", "visual_transformer_blocks", "", TextAt.NONE,
-                   stream="visual_embed", txt="text_embed", pe="freqs", hook="object"),)
+                   stream="visual_embed", txt="text_embed", pe="freqs", hook="object",
+                   shard=ShardKind()),)
 
 
 KANDINSKY5 = "comfy.ldm.kandinsky5.model:Kandinsky5"

@@ -124,11 +124,16 @@ def family(diffusion_model) -> Family:
     return description(patch, kinds, label, describe, held_rows(av_model))
 
 
+# raylight splits the per-token (or per-frame, then per-token) timestep rows with the tokens
+RAYLIGHT_REFUSAL = ("raylight's LTX forward hands each GPU its share of the per-token timestep "
+                    "rows, which ToMA's shard plans do not merge")
+
+
 def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = (VIDEO,),
                 label: str = "LTX-Video", describe=None, held: HeldRows | None = None) -> Family:
     """LTX's Family (benchmarks call blocks without a model call to describe)."""
     return Family("ltx", label, kinds, patch, describe, frames_per_region=VIDEO_REGION_FRAMES,
-                  held_rows=held)
+                  held_rows=held, sequence_parallel_refusal=RAYLIGHT_REFUSAL)
 
 
 def describe_call(call, arguments: dict, patch: tuple[int, int, int]) -> str | None:

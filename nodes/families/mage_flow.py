@@ -14,6 +14,9 @@ MODELS = "Mage-Flow (and Edit)"
 KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.BEFORE),)
 
 MAGE_FLOW = "comfy.ldm.mage_flow.model:MageFlowTransformer2DModel"
+# ComfyUI's MageFlow model class derives from QwenImage's, whose forward raylight puts on it
+RAYLIGHT_REFUSAL = ("raylight runs its Qwen-Image forward on Mage-Flow, whose timestep "
+                    "embedding takes other arguments")
 
 CONTRACT = Contract(
     "Mage-Flow",
@@ -34,4 +37,5 @@ def family(diffusion_model) -> Family:
 
 def description(patch: tuple[int, int, int] = (1, 1, 1)) -> Family:
     """Mage-Flow's Family (benchmarks call blocks without a model call to describe)."""
-    return Family("mage_flow", "Mage-Flow", KINDS, patch, describe_plain(patch))
+    return Family("mage_flow", "Mage-Flow", KINDS, patch, describe_plain(patch),
+                  sequence_parallel_refusal=RAYLIGHT_REFUSAL)

@@ -165,21 +165,27 @@ def test_a_model_toma_cannot_patch_is_refused_by_the_node(ray_actors, ratio) -> 
     ray.kill(actor)
 
 
-def test_hunyuan_video_under_raylight_is_left_alone(caplog) -> None:
-    """raylight's HunyuanVideo forward fails with any block patch: on a ModelPatcher raylight
-    will run sequence parallel, ToMA leaves HunyuanVideo unpatched and says so, naming
-    raylight (and patches it as usual without raylight's callback)."""
+@pytest.mark.parametrize(("family", "label"), [
+    ("hunyuan_video", "HunyuanVideo"), ("ltxv", "LTX-Video"), ("ltx2", "LTX-2"),
+    ("mage_flow", "Mage-Flow"), ("hidream_o1", "HiDream-O1")])
+def test_families_raylight_cannot_shard_are_left_alone_by_name(caplog, family, label) -> None:
+    """Families whose raylight forward ToMA cannot merge (HunyuanVideo's fails with any block
+    patch; the others' split what ToMA's shard plans do not carry, or fail on their own): on a
+    ModelPatcher raylight will run sequence parallel, ToMA leaves the model unpatched and says
+    why, naming the family and raylight (and patches it as usual without raylight's
+    callback)."""
     sys.path.insert(0, os.environ.get("RAYLIGHT_SRC", str(ch.SHARED_TREES.parent / "peers" /
                                                           "raylight" / "src")))
     from comfy.patcher_extension import CallbacksMP
     from raylight.distributed_modules.usp import USPInjectRegistry
 
-    patcher = tiny_models.tiny_patcher("hunyuan_video")
+    patcher = tiny_models.tiny_patcher(family)
     assert raylight_node.install_on(patcher, SETTINGS) is not patcher
     patcher.add_callback(CallbacksMP.ON_LOAD, USPInjectRegistry.inject)
     with caplog.at_level("WARNING", logger="ToMA"):
         assert raylight_node.install_on(patcher, SETTINGS) is patcher
-    assert "raylight" in caplog.text and "HunyuanVideo" in caplog.text
+    assert f"ToMA leaves {label} alone under raylight's sequence parallelism: raylight" in \
+        caplog.text
 
 
 def local_toma() -> torch.Tensor:

@@ -1,8 +1,8 @@
 """ToMA inside raylight's sequence parallelism, with raylight's real code: 2 and 4 gloo processes
 on the CPU (`python -m torch.distributed.run`, sequence_parallel_worker.py), raylight's own
-sequence-parallel forwards for Wan, SCAIL, Flux, Qwen-Image and Lumina 2 / Z-Image on tiny models
-from ComfyUI's config classes, ToMA applied by its node function, sampling by ComfyUI's KSampler
-path.
+sequence-parallel forwards for Wan, SCAIL, Flux, Qwen-Image, Lumina 2 / Z-Image, Kandinsky 5 and
+Anima on tiny models from ComfyUI's config classes, ToMA applied by its node function, sampling by
+ComfyUI's KSampler path.
 
 Checked per scenario (one launch per rank count runs them all):
 - the merged sequence-parallel samples against single-process ToMA with the same regions (the
@@ -84,10 +84,19 @@ EXTRA_AT_TWO = {
     # [reference frame; video; pose tokens] (SCAIL-2 adds its masks to the embeddings)
     "scail": {"family": "wan_scail", "size": "2x8x8", "text": 8, "skip": "", "steps": 1},
     "scail2": {"family": "wan_scail2", "size": "2x8x8", "text": 8, "skip": "", "steps": 1},
+    # object-patched blocks: Kandinsky 5's video and image models, its image to video (the
+    # start frame on rank 0 beside 32 grid tokens), Anima's image rows split over the GPUs
+    "kandinsky5": {"family": "kandinsky5", "size": "2x16x16", "text": 8, "skip": "", "steps": 1},
+    "kandinsky5_i2v": {"family": "kandinsky5_i2v", "size": "3x16x16", "text": 8, "skip": "",
+                       "steps": 1},
+    "kandinsky5_image": {"family": "kandinsky5_image", "size": "1x16x16", "text": 8, "skip": "",
+                         "steps": 1},
+    "anima": {"family": "anima", "size": "1x16x16", "text": 8, "skip": "", "steps": 1},
 }
 EXACT = {"wan", "flux_double", "flux_single", "qwen_image", "lumina2"}
 EXACT_AT_TWO = {"wan21_i2v", "wan22_14b_i2v", "wan_vace", "chroma_double", "flux_chained",
-                "z_image", "scail", "scail2"}
+                "z_image", "scail", "scail2", "kandinsky5", "kandinsky5_i2v", "kandinsky5_image",
+                "anima"}
 GRID_TOKENS = {"wan": 64, "wan_pad": 27, "flux_double": 64, "flux_single": 64, "qwen_image": 64,
                "lumina2": 64}
 # Relative difference of the merged sequence-parallel samples to single-process ToMA with the
@@ -237,14 +246,15 @@ def test_image_to_video_start_frames_stay_on_their_rank(runs) -> None:
             levels[1]["tokens"] - levels[1]["merged_tokens"]
 
 
-def test_scail_references_and_pose_stay_whole(runs) -> None:
+def test_references_pose_and_start_frames_stay_whole(runs) -> None:
     """SCAIL's stream [reference frame (16 tokens); 2x4x4 video; pose tokens]: rank 0 holds the
     reference and 12 grid tokens, rank 1 the other 20 and the pose tokens, which never merge;
-    both drop alike."""
-    for name in ("scail", "scail2"):
+    Kandinsky 5's image to video: the start frame (64 tokens) and 32 grid tokens on rank 0.
+    Both ranks drop alike."""
+    for name, held in (("scail", [(12, 4), (20, 12)]), ("scail2", [(12, 4), (20, 12)]),
+                       ("kandinsky5_i2v", [(32, 8), (96, 72)])):
         levels = [s["levels"][0] for s in merged_ranks(runs[2][name])]
-        assert [(level["tokens"], level["merged_tokens"]) for level in levels] == \
-            [(12, 4), (20, 12)], levels
+        assert [(level["tokens"], level["merged_tokens"]) for level in levels] == held, levels
 
 
 def test_attention_scope_merges_whole_blocks_under_raylight(runs) -> None:
