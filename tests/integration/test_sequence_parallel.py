@@ -92,6 +92,9 @@ EXTRA_AT_TWO = {
     "kandinsky5_image": {"family": "kandinsky5_image", "size": "1x16x16", "text": 8, "skip": "",
                          "steps": 1},
     "anima": {"family": "anima", "size": "1x16x16", "text": 8, "skip": "", "steps": 1},
+    # a reference of about the output's size after the image: it fills rank 1
+    "qwen_image_edit": {"family": "qwen_image_edit", "size": "1x16x16", "text": 8, "skip": "",
+                        "steps": 1},
 }
 EXACT = {"wan", "flux_double", "flux_single", "qwen_image", "lumina2"}
 EXACT_AT_TWO = {"wan21_i2v", "wan22_14b_i2v", "wan_vace", "chroma_double", "flux_chained",
@@ -284,6 +287,16 @@ def test_per_frame_rows_raylight_does_not_split_run_unmerged(runs) -> None:
     for stats in merged_ranks(result):
         assert stats["layers_merged"] == 0
         assert "raylight" in stats["note"] and "vec rows" in stats["note"]
+    assert result["sp_merged_vs_sp_unmerged"] == 0.0
+
+
+def test_a_rank_without_image_tokens_leaves_every_rank_unmerged(runs) -> None:
+    """Qwen-Image-Edit with a reference of about the output's size on 2 ranks: rank 1 holds
+    only reference tokens, which never merge; every rank must drop alike, so none merges, and
+    each says why."""
+    result = runs[2]["qwen_image_edit"]
+    for stats in merged_ranks(result):
+        assert stats["layers_merged"] == 0 and "too few" in stats["note"], stats["note"]
     assert result["sp_merged_vs_sp_unmerged"] == 0.0
 
 
