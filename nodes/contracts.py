@@ -504,12 +504,28 @@ class Contract:
     ("module:qualname") -> what models of that class need besides; needs: what every model of
     the family needs; blocks: the model's block lists (attribute path, as a BlockKind's
     `modules`) -> the parameters their forwards take, checked on the model's own blocks when
-    the node patches it."""
+    the node patches it; kinds: the family's block kinds, from which the contract adds what
+    they read by name: each model class's block loop hands a "dit" kind's patches its
+    arguments, and an object-patched kind's forward takes them (and its opaque ones)."""
 
     label: str
     models: dict[str, tuple[Need, ...]]
     needs: tuple[Need, ...] = ()
     blocks: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    kinds: tuple = ()
+
+    def __post_init__(self) -> None:
+        loops = [kind for kind in self.kinds if kind.hook == "dit"]
+        object.__setattr__(self, "models", {
+            model: tuple(dict.fromkeys((*(Hands(model, kind.key, kind.arguments)
+                                          for kind in loops), *needs)))
+            for model, needs in self.models.items()})
+        blocks = dict(self.blocks)
+        for kind in self.kinds:
+            if kind.hook == "object":
+                blocks[kind.modules] = tuple(dict.fromkeys(
+                    (*blocks.get(kind.modules, ()), *kind.arguments, *kind.opaque)))
+        object.__setattr__(self, "blocks", blocks)
 
 
 def claimed(contract: Contract, diffusion_model: object) -> str | None:

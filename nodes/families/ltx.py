@@ -36,7 +36,6 @@ from ..dit_families import (
     shape_grid,
 )
 
-# the models of this family, as the node's error and the README name them
 MODELS = "LTX-Video, LTX-2"
 
 
@@ -108,7 +107,6 @@ CONTRACT = Contract(
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
     if claimed(CONTRACT, diffusion_model) == LTXAV:
         kinds, label, av_model = (AUDIO_VIDEO,), "LTX-2", resolve(AV_MODEL)[0]
     else:
@@ -126,7 +124,6 @@ def family(diffusion_model) -> Family:
 
 def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = (VIDEO,),
                 label: str = "LTX-Video", describe=None, held: HeldRows | None = None) -> Family:
-    """LTX's Family (benchmarks call blocks without a model call to describe)."""
     return Family("ltx", label, kinds, patch, describe, frames_per_region=VIDEO_REGION_FRAMES,
                   held_rows=held)
 

@@ -11,7 +11,6 @@ from ..contracts import Contract, Gives, Sets, Takes
 from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
 from ..model_call import ModelCall
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Lumina 2, Z-Image"
 
 KINDS = (BlockKind("layer", "layers", "", TextAt.STREAM_BEFORE, stream="x", txt=None,
@@ -31,7 +30,7 @@ CONTRACT = Contract(
                  ("c_crossattn", "attention_mask", "num_tokens"), what="conditioning"),
            Gives("comfy.model_base:Lumina2.extra_conds", ("ref_latents",), what="conditioning",
                  since="0.33.0")),
-    blocks={KINDS[0].modules: KINDS[0].arguments},
+    kinds=KINDS,
 )
 
 
@@ -46,7 +45,6 @@ def _given(value: object) -> bool:
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
     size = int(diffusion_model.patch_size)
     patch = (1, size, size)
 
@@ -80,7 +78,6 @@ def family(diffusion_model) -> Family:
 
 
 def description(patch: tuple[int, int, int], describe=None) -> Family:
-    """Lumina 2 / Z-Image's Family (benchmarks call blocks without a model call to describe)."""
     return Family("lumina", "Lumina 2 / Z-Image", KINDS, patch, describe)
 
 

@@ -22,11 +22,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..contracts import Contract, Gives, Hands, Sets, Takes
+from ..contracts import Contract, Gives, Sets, Takes
 from ..dit_families import VIDEO_REGION_FRAMES, Family, latent_grid, set_grid
 from .wan import KINDS as WAN_KINDS
 
-# the models of this family, as the node's error and the README name them
 MODELS = "SCAIL and SCAIL-2 (Wan 2.1)"
 
 # Wan's blocks; raylight's sequence-parallel forward of SCAIL was not read: unmerged under it
@@ -34,11 +33,10 @@ KINDS = tuple(dataclasses.replace(kind, shard=None) for kind in WAN_KINDS)
 
 SCAIL = "comfy.ldm.wan.model:SCAILWanModel"
 SCAIL2 = "comfy.ldm.wan.model:SCAIL2WanModel"
-_LOOP = KINDS[0].key, KINDS[0].arguments
 
 CONTRACT = Contract(
     "SCAIL",
-    models={SCAIL: (Hands(SCAIL, *_LOOP),), SCAIL2: (Hands(SCAIL2, *_LOOP),)},
+    models={SCAIL: (), SCAIL2: ()},
     needs=(
         Gives("comfy.model_base:WAN21_SCAIL.extra_conds", ("reference_latent", "pose_latents"),
               what="conditioning"),
@@ -47,17 +45,15 @@ CONTRACT = Contract(
         Sets("comfy.ldm.wan.model:WanModel.__init__", ("patch_size",)),
     ),
     blocks={"blocks": ("x", "e", "freqs", "context")},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a SCAIL or SCAIL-2 model (families.family_of checked it)."""
     return description(tuple(int(p) for p in diffusion_model.patch_size))
 
 
 def description(patch: tuple[int, int, int] = (1, 2, 2)) -> Family:
-    """SCAIL's Family (benchmarks call blocks without a model call to describe)."""
-
     def describe(call, base_model, arguments: dict) -> None:
         """The (t, h, w) grid of latent x (plus frames appended by time_dim_concat); the
         reference frames' tokens in front of it (reference_latent [B, C, R, H, W]) never

@@ -49,7 +49,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..contracts import Contract, Gives, Hands, Probe, Sets, Takes, bare, claimed, resolve
+from ..contracts import Contract, Gives, Probe, Sets, Takes, bare, claimed, resolve
 from ..dit_families import (
     VIDEO_REGION_FRAMES,
     BlockKind,
@@ -63,7 +63,6 @@ from ..dit_families import (
     zero_timestep_frames,
 )
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate)"
 
 KINDS = (BlockKind("double_block", "blocks", "", TextAt.NONE, rows=("vec",), rows_dims=4,
@@ -97,19 +96,17 @@ WAN = "comfy.ldm.wan.model:WanModel"
 VACE = "comfy.ldm.wan.model:VaceWanModel"
 CAMERA = "comfy.ldm.wan.model:CameraWanModel"
 ANIMATE = "comfy.ldm.wan.model_animate:AnimateWanModel"
-_LOOP = KINDS[0].key, KINDS[0].arguments
 
 CONTRACT = Contract(
     "Wan",
     models={
-        WAN: (Hands(WAN, *_LOOP),),
-        VACE: (Hands(VACE, *_LOOP),
-               Gives("comfy.model_base:WAN21_Vace.extra_conds", ("vace_context",),
+        WAN: (),
+        VACE: (Gives("comfy.model_base:WAN21_Vace.extra_conds", ("vace_context",),
                      what="conditioning"),
                Probe("comfy.model_base:WAN21_Vace.extra_conds", lambda f: probe_vace(f),
                      why="the VACE mask ToMA reads kept frames from")),
-        CAMERA: (Hands(CAMERA, *_LOOP),),
-        ANIMATE: (Hands(ANIMATE, *_LOOP),),
+        CAMERA: (),
+        ANIMATE: (),
     },
     needs=(
         Takes("comfy.model_base:BaseModel._apply_model", ("c_concat",)),
@@ -122,11 +119,11 @@ CONTRACT = Contract(
         Sets("comfy.ldm.wan.model:WanModel.__init__", ("patch_size", "ref_conv")),
     ),
     blocks={"blocks": ("x", "e", "freqs", "context")},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = tuple(int(p) for p in diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> str | None:
@@ -283,5 +280,4 @@ def probe_vace(extra_conds) -> list[str]:
 
 def description(patch: tuple[int, int, int], describe=None,
                 kinds: tuple[BlockKind, ...] = KINDS) -> Family:
-    """Wan's Family (benchmarks call blocks without a model call to describe)."""
     return Family("wan", "Wan", kinds, patch, describe, frames_per_region=VIDEO_REGION_FRAMES)
