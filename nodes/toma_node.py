@@ -147,7 +147,7 @@ TOMA_ADVANCED = NodeSpec(
 def check_inputs(skip_blocks: str | None = None, ratio: float | None = None) -> bool | str:
     """ComfyUI's check before the graph runs (the nodes' validate_inputs): an unreadable
     skip_blocks fails the queueing on every model (UNet models do not use the value, and a typo
-    should not wait for a Flux model to surface), and so does a ratio that is NaN (NaN compares
+    should not wait for a transformer to surface), and so does a ratio that is NaN (NaN compares
     false with both bounds, so ComfyUI's own range check lets it through; it also leaves the
     range check of the inputs a node validates to the node). None: the value comes through a
     link and is known only when the node runs, where make_options checks it.

@@ -4,8 +4,13 @@ ComfyUI's forward hands to "dit" replace patches ("double_block"). Only the imag
 prompt (with an edit's ViT tokens spliced in) stays in front, the reference patches behind.
 
 Unpatched, ComfyUI keeps the prompt's keys and values across steps only while no block is
-replaced; ToMA keeps them itself while its patches are in place (prefix_cache.py), so from a
-prompt's second call the layers run on the tokens after the prompt, merged or not.
+replaced, so with ToMA's block patches it would recompute the prompt at every step (9-10% of a
+step at 2048x2048 with 128- and 512-token prompts: bench/speed/hidream_o1_cache.py); ToMA keeps
+them itself while its patches are in place (prefix_cache.py), so from a prompt's second call
+the layers run on the tokens after the prompt, merged or not. The forward opens no "Comfy
+model compiler" malloc graph in v0.33.0 nor in the newest copy the code index holds
+(Comfy-Org/ComfyUI 69460731): there prefix_cache's pause is a no-op
+(docs/comfyui-updates.md).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import math
 import torch
 
 from ..contracts import Contract, Gives, Sets, Takes
-from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
+from ..dit_families import BlockKind, Family, TextAt, host_read, latent_grid, set_grid
 from ..model_call import ModelCall
 
 MODELS = "Lumina 2, Z-Image"
@@ -85,16 +85,15 @@ def text_length(call: ModelCall, context: torch.Tensor, arguments: dict,
                 diffusion_model) -> int | None:
     """Tokens in front of the image in the blocks' sequence, None when items differ. NextDiT
     without `pad_tokens_multiple` (ComfyUI before 0.8) cuts each item's text to its own length:
-    its attention mask's count (read on the host once per run and batch identity: the text does
-    not change within a run), else `num_tokens`."""
+    its attention mask's count (host_read), else `num_tokens`."""
     if not hasattr(diffusion_model, PAD):
         mask = arguments.get("attention_mask")
         if torch.is_tensor(mask):
-            key = ("text_length", call.identity, tuple(mask.shape))
-            if key not in call.run.host_reads:
+            def read() -> int | None:
                 lengths = mask.sum(dim=-1).flatten().unique()
-                call.run.host_reads[key] = int(lengths[0]) if len(lengths) == 1 else None
-            return call.run.host_reads[key]
+                return int(lengths[0]) if len(lengths) == 1 else None
+
+            return host_read(call, ("text_length", tuple(mask.shape)), read)
         return int(arguments.get("num_tokens", context.shape[1]))
     multiple = diffusion_model.pad_tokens_multiple
     return math.ceil(context.shape[1] / multiple) * multiple if multiple else context.shape[1]

@@ -57,6 +57,7 @@ from ..dit_families import (
     ShardKind,
     TextAt,
     given_frames,
+    host_read,
     latent_grid,
     leading_true,
     set_grid,
@@ -173,35 +174,30 @@ def image_frames(call, c_concat: object, x: object) -> int:
     some batch item: the frames the model is given an image for. The image is c_concat
     [B, C, T, H, W] itself when it has the latent x's C channels (Wan Camera 2.1), its last C
     channels when it has 2C (Wan 2.1 Fun control: the control latent first). 0 for other
-    layouts. Read on the host once per run and batch identity (the conditioning does not
-    change within a run)."""
+    layouts (host_read)."""
     if not torch.is_tensor(c_concat) or not torch.is_tensor(x) or c_concat.dim() != 5:
         return 0
     latent = int(x.shape[1])
     if int(c_concat.shape[1]) not in (latent, 2 * latent):
         return 0
-    key = ("image_frames", call.identity, tuple(c_concat.shape))
-    if key not in call.run.host_reads:
-        image = c_concat[:, -latent:]
-        given = (image.float().abs().amax(dim=(0, 1, 3, 4)) > 0).tolist()   # one host read
-        call.run.host_reads[key] = leading_true(given)
-    return call.run.host_reads[key]
+    return host_read(call, ("image_frames", tuple(c_concat.shape)), lambda: leading_true(
+        (c_concat[:, -latent:].float().abs().amax(dim=(0, 1, 3, 4)) > 0).tolist()))
 
 
 def vace_kept_frames(call, vace_context: object, frames: int) -> int:
     """Leading latent frames whose VACE mask is all 0 in some VACE input of a VACE context
     [B, inputs, 32 + 64, T, H, W] (WAN21_Vace.extra_conds: latents, then mask channels): the
-    most any input has. 0 without VACE context or for another length. Read on the host once
-    per run and batch identity (the context does not change within a run)."""
+    most any input has. 0 without VACE context or for another length (host_read)."""
     if (not torch.is_tensor(vace_context) or vace_context.dim() != 6
             or vace_context.shape[3] != frames):
         return 0
-    key = ("vace_kept_frames", call.identity, tuple(vace_context.shape))
-    if key not in call.run.host_reads:
+
+    def read() -> int:
         masks = vace_context[:, :, -VACE_MASK_CHANNELS:].float()
         kept = (masks.abs().amax(dim=(0, 2, 4, 5)) == 0).tolist()     # [inputs][T], one read
-        call.run.host_reads[key] = max(leading_true(flags) for flags in kept)
-    return call.run.host_reads[key]
+        return max(leading_true(flags) for flags in kept)
+
+    return host_read(call, ("vace_kept_frames", tuple(vace_context.shape)), read)
 
 
 # Probes of the conditioning layouts ToMA reads: three latent frames of 2 x 2 cells, the first
