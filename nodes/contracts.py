@@ -7,20 +7,8 @@ blocks' forwards take (`blocks`, read from the model's own blocks). A `Need` nam
 object by "module:qualname" and checks what ComfyUI does where a small call can show it, and
 otherwise the names ComfyUI's code uses (parameters, keys, attributes), never the text of a
 line: a re-spelling that keeps the behaviour (locals renamed, lines reformatted) meets every
-need.
-
-- Probe: a function run on a small input (a few tensor elements, a `bare` object for self),
-  its output read as the family reads it (a conditioning's layout: which channels hold a
-  mask, which frames it marks given);
-- Takes: a function's parameters (a block forward's, apply_model's, the sampler's);
-- Hands: the keys of the dict ComfyUI's block loop hands a "dit" replace patch;
-- Gives: keys a function stores in the dicts it builds (conditioning from model_base's
-  extra_conds, transformer_options a model sets for its blocks);
-- Sets: attributes a function sets on `self`; Has: names a class or module has; Equals: a
-  constant's value; Mentions: strings a function or module uses (a marker of a feature);
-- JoinOrder: the order in which a block loop joins the two streams it hands its double-stream
-  patches (by their keys) into the sequence it hands its single-stream patches, against the
-  flag ToMA reads that order from.
+need. Each kind of need (Probe, Takes, Hands, Gives, Sets, Has, Equals, Mentions, JoinOrder)
+says what it checks.
 
 A need can apply only from a ComfyUI version on (`since`) or only where another need is met
 (`when`: a feature's marker). Where the object's code cannot be read (no source, another
@@ -306,13 +294,19 @@ def stored_keys(tree: ast.AST) -> set[str]:
     return keys
 
 
-def parsed(path: str) -> tuple[ast.AST | None, list[str]]:
-    """(the syntax tree of the object at `path`, []); (None, [why]) where that object is not
-    there; (None, []) where its code cannot be read, which counts as met."""
+def lacking(path: str, names: Iterable[str], has: Callable[[ast.AST], set[str]],
+            says: Callable[[str], str]) -> list[str]:
+    """What the code of the object at `path` lacks of `names`: has(its syntax tree) -> the
+    names it holds; says(name) -> the problem. Where the object is not there, why; where its
+    code cannot be read, nothing (taken as met)."""
     found, why = resolve(path)
     if found is None:
-        return None, [why]
-    return tree_of(found), []
+        return [why]
+    tree = tree_of(found)
+    if tree is None:
+        return []
+    held = has(tree)
+    return [f"{shown(path)} {says(name)}" for name in names if name not in held]
 
 
 @dataclass(frozen=True)
@@ -325,12 +319,8 @@ class Gives(Need):
     what: str = "key"
 
     def problems(self) -> list[str]:
-        tree, missing = parsed(self.function)
-        if tree is None:
-            return missing
-        keys = stored_keys(tree)
-        return [f"{shown(self.function)} gives no {key!r} {self.what}" for key in self.keys
-                if key not in keys]
+        return lacking(self.function, self.keys, stored_keys,
+                       lambda key: f"gives no {key!r} {self.what}")
 
 
 @dataclass(frozen=True)
@@ -341,14 +331,11 @@ class Sets(Need):
     attributes: tuple[str, ...]
 
     def problems(self) -> list[str]:
-        tree, missing = parsed(self.function)
-        if tree is None:
-            return missing
-        stored = {node.attr for node in ast.walk(tree)
-                  if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                  and isinstance(node.value, ast.Name) and node.value.id == "self"}
-        return [f"{shown(self.function)} sets no self.{name}" for name in self.attributes
-                if name not in stored]
+        return lacking(self.function, self.attributes, lambda tree: {
+            node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name) and node.value.id == "self"},
+            lambda name: f"sets no self.{name}")
 
 
 @dataclass(frozen=True)
@@ -390,12 +377,9 @@ class Mentions(Need):
     texts: tuple[str, ...]
 
     def problems(self) -> list[str]:
-        tree, missing = parsed(self.path)
-        if tree is None:
-            return missing
-        used = {node.value for node in ast.walk(tree) if _strings(node)}
-        return [f"{shown(self.path)} does not mention {text!r}" for text in self.texts
-                if text not in used]
+        return lacking(self.path, self.texts,
+                       lambda tree: {node.value for node in ast.walk(tree) if _strings(node)},
+                       lambda text: f"does not mention {text!r}")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import math
 from ..contracts import Contract, Gives, Sets, Takes
 from ..dit_families import VIDEO_REGION_FRAMES, Family, latent_grid, set_grid
 from .wan import KINDS as WAN_KINDS
+from .wan import video_grid
 
 MODELS = "SCAIL and SCAIL-2 (Wan 2.1)"
 
@@ -58,12 +59,9 @@ def description(patch: tuple[int, int, int] = (1, 2, 2)) -> Family:
         """The (t, h, w) grid of latent x (plus frames appended by time_dim_concat); the
         reference frames' tokens in front of it (reference_latent [B, C, R, H, W]) never
         merge; the pose tokens after it are the stream's suffix."""
-        grid = latent_grid(arguments.get("x"), patch)
-        extra = latent_grid(arguments.get("time_dim_concat"), patch)
-        if grid is not None and extra is not None:
-            grid = (grid[0] + extra[0], grid[1], grid[2])
         reference = latent_grid(arguments.get("reference_latent"), patch)
-        set_grid(call, grid, prefix=math.prod(reference) if reference else 0)
+        set_grid(call, video_grid(arguments, patch),
+                 prefix=math.prod(reference) if reference else 0)
 
     return Family("scail", "SCAIL", KINDS, patch, describe,
                   frames_per_region=VIDEO_REGION_FRAMES)

@@ -134,10 +134,7 @@ def family(diffusion_model) -> Family:
         mask gives, VACE's reference frames (vace_kept_frames) and the leading frames a
         mask-less concatenated image fills (image_frames: Camera 2.1, Fun control 2.1) never
         merge. Returns why a call whose every frame is given runs unmerged."""
-        grid = latent_grid(arguments.get("x"), patch)
-        extra = latent_grid(arguments.get("time_dim_concat"), patch)
-        if grid is not None and extra is not None:
-            grid = (grid[0] + extra[0], grid[1], grid[2])
+        grid = video_grid(arguments, patch)
         ref = (diffusion_model.ref_conv is not None
                and arguments.get("reference_latent") is not None and grid is not None)
         kept = 0
@@ -155,6 +152,12 @@ def family(diffusion_model) -> Family:
 
     kinds = KINDS if claimed(CONTRACT, diffusion_model) in (WAN, ANIMATE) else UNIFORM_KINDS
     return description(patch, describe, kinds)
+
+
+def video_grid(arguments: dict, patch: tuple[int, int, int]) -> tuple[int, int, int] | None:
+    """The (t, h, w) grid of latent x, with the frames time_dim_concat appends."""
+    grid, extra = (latent_grid(arguments.get(name), patch) for name in ("x", "time_dim_concat"))
+    return grid if grid is None or extra is None else (grid[0] + extra[0], *grid[1:])
 
 
 def concat_mask(c_concat: object, x: object) -> object:
