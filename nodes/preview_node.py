@@ -4,8 +4,6 @@ The picture stands in for the model's features: each token is a cell of `px` x `
 described by its downsampled pixels minus the image mean (so cosine similarity reflects colour
 and texture differences, not overall brightness). The overlay shows tile borders (white), the
 chosen destination tokens (dark cells) and every token tinted with its destination's colour.
-
-The node's definition is plain data here; its V3 class is built from it in nodes/v3.py.
 """
 
 from __future__ import annotations

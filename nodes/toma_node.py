@@ -1,10 +1,7 @@
-"""The ToMA and ToMAAdvanced nodes: their definitions (plain data, no ComfyUI import) and what
-they do when they run. The V3 node classes ComfyUI loads are built from these in nodes/v3.py.
-
-Widget order is part of every saved workflow: new widgets go at the end, none is ever moved,
-renamed or retyped (tests/unit/test_node_inputs.py holds the snapshot). A widget appended later
-must also cope with text in its slot: ComfyUI's frontend 1.35 (ComfyUI 0.8.0) saves the node's
-progress text (the stats of the last run, nodes/ui_stats.py) after the widget values.
+"""The ToMA and ToMAAdvanced nodes: their definitions (node_spec.NodeSpec) and what they do
+when they run. A widget appended later must also cope with text in its slot: ComfyUI's frontend
+1.35 (ComfyUI 0.8.0) saves the node's progress text (the stats of the last run,
+nodes/ui_stats.py) after the widget values.
 
 Tooltips and the description quote the defaults from the constants that define them.
 """
