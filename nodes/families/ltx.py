@@ -22,6 +22,8 @@ cross-attention context.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..contracts import Contract, Gives, Hands, Has, Sets, Takes, claimed, resolve
@@ -112,14 +114,8 @@ def family(diffusion_model) -> Family:
     else:
         kinds, label, av_model = (VIDEO,), "LTX-Video", None
     patch = tuple(int(p) for p in diffusion_model.patchifier.patch_size)
-
-    def describe(call, base_model, arguments: dict) -> str | None:
-        """The (t, h, w) grid of the video latent's frames before the guide frames (x, or the
-        first of `latent_shapes` where LTX-2 packs video and audio into one latent), the
-        leading frames the denoise mask conditions in front of it (conditioned_frames)."""
-        return describe_call(call, arguments, patch)
-
-    return description(patch, kinds, label, describe, held_rows(av_model))
+    return description(patch, kinds, label, functools.partial(describe, patch),
+                       held_rows(av_model))
 
 
 def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = (VIDEO,),
@@ -128,9 +124,10 @@ def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = (VID
                   held_rows=held)
 
 
-def describe_call(call, arguments: dict, patch: tuple[int, int, int]) -> str | None:
-    """Fills `call` from one LTX model call (see `family`); returns why it cannot merge when
-    the user should know."""
+def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> str | None:
+    """The (t, h, w) grid of the video latent's frames before the guide frames (x, or the
+    first of `latent_shapes` where LTX-2 packs video and audio into one latent), the leading
+    frames the denoise mask conditions in front of it (conditioned_frames)."""
     shapes = arguments.get("latent_shapes")
     shape = shapes[0] if shapes else getattr(arguments.get("x"), "shape", None)
     grid = shape_grid(shape, patch)

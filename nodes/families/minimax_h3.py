@@ -17,6 +17,7 @@ longer has: ToMA leaves those blocks unmerged and says so, applied before or aft
 
 from __future__ import annotations
 
+import functools
 import math
 
 from ..contracts import Contract, Gives, Sets
@@ -51,14 +52,11 @@ def family(diffusion_model) -> Family:
 
 
 def description(patch: tuple[int, int, int] = (1, 2, 2)) -> Family:
-    def describe(call, base_model, arguments: dict) -> str | None:
-        return describe_call(call, arguments, patch)
-
-    return Family("minimax_h3", "MiniMax H3", (BLOCK,), patch, describe,
+    return Family("minimax_h3", "MiniMax H3", (BLOCK,), patch, functools.partial(describe, patch),
                   frames_per_region=VIDEO_REGION_FRAMES, foreign_block=foreign_block)
 
 
-def describe_call(call, arguments: dict, patch: tuple[int, int, int]) -> str | None:
+def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> str | None:
     """The video's (t, h, w) grid from the first of `latent_shapes`, and everything before the
     video's segment of the packed layout ComfyUI built for the call (its conditioning's
     `minimax_payload`) as the prefix that never merges."""

@@ -38,10 +38,7 @@ frames the concatenated mask marks as given (Wan 2.1 and Wan 2.2 A14B image-to-v
 last frame: the leading ones). Merging the given start frame's tokens with generated ones blurs
 what the video takes from the start image (tests/integration/test_dit_families.py,
 test_start_image_dependence, holds the output's dependence on the start image, and on VACE's
-reference frame, to the unmerged model's).
-
-What the family needs from ComfyUI (its classes, block loop, conditioning and their layouts)
-is its CONTRACT, checked when the node patches a model."""
+reference frame, to the unmerged model's)."""
 
 from __future__ import annotations
 
