@@ -62,16 +62,10 @@ def preview(image: torch.Tensor, ratio: float, tile_count: int, px: int) -> torc
     colours = colours * (1 - 0.6 * is_dest)
     cells = colours.repeat_interleave(px, 0).repeat_interleave(px, 1)[:height, :width]
     out = (1 - BLEND) * image.float() + BLEND * cells
-    return _draw_borders(out, regions.row_sizes, regions.col_sizes, px)
-
-
-def _draw_borders(out: torch.Tensor, row_sizes: tuple[int, ...], col_sizes: tuple[int, ...],
-                  px: int) -> torch.Tensor:
-    """White lines between tiles (token extents converted to pixels)."""
-    for edge in torch.tensor(row_sizes).cumsum(0)[:-1].tolist():
-        out[min(edge * px, out.shape[0] - 1)] = 1.0
-    for edge in torch.tensor(col_sizes).cumsum(0)[:-1].tolist():
-        out[:, min(edge * px, out.shape[1] - 1)] = 1.0
+    for edge in torch.tensor(regions.row_sizes).cumsum(0)[:-1].tolist():    # the tile borders
+        out[min(edge * px, height - 1)] = 1.0
+    for edge in torch.tensor(regions.col_sizes).cumsum(0)[:-1].tolist():
+        out[:, min(edge * px, width - 1)] = 1.0
     return out
 
 

@@ -114,14 +114,11 @@ def patch_ray_actors(ray_actors: Any, ratio: float, tile_count: int, skip_blocks
 
 
 class ToMAOnActors:
-    """The GPU actors of one node's output, which get ToMA together: when a raylight sampler
-    sends the first of them a sampling call, ToMA is installed on every one of them and the
-    node waits for all (merged everywhere or nowhere: a failure on any takes ToMA off the
-    others and raises, before anything samples); each actor's removal is sent right after its
-    sampling call (Ray runs one caller's calls on an actor in order), and waited for, its
-    failure raised, on the next call through a wrapped actor once every actor has been sent its
-    sampling (raylight's samplers call get_parallel_dict after sampling) or on the next
-    sampling."""
+    """The GPU actors of one node's output, which get ToMA together (the module docstring says
+    how). Each actor's removal is sent right after its sampling call (Ray runs one caller's
+    calls on an actor in order), and waited for on the next call through a wrapped actor once
+    every actor has been sent its sampling (raylight's samplers call get_parallel_dict after
+    sampling) or on the next sampling."""
 
     def __init__(self, actors: list, install: Callable, remove: Callable) -> None:
         self.actors, self.install, self.remove = actors, install, remove
