@@ -9,6 +9,7 @@ import math
 
 from ..contracts import Contract, Gives, JoinOrder
 from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, latent_grid, set_grid
+from .flux import CONTRACT as FLUX_CONTRACT
 
 MODELS = "HunyuanVideo 1.0/1.5"
 
@@ -39,8 +40,7 @@ CONTRACT = Contract(
     )},
     needs=(Gives("comfy.model_base:HunyuanVideo.extra_conds", ("ref_latent", "guiding_frame_index"),
                  what="conditioning"),),
-    blocks={"double_blocks": ("img", "txt", "vec", "pe", "attn_mask"),
-            "single_blocks": ("x", "vec", "pe", "attn_mask")},
+    blocks=FLUX_CONTRACT.blocks,        # Flux's block classes
     kinds=kinds(False),
 )
 

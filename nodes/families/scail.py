@@ -24,6 +24,7 @@ import math
 
 from ..contracts import Contract, Gives, Sets, Takes
 from ..dit_families import VIDEO_REGION_FRAMES, Family, latent_grid, set_grid
+from .wan import CONTRACT as WAN_CONTRACT
 from .wan import KINDS as WAN_KINDS
 from .wan import video_grid
 
@@ -45,7 +46,7 @@ CONTRACT = Contract(
               why="the reference frames in front of the video and the pose tokens after it"),
         Sets("comfy.ldm.wan.model:WanModel.__init__", ("patch_size",)),
     ),
-    blocks={"blocks": ("x", "e", "freqs", "context")},
+    blocks=WAN_CONTRACT.blocks,
     kinds=KINDS,
 )
 
