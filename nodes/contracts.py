@@ -17,11 +17,9 @@ A probe that raises refuses its family only. tests/integration/test_contract_fau
 each need of every contract on a copy of ComfyUI (one fault each) and re-spells every function
 the contracts name.
 
-`claimed` tells whether a model is of a contract's classes: by identity, or by name (within
-ComfyUI's `comfy` package) where that class no longer imports, so that a model of a class that
-moved is refused with the reason rather than called unsupported. Classes are imported only
-here, each inside a guard: a class that fails to import fails only the models of that class.
-What was read is kept for the process: ComfyUI's code does not change while it runs.
+Classes are imported only here, each inside a guard: a class that fails to import fails only
+the models of that class (`claimed`). What was read is kept for the process: ComfyUI's code
+does not change while it runs.
 """
 
 from __future__ import annotations
@@ -513,8 +511,9 @@ class Contract:
 
 
 def claimed(contract: Contract, diffusion_model: object) -> str | None:
-    """The contract's model class (its path) the model is of: by identity, or by name where
-    that class does not import (a moved class); None when it is of none."""
+    """The contract's model class (its path) the model is of: by identity, or by name (within
+    ComfyUI's packages) where that class does not import, so that a model of a class that moved
+    is refused with the reason rather than called unsupported; None when it is of none."""
     cls = type(diffusion_model)
     for path in contract.models:
         if resolve(path)[0] is cls:
