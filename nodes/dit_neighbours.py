@@ -24,7 +24,7 @@ SELF_ATTENTION = ("self_attn", "attn1", "attn", "attention", "img_attn", "txt_at
 
 def owner(fn: object) -> str:
     """Who a patch function (or class) comes from, for a message: the node pack's folder and
-    the function's own name, e.g. "ComfyUI-KJNodes (WanAttentionPatch.__get__)"."""
+    the function's own name, e.g. "ComfyUI-KJNodes (<class>.__get__)"."""
     fn = getattr(fn, "__func__", fn)
     module = str(getattr(fn, "__module__", None) or type(fn).__module__)
     name = str(getattr(fn, "__qualname__", None) or type(fn).__qualname__)
