@@ -44,6 +44,5 @@ def family(diffusion_model) -> Family:
 
 
 def description(patch: tuple[int, int, int], flipped: bool = False, describe=None) -> Family:
-    """HunyuanImage 2.1's Family; flipped: image before text. Benchmarks call blocks without a
-    model call to describe."""
+    """flipped: the image before the text."""
     return Family("hunyuan_image", "HunyuanImage 2.1", kinds(flipped), patch, describe)
