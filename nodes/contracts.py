@@ -7,20 +7,8 @@ blocks' forwards take (`blocks`, read from the model's own blocks). A `Need` nam
 object by "module:qualname" and checks what ComfyUI does where a small call can show it, and
 otherwise the names ComfyUI's code uses (parameters, keys, attributes), never the text of a
 line: a re-spelling that keeps the behaviour (locals renamed, lines reformatted) meets every
-need.
-
-- Probe: a function run on a small input (a few tensor elements, a `bare` object for self),
-  its output read as the family reads it (a conditioning's layout: which channels hold a
-  mask, which frames it marks given);
-- Takes: a function's parameters (a block forward's, apply_model's, the sampler's);
-- Hands: the keys of the dict ComfyUI's block loop hands a "dit" replace patch;
-- Gives: keys a function stores in the dicts it builds (conditioning from model_base's
-  extra_conds, transformer_options a model sets for its blocks);
-- Sets: attributes a function sets on `self`; Has: names a class or module has; Equals: a
-  constant's value; Mentions: strings a function or module uses (a marker of a feature);
-- JoinOrder: the order in which a block loop joins the two streams it hands its double-stream
-  patches (by their keys) into the sequence it hands its single-stream patches, against the
-  flag ToMA reads that order from.
+need. Each kind of need (Probe, Takes, Hands, Gives, Sets, Has, Equals, Mentions, JoinOrder)
+says what it checks.
 
 A need can apply only from a ComfyUI version on (`since`) or only where another need is met
 (`when`: a feature's marker). Where the object's code cannot be read (no source, another
@@ -29,11 +17,9 @@ A probe that raises refuses its family only. tests/integration/test_contract_fau
 each need of every contract on a copy of ComfyUI (one fault each) and re-spells every function
 the contracts name.
 
-`claimed` tells whether a model is of a contract's classes: by identity, or by name (within
-ComfyUI's `comfy` package) where that class no longer imports, so that a model of a class that
-moved is refused with the reason rather than called unsupported. Classes are imported only
-here, each inside a guard: a class that fails to import fails only the models of that class.
-What was read is kept for the process: ComfyUI's code does not change while it runs.
+Classes are imported only here, each inside a guard: a class that fails to import fails only
+the models of that class (`claimed`). What was read is kept for the process: ComfyUI's code
+does not change while it runs.
 """
 
 from __future__ import annotations
@@ -306,13 +292,19 @@ def stored_keys(tree: ast.AST) -> set[str]:
     return keys
 
 
-def parsed(path: str) -> tuple[ast.AST | None, list[str]]:
-    """(the syntax tree of the object at `path`, []); (None, [why]) where that object is not
-    there; (None, []) where its code cannot be read, which counts as met."""
+def lacking(path: str, names: Iterable[str], has: Callable[[ast.AST], set[str]],
+            says: Callable[[str], str]) -> list[str]:
+    """What the code of the object at `path` lacks of `names`: has(its syntax tree) -> the
+    names it holds; says(name) -> the problem. Where the object is not there, why; where its
+    code cannot be read, nothing (taken as met)."""
     found, why = resolve(path)
     if found is None:
-        return None, [why]
-    return tree_of(found), []
+        return [why]
+    tree = tree_of(found)
+    if tree is None:
+        return []
+    held = has(tree)
+    return [f"{shown(path)} {says(name)}" for name in names if name not in held]
 
 
 @dataclass(frozen=True)
@@ -325,12 +317,8 @@ class Gives(Need):
     what: str = "key"
 
     def problems(self) -> list[str]:
-        tree, missing = parsed(self.function)
-        if tree is None:
-            return missing
-        keys = stored_keys(tree)
-        return [f"{shown(self.function)} gives no {key!r} {self.what}" for key in self.keys
-                if key not in keys]
+        return lacking(self.function, self.keys, stored_keys,
+                       lambda key: f"gives no {key!r} {self.what}")
 
 
 @dataclass(frozen=True)
@@ -341,14 +329,11 @@ class Sets(Need):
     attributes: tuple[str, ...]
 
     def problems(self) -> list[str]:
-        tree, missing = parsed(self.function)
-        if tree is None:
-            return missing
-        stored = {node.attr for node in ast.walk(tree)
-                  if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                  and isinstance(node.value, ast.Name) and node.value.id == "self"}
-        return [f"{shown(self.function)} sets no self.{name}" for name in self.attributes
-                if name not in stored]
+        return lacking(self.function, self.attributes, lambda tree: {
+            node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name) and node.value.id == "self"},
+            lambda name: f"sets no self.{name}")
 
 
 @dataclass(frozen=True)
@@ -390,12 +375,9 @@ class Mentions(Need):
     texts: tuple[str, ...]
 
     def problems(self) -> list[str]:
-        tree, missing = parsed(self.path)
-        if tree is None:
-            return missing
-        used = {node.value for node in ast.walk(tree) if _strings(node)}
-        return [f"{shown(self.path)} does not mention {text!r}" for text in self.texts
-                if text not in used]
+        return lacking(self.path, self.texts,
+                       lambda tree: {node.value for node in ast.walk(tree) if _strings(node)},
+                       lambda text: f"does not mention {text!r}")
 
 
 @dataclass(frozen=True)
@@ -504,17 +486,34 @@ class Contract:
     ("module:qualname") -> what models of that class need besides; needs: what every model of
     the family needs; blocks: the model's block lists (attribute path, as a BlockKind's
     `modules`) -> the parameters their forwards take, checked on the model's own blocks when
-    the node patches it."""
+    the node patches it; kinds: the family's block kinds, from which the contract adds what
+    they read by name: each model class's block loop hands a "dit" kind's patches its
+    arguments, and an object-patched kind's forward takes them (and its opaque ones)."""
 
     label: str
     models: dict[str, tuple[Need, ...]]
     needs: tuple[Need, ...] = ()
     blocks: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    kinds: tuple = ()
+
+    def __post_init__(self) -> None:
+        loops = [kind for kind in self.kinds if kind.hook == "dit"]
+        object.__setattr__(self, "models", {
+            model: tuple(dict.fromkeys((*(Hands(model, kind.key, kind.arguments)
+                                          for kind in loops), *needs)))
+            for model, needs in self.models.items()})
+        blocks = dict(self.blocks)
+        for kind in self.kinds:
+            if kind.hook == "object":
+                blocks[kind.modules] = tuple(dict.fromkeys(
+                    (*blocks.get(kind.modules, ()), *kind.arguments, *kind.opaque)))
+        object.__setattr__(self, "blocks", blocks)
 
 
 def claimed(contract: Contract, diffusion_model: object) -> str | None:
-    """The contract's model class (its path) the model is of: by identity, or by name where
-    that class does not import (a moved class); None when it is of none."""
+    """The contract's model class (its path) the model is of: by identity, or by name (within
+    ComfyUI's packages) where that class does not import, so that a model of a class that moved
+    is refused with the reason rather than called unsupported; None when it is of none."""
     cls = type(diffusion_model)
     for path in contract.models:
         if resolve(path)[0] is cls:

@@ -13,7 +13,7 @@ Token layout in a block call, per kind (stream = the tensor holding the image gr
 
 prefix: the text when it is in the stream and comes first (TextAt.STREAM_BEFORE), then tokens
 that never merge (reference latents put in front, image-to-video conditioning frames); suffix:
-everything after the grid (reference images, padding, text that comes last, LTX's guide
+everything after the grid (reference images, padding, text that comes last, guide
 frames). Positional rows (RoPE) and attention masks follow the attention sequence, which also
 holds the text when the block attends over [text; image] (BEFORE) or [image; text] (AFTER).
 Modulation rows (`rows`: per-token or per-frame timestep embeddings) are spread evenly over
@@ -55,12 +55,11 @@ class ShardKind:
     """How raylight's sequence-parallel forward (sequence_parallel.py) hands one kind of block
     its shard.
 
-    text_in_stream: the stream is a shard of [text; grid; ...] (Flux's single blocks, Lumina's
-    layers), the text length the first item of transformer_options["img_slice"] (the whole
-    text's length on every rank) where raylight sets it, else the one the family's describe
-    read (ModelCall.txt_len); pe_item: the positional-rows argument is a list whose item
-    `pe_item` holds the stream's rows (Qwen-Image: [image rows, text rows]), None: it is the
-    stream's rows alone."""
+    text_in_stream: the stream is a shard of [text; grid; ...], the text length the first item
+    of transformer_options["img_slice"] (the whole text's length on every rank) where raylight
+    sets it, else the one the family's describe read (ModelCall.txt_len); pe_item: the
+    positional-rows argument is a list whose item `pe_item` holds the stream's rows (as in
+    [image rows, text rows]), None: it is the stream's rows alone."""
 
     text_in_stream: bool = False
     pe_item: int | None = None
@@ -75,20 +74,20 @@ class BlockKind:
     text: where the text is (see the module docstring); stream / txt / pe / mask:
     argument names of the image stream, the separate text stream, the positional rows and the
     attention mask (None: the block has none); mask_dims: the mask's token dims;
-    rows: arguments holding modulation rows along dim 1 (Wan's per-frame e0, LTX's per-token
-    timesteps), plain tensors or held in an object the family's `held_rows` reads;
+    rows: arguments holding modulation rows along dim 1 (per-frame or per-token timestep
+    embeddings), plain tensors or held in an object the family's `held_rows` reads;
     rows_dims: how many dims a plain tensor of rows has (None: 3 or more); one of other dims
-    is one modulation for every token (Wan's e0 [B, 6, C], which other packs' copies of
-    Wan's forward pass instead of ComfyUI's [B, F, 6, C]);
-    more_pe: other arguments holding positional rows over the same sequence (LTX-2's video
-    side of its audio-video attention); a positional-rows argument is a tensor or a tuple whose
-    tensors are rows (LTX's (rotation, split) pair);
+    is one modulation for every token (an e0 [B, 6, C] that other packs' copies of a forward
+    pass instead of ComfyUI's [B, F, 6, C]);
+    more_pe: other arguments holding positional rows over the same sequence (the video side
+    of an audio-video attention); a positional-rows argument is a tensor or a tuple whose
+    tensors are rows (a (rotation, split) pair);
     stream_pe: arguments holding positional rows over the stream alone, for a block that also
     attends over the stream without the text (an image self-attention beside a joint one);
     pe_heads: the positional rows are [1, L, D] and the block broadcasts them over its
-    [B, H, L, D] queries and keys (HiDream-O1's): merged per batch item they become
+    [B, H, L, D] queries and keys: merged per batch item they become
     [B, 1, L', D], the head axis made explicit;
-    stream_item: the stream argument is a tuple (LTX-2's (video, audio)) whose item this is;
+    stream_item: the stream argument is a tuple ((video, audio)) whose item this is;
     opaque: arguments the patch cannot line up with a merged sequence (an attention mask
     addressing fixed token spans): a block call where one is set runs unmerged;
     shortened: arguments over the sequence whose entries for every token up to the grid's end
@@ -107,16 +106,15 @@ class BlockKind:
     (start, end, ...) spans): in a merged call those past the grid move back by the tokens
     merged away (token_layout.moved_positions); with hook "dit" ComfyUI's block loop hands
     them to the block's forward, not to the replace patch, and ToMA patches that forward too;
-    grid_axes: the stream argument is the grid alone laid out [B, T, H, W, C] (Cosmos's
-    blocks): read as [B, T*H*W, C], a merged one handed over as [B, 1, 1, M, C];
+    grid_axes: the stream argument is the grid alone laid out [B, T, H, W, C]: read as
+    [B, T*H*W, C], a merged one handed over as [B, 1, 1, M, C];
     hook: "dit" (replace patch) or "object" (patch of the block's forward);
     attention_scope: merge_scope "attention" merges only these blocks' image attention (the
     family's attention_hooks);
     shard: how raylight's sequence-parallel forward hands these blocks their shard, for the
     forwards read (in raylight 1.5.1); None: such blocks run unmerged under it;
-    returns: for an object-patched block whose forward returns a tuple (HiDream's double
-    blocks: image and text tokens), the argument names of its items; () when it returns the
-    stream alone.
+    returns: for an object-patched block whose forward returns a tuple (image and text
+    tokens), the argument names of its items; () when it returns the stream alone.
     """
 
     key: str
@@ -168,8 +166,8 @@ class BlockKind:
 
 @dataclass(frozen=True)
 class HeldRows:
-    """Modulation rows a family's blocks get inside an object rather than as a tensor (LTX-2's
-    compressed timesteps on ComfyUI 0.33). read(value) -> (rows [B, R, C], tokens each row
+    """Modulation rows a family's blocks get inside an object rather than as a tensor
+    (compressed timesteps). read(value) -> (rows [B, R, C], tokens each row
     covers), or None for a value it does not hold; write(value, rows, tokens) -> an object of
     the same kind holding `rows`, each covering `tokens` tokens."""
 
@@ -199,7 +197,7 @@ class Family:
     attention_hooks: where merge_scope "attention" applies to some of its kinds
     (BlockKind.attention_scope), what makes the hooks of one node: `install(model, patches,
     indices)` puts them on those blocks, `run(index, plan, merged_args, run)` runs one block
-    with only its attention merged (families/flux.py's AttentionScope).
+    with only its attention merged.
     """
 
     name: str
@@ -250,12 +248,21 @@ def set_grid(call: ModelCall, grid: tuple[int, int, int] | None, prefix: int = 0
 
 
 def describe_plain(patch: tuple[int, int, int]) -> Callable[[ModelCall, object, dict], None]:
-    """describe for families whose call is the latent alone (SD3)."""
+    """describe for families whose call is the latent alone."""
 
     def describe(call: ModelCall, base_model, arguments: dict) -> None:
         set_grid(call, latent_grid(arguments.get("x"), patch))
 
     return describe
+
+
+def host_read(call: ModelCall, key: tuple, read: Callable[[], object]) -> object:
+    """read() once per run and batch identity under `key`: a value read on the host from the
+    call's inputs (conditioning, masks), which do not change within a run."""
+    key = (*key, call.identity)
+    if key not in call.run.host_reads:
+        call.run.host_reads[key] = read()
+    return call.run.host_reads[key]
 
 
 def leading_true(flags: list[bool]) -> int:
@@ -269,51 +276,42 @@ def leading_true(flags: list[bool]) -> int:
 
 def zero_timestep_frames(call: ModelCall, mask: object, frames: int) -> int:
     """Leading latent frames a denoise mask [B|1, C|1, T, H, W] keeps entirely (all zero):
-    image-to-video conditioning frames. 0 without such a mask. Reading the mask needs the host,
-    so it is read once per run and batch identity (the mask does not change within a run)."""
+    image-to-video conditioning frames. 0 without such a mask (host_read)."""
     if not torch.is_tensor(mask) or mask.dim() != 5 or mask.shape[2] != frames:
         return 0
-    key = ("zero_timestep_frames", call.identity, tuple(mask.shape))
-    if key not in call.run.host_reads:
-        kept = (mask.float().abs().amax(dim=(0, 1, 3, 4)) == 0).tolist()
-        call.run.host_reads[key] = leading_true(kept)
-    return call.run.host_reads[key]
+    return host_read(call, ("zero_timestep_frames", tuple(mask.shape)), lambda: leading_true(
+        (mask.float().abs().amax(dim=(0, 1, 3, 4)) == 0).tolist()))
 
 
 def given_frames(call: ModelCall, mask: object) -> int:
     """Leading latent frames a concatenated image-to-video mask [B, C, T, H, W] marks as given
-    entirely (all 1: Wan's c_concat mask channels, 1 - concat_mask, on the start image's
-    frames). 0 without such a mask. Read on the host once per run and batch identity (the mask
-    does not change within a run)."""
+    entirely (all 1, on the start image's frames). 0 without such a mask (host_read)."""
     if not torch.is_tensor(mask) or mask.dim() != 5:
         return 0
-    key = ("given_frames", call.identity, tuple(mask.shape))
-    if key not in call.run.host_reads:
-        given = (mask.float().amin(dim=(0, 1, 3, 4)) == 1).tolist()
-        call.run.host_reads[key] = leading_true(given)
-    return call.run.host_reads[key]
+    return host_read(call, ("given_frames", tuple(mask.shape)), lambda: leading_true(
+        (mask.float().amin(dim=(0, 1, 3, 4)) == 1).tolist()))
 
 
 def conditioned_frames(call: ModelCall, mask: object, frames: int, total: int) -> int | None:
     """Leading latent frames of a denoise mask [B|1, C|1, total, H, W] that are not all 1:
-    frames the sampler does not fully denoise (LTX's image-to-video and in-place guide frames,
+    frames the sampler does not fully denoise (image-to-video and in-place guide frames,
     timestep (1 - strength) * t), whose tokens' timesteps differ from the generated ones'.
-    Only the first `frames` frames (the video; LTX appends guide frames after it) are read.
+    Only the first `frames` frames (the video; guide frames may follow it) are read.
     None when the mask cannot be held as such a prefix: a value below 1 after the first frame
     of all 1 (an inpainting mask inside the video), a negative value (a token ComfyUI drops), or
-    a mask of another length. 0 without a mask. Read on the host once per run and batch
-    identity (the mask does not change within a run)."""
+    a mask of another length. 0 without a mask (host_read)."""
     if mask is None:
         return 0
     if not torch.is_tensor(mask) or mask.dim() != 5 or mask.shape[2] != total:
         return None
-    key = ("conditioned_frames", call.identity, tuple(mask.shape), frames)
-    if key not in call.run.host_reads:
+
+    def read() -> int | None:
         video = mask[:, :, :frames].float()
         low, high = torch.stack((video.amin(dim=(0, 1, 3, 4)),
                                  video.amax(dim=(0, 1, 3, 4)))).tolist()    # one host read
         free = [a == 1 and b == 1 for a, b in zip(low, high, strict=True)]
         count = leading_true([not f for f in free])
         clean = all(free[count:]) and min(low[:count], default=0) >= 0
-        call.run.host_reads[key] = count if clean else None
-    return call.run.host_reads[key]
+        return count if clean else None
+
+    return host_read(call, ("conditioned_frames", tuple(mask.shape), frames), read)

@@ -6,8 +6,8 @@ on the host once per run (the model call's describe step, before any block runs)
   modules, so ToMA's replace patches never see them one by one): the calls run unmerged and
   the user is told which node did it.
 - Patched self-attention: another pack's object patch of a block's self-attention module
-  (KJNodes' Enhance-A-Video on Wan and LTX-Video computes a score over frames from the query
-  length, reading tokens as whole frames): a merged sequence would hand it other frames, so
+  (KJNodes' Enhance-A-Video computes a score over frames from the query length, reading
+  tokens as whole frames): a merged sequence would hand it other frames, so
   those blocks run unmerged, and the user is told. Patches of cross-attention or feed-forward
   modules (NAG, chunked feed-forward) work token by token and see merged tokens unchanged.
 """
@@ -18,15 +18,13 @@ from collections.abc import Iterable
 
 import torch
 
-# Child modules of a block that hold its self-attention, by the names ComfyUI's families use
-# (Wan self_attn, LTX attn1, Qwen-Image / SD3 attn, Lumina attention, Flux / HunyuanVideo
-# img_attn and txt_attn).
+# Child modules of a block that hold its self-attention, by the names ComfyUI's families use.
 SELF_ATTENTION = ("self_attn", "attn1", "attn", "attention", "img_attn", "txt_attn")
 
 
 def owner(fn: object) -> str:
     """Who a patch function (or class) comes from, for a message: the node pack's folder and
-    the function's own name, e.g. "ComfyUI-KJNodes (WanAttentionPatch.__get__)"."""
+    the function's own name, e.g. "ComfyUI-KJNodes (<class>.__get__)"."""
     fn = getattr(fn, "__func__", fn)
     module = str(getattr(fn, "__module__", None) or type(fn).__module__)
     name = str(getattr(fn, "__qualname__", None) or type(fn).__qualname__)

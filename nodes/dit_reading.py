@@ -48,7 +48,7 @@ def dit_patches(arguments: dict) -> dict:
 
 def blocks_of(diffusion_model, kind: BlockKind) -> torch.nn.ModuleList:
     """The diffusion model's blocks of `kind` (its `modules` attribute path, dotted where the
-    blocks sit in a submodule: HiDream-O1's language_model.layers)."""
+    blocks sit in a submodule)."""
     return module_at(diffusion_model, kind.modules)
 
 

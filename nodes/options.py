@@ -17,15 +17,15 @@ MAX_RATIO = 0.9
 MAX_TILE_COUNT = 4096
 DEFAULT_SKIP_BLOCKS = "d0-4, s0-4"
 # Block indices above this are refused while parsing, before a range is expanded into a set
-# (a shared workflow's "d0-99999999999" would fill memory). Flux.1 has 19 double and 38 single
-# blocks; check_depth then holds every index to the model's real depth.
+# (a shared workflow's "d0-99999999999" would fill memory); check_depth then holds every index
+# to the model's real depth.
 MAX_BLOCK_INDEX = 999
 
 
 @dataclass(frozen=True)
 class SkipBlocks:
-    """Blocks left unmerged: indices of double and of single blocks (Flux, HunyuanVideo), and
-    indices written without a letter (models with one kind of block: Wan, Qwen-Image, ...)."""
+    """Blocks left unmerged: indices of double and of single blocks, and indices written
+    without a letter (models with one kind of block)."""
 
     double: frozenset[int]
     single: frozenset[int]
@@ -34,7 +34,7 @@ class SkipBlocks:
     def for_kinds(self, kinds: list[tuple[str, int]]) -> list[frozenset[int]]:
         """The skipped indices of each block kind of a model, given as (letter, depth) pairs:
         [("d", doubles), ("s", singles)], or [("", blocks)] for one kind of block. A model with
-        one kind of block (or a kind with no blocks, as HunyuanVideo 1.5's 0 single blocks)
+        one kind of block (or a kind with no blocks)
         takes "d", "s" and bare indices all as naming its blocks, so the default "d0-4, s0-4"
         leaves its blocks 0-4 alone. Raises ValueError for indices past the depth or a notation
         the model cannot have."""

@@ -1,13 +1,9 @@
-"""The keys and values of a causal prompt kept across a run's steps (HiDream-O1's prefix cache,
-kept while ToMA's patches are in place).
+"""The keys and values of a causal prompt kept across a run's steps, while ToMA's patches are
+in place (a family's `prefix_cache`).
 
-HiDream-O1's decoder runs one sequence [prompt; tms; image; references] whose first `length`
-tokens (ComfyUI's `ar_len`) attend causally among themselves only, so their keys and values
-in every layer depend on the prompt alone, never on the step or the image. Unpatched, ComfyUI
-keeps them from a prompt's first call and afterwards runs its layers on the tokens after the
-prompt only; it does that only while no block is replaced, so with ToMA's block patches it
-would recompute the prompt at every step (9-10% of a step at 2048x2048 with 128- and 512-token
-prompts: bench/speed/hidream_o1_cache.py). ToMA keeps them instead, per run and cond batch:
+Such a family's blocks run one sequence whose first `length` tokens (call.prompt_length) attend
+causally among themselves only, so their keys and values in every layer depend on the prompt
+alone, never on the step or the image. ToMA keeps them per run and cond batch:
 
 - The host decides per model call (`open_prefix`, from the APPLY_MODEL wrapper): "cold" when
   this cond batch (the call's identity: cond uuids, cond/uncond order, context window,
@@ -29,9 +25,7 @@ run and go with it.
 
 The kept keys and values are copies (never views of the layer's own tensors) made under
 forward_patches.kept_allocations(): on ComfyUI 0.34 and later, a forward that opens the "Comfy
-model compiler"'s malloc graph must not record a tensor that outlives its step. HiDream-O1's
-forward opens none in v0.33.0 nor in the newest copy the code index holds (Comfy-Org/ComfyUI
-69460731): there the pause is a no-op (docs/comfyui-updates.md).
+model compiler"'s malloc graph must not record a tensor that outlives its step.
 """
 
 from __future__ import annotations
@@ -72,7 +66,7 @@ def open_prefix(call: ModelCall, depth: int) -> None:
 def prefix_run(call: ModelCall | None, layer: torch.nn.Module, index: int,
                run: Callable[[dict], dict]) -> Callable[[dict], dict]:
     """What runs decoder layer `index` (`layer`) on a block's arguments in this call: the
-    arguments of ComfyUI's HiDream-O1 block patch (x [B, L, C], freqs_cis rows [.., L, D],
+    arguments of the family's block patch (x [B, L, C], freqs_cis rows [.., L, D],
     attention_mask, optimized_attention) -> {"x": [B, L, C]}. `run` (ComfyUI's own block) where
     the call keeps no prompt."""
     opened = call.prompt if call is not None else None

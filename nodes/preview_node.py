@@ -4,8 +4,6 @@ The picture stands in for the model's features: each token is a cell of `px` x `
 described by its downsampled pixels minus the image mean (so cosine similarity reflects colour
 and texture differences, not overall brightness). The overlay shows tile borders (white), the
 chosen destination tokens (dark cells) and every token tinted with its destination's colour.
-
-The node's definition is plain data here; its V3 class is built from it in nodes/v3.py.
 """
 
 from __future__ import annotations
@@ -64,16 +62,10 @@ def preview(image: torch.Tensor, ratio: float, tile_count: int, px: int) -> torc
     colours = colours * (1 - 0.6 * is_dest)
     cells = colours.repeat_interleave(px, 0).repeat_interleave(px, 1)[:height, :width]
     out = (1 - BLEND) * image.float() + BLEND * cells
-    return _draw_borders(out, regions.row_sizes, regions.col_sizes, px)
-
-
-def _draw_borders(out: torch.Tensor, row_sizes: tuple[int, ...], col_sizes: tuple[int, ...],
-                  px: int) -> torch.Tensor:
-    """White lines between tiles (token extents converted to pixels)."""
-    for edge in torch.tensor(row_sizes).cumsum(0)[:-1].tolist():
-        out[min(edge * px, out.shape[0] - 1)] = 1.0
-    for edge in torch.tensor(col_sizes).cumsum(0)[:-1].tolist():
-        out[:, min(edge * px, out.shape[1] - 1)] = 1.0
+    for edge in torch.tensor(regions.row_sizes).cumsum(0)[:-1].tolist():    # the tile borders
+        out[min(edge * px, height - 1)] = 1.0
+    for edge in torch.tensor(regions.col_sizes).cumsum(0)[:-1].tolist():
+        out[:, min(edge * px, width - 1)] = 1.0
     return out
 
 

@@ -114,14 +114,11 @@ def patch_ray_actors(ray_actors: Any, ratio: float, tile_count: int, skip_blocks
 
 
 class ToMAOnActors:
-    """The GPU actors of one node's output, which get ToMA together: when a raylight sampler
-    sends the first of them a sampling call, ToMA is installed on every one of them and the
-    node waits for all (merged everywhere or nowhere: a failure on any takes ToMA off the
-    others and raises, before anything samples); each actor's removal is sent right after its
-    sampling call (Ray runs one caller's calls on an actor in order), and waited for, its
-    failure raised, on the next call through a wrapped actor once every actor has been sent its
-    sampling (raylight's samplers call get_parallel_dict after sampling) or on the next
-    sampling."""
+    """The GPU actors of one node's output, which get ToMA together (the module docstring says
+    how). Each actor's removal is sent right after its sampling call (Ray runs one caller's
+    calls on an actor in order), and waited for on the next call through a wrapped actor once
+    every actor has been sent its sampling (raylight's samplers call get_parallel_dict after
+    sampling) or on the next sampling."""
 
     def __init__(self, actors: list, install: Callable, remove: Callable) -> None:
         self.actors, self.install, self.remove = actors, install, remove
@@ -139,17 +136,10 @@ class ToMAOnActors:
         return result
 
     def install_everywhere(self) -> None:
-        import ray
-
         targets = [i for i in range(len(self.actors)) if i not in self.waiting]
-        sent = [(i, self.actors[i].model_function_runner.remote(self.install)) for i in targets]
-        failures = []
-        for i, ref in sent:
-            try:
-                ray.get(ref)
-                self.waiting.add(i)
-            except Exception as error:      # whatever failed there is the user's to see
-                failures.append((i, error))
+        failures = failed_calls(
+            [(i, self.actors[i].model_function_runner.remote(self.install)) for i in targets])
+        self.waiting |= set(targets) - {i for i, _ in failures}
         if failures:
             undone = self.take_off(sorted(self.waiting))
             i, error = failures[0]
@@ -161,28 +151,16 @@ class ToMAOnActors:
 
     def take_off(self, indices: list[int]) -> str:
         """Remove ToMA from the actors `indices` now; '' or what failed there."""
-        import ray
-
         self.waiting.clear()
-        failed = []
-        for i in indices:
-            try:
-                ray.get(self.actors[i].model_function_runner.remote(self.remove))
-            except Exception as error:
-                failed.append(f"GPU {i + 1}: {cause(error)}")
-        return f" (except {'; '.join(failed)})" if failed else ""
+        failed = failed_calls(
+            [(i, self.actors[i].model_function_runner.remote(self.remove)) for i in indices])
+        return (f" (except {'; '.join(f'GPU {i + 1}: {cause(error)}' for i, error in failed)})"
+                if failed else "")
 
     def settle(self) -> None:
         """Wait for the removals sent after sampling; raise the first that failed."""
-        import ray
-
         removals, self.removals = self.removals, []
-        failures = []
-        for i, ref in removals:
-            try:
-                ray.get(ref)
-            except Exception as error:
-                failures.append((i, error))
+        failures = failed_calls(removals)
         if failures:
             i, error = failures[0]
             raise RuntimeError(f"ToMA Token Merge (Ray): taking ToMA off GPU {i + 1} of "
@@ -194,6 +172,19 @@ class ToMAOnActors:
         its sampling, the removals are waited for here."""
         if self.removals and not self.waiting:
             self.settle()
+
+
+def failed_calls(sent: list[tuple[int, Any]]) -> list[tuple[int, BaseException]]:
+    """(actor index, error) of each call sent to an actor that failed, once all have returned."""
+    import ray
+
+    failures = []
+    for i, ref in sent:
+        try:
+            ray.get(ref)
+        except Exception as error:      # whatever failed there is the user's to see
+            failures.append((i, error))
+    return failures
 
 
 def cause(error: BaseException) -> str:

@@ -4,14 +4,8 @@ The node times a few model calls of the connected model unmerged, with ToMA at t
 settings (those of the ToMA node the model comes from, or the defaults when it comes from no
 ToMA node) and at a few other ratios, on whatever device ComfyUI runs the model, and shows a
 line per variant on the node (speed-up, time per call, layers merged, how far the first model
-call's output moved from the unmerged one) with a bar chart as its IMAGE output.
-
-Each variant samples through ComfyUI's own sampler at cfg 1 (one model call a step) with Euler:
-a one-step run first (loading, compiling, the first call's output), then `calls` steps timed
-(CUDA events on a GPU, the clock elsewhere), divided by the steps; the variants take turns,
-twice, and the faster turn counts.
-
-The node's definition is plain data here; its V3 class is built from it in nodes/v3.py.
+call's output moved from the unmerged one) with a bar chart as its IMAGE output
+(time_variants says how each is timed).
 """
 
 from __future__ import annotations

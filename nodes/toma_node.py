@@ -1,10 +1,7 @@
-"""The ToMA and ToMAAdvanced nodes: their definitions (plain data, no ComfyUI import) and what
-they do when they run. The V3 node classes ComfyUI loads are built from these in nodes/v3.py.
-
-Widget order is part of every saved workflow: new widgets go at the end, none is ever moved,
-renamed or retyped (tests/unit/test_node_inputs.py holds the snapshot). A widget appended later
-must also cope with text in its slot: ComfyUI's frontend 1.35 (ComfyUI 0.8.0) saves the node's
-progress text (the stats of the last run, nodes/ui_stats.py) after the widget values.
+"""The ToMA and ToMAAdvanced nodes: their definitions (node_spec.NodeSpec) and what they do
+when they run. A widget appended later must also cope with text in its slot: ComfyUI's frontend
+1.35 (ComfyUI 0.8.0) saves the node's progress text (the stats of the last run,
+nodes/ui_stats.py) after the widget values.
 
 Tooltips and the description quote the defaults from the constants that define them.
 """
@@ -147,7 +144,7 @@ TOMA_ADVANCED = NodeSpec(
 def check_inputs(skip_blocks: str | None = None, ratio: float | None = None) -> bool | str:
     """ComfyUI's check before the graph runs (the nodes' validate_inputs): an unreadable
     skip_blocks fails the queueing on every model (UNet models do not use the value, and a typo
-    should not wait for a Flux model to surface), and so does a ratio that is NaN (NaN compares
+    should not wait for a transformer to surface), and so does a ratio that is NaN (NaN compares
     false with both bounds, so ComfyUI's own range check lets it through; it also leaves the
     range check of the inputs a node validates to the node). None: the value comes through a
     link and is known only when the node runs, where make_options checks it.

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 # The patch lists ComfyUI runs inside BasicTransformerBlock.forward (in this order of use).
 IN_BLOCK_PATCHES = ("attn1_patch", "attn1_output_patch", "middle_patch", "attn2_patch",
                     "attn2_output_patch")
-# Those ComfyUI's transformer families call inside their blocks (Flux's and Wan's attention,
-# Wan's cross-attention): middle and cross-attention output patches are the UNet's alone, and
-# never run in a transformer block.
+# Those ComfyUI's transformer families call inside their blocks (self- and cross-attention):
+# middle and cross-attention output patches are the UNet's alone.
 DIT_IN_BLOCK_PATCHES = ("attn1_patch", "attn1_output_patch", "attn2_patch")
 # Marks ToMA's own functions (block forwards, per-call attn1 pair): a second ToMA node is no
 # neighbour to stand aside for; it sees merged tokens and leaves them alone itself.

@@ -116,11 +116,7 @@ class ToMARay(_PackNode):
     """ToMA on every GPU of a raylight graph (RAY_ACTORS in and out)."""
 
     SPEC = TOMA_RAY
-
-    @classmethod
-    def validate_inputs(cls, skip_blocks: str | None = None,
-                        ratio: float | None = None) -> bool | str:
-        return check_inputs(skip_blocks, ratio)
+    validate_inputs = _TokenMergeNode.validate_inputs
 
     @classmethod
     def execute(cls, ray_actors: Any, ratio: float, tile_count: int, skip_blocks: str,

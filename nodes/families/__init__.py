@@ -1,11 +1,16 @@
 """The diffusion transformer families ToMA patches, one module each (descriptions only: the
-patch is dit_patch.py). Each module states its CONTRACT (contracts.py: the model classes it
-patches and what it needs from ComfyUI) and gives, in `family(diffusion_model)`, the Family of a
-model of those classes (`claims(diffusion_model)`, where a module has it, tells two families of
-one class apart). Classes are matched exactly, not by isinstance: ComfyUI subclasses these
-models for variants with other token layouts (S2V, HuMo and Animate 2 Wan, ...),
-which must get the "not supported" error rather than a wrong merge.
+patch is dit_patch.py). Each module gives:
 
+- MODELS: the models of the family, as the node's error and the README name them;
+- CONTRACT (contracts.py): the model classes it patches and what it needs from ComfyUI;
+- family(diffusion_model): the Family of a model of those classes, once family_of checked it;
+- description(...): its Family without a model (benchmarks call blocks without a model call
+  to describe);
+- where it has them, claims(diffusion_model) (two families of one class told apart) and
+  NOT_MERGED (classes by name that share its blocks but are left alone, and why).
+
+Classes are matched exactly, not by isinstance: ComfyUI subclasses these models for variants
+with other token layouts, which must get the "not supported" error rather than a wrong merge.
 `family_of` checks a model's family contract against the running ComfyUI before it describes
 the model: a family whose contract fails refuses its models with what changed, and every other
 family keeps working (no family imports its classes outside contracts.py's guards). Adding a
@@ -25,8 +30,7 @@ from ..dit_families import Family
 MODULES = tuple(importlib.import_module(f"{__name__}.{info.name}")
                 for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name))
 UNET_MODELS = "SDXL, SD1.5 and SD2 (ComfyUI's UNet)"
-# model class name -> why ToMA leaves it alone although it shares a family's blocks: each
-# family's NOT_MERGED (classes by name: some exist only in some ComfyUI versions)
+# model class name -> why ToMA leaves it alone: every family's NOT_MERGED
 NOT_MERGED = {name: why for module in MODULES
               for name, why in getattr(module, "NOT_MERGED", {}).items()}
 
@@ -80,12 +84,9 @@ def _claims(module, diffusion_model) -> bool:
 
 
 def blocks_read(blocks: dict[str, tuple[str, ...]], family: Family) -> dict[str, tuple[str, ...]]:
-    """The contract's block forwards' parameters, with what the family reads by name where it
-    patches a block's forward itself (its own kinds' arguments: the block's parameters are
-    those names there) and the token positions it moves (which reach the block's forward)."""
-    out = {path: tuple(names) for path, names in blocks.items()}
+    """The contract's block forwards' parameters, with the token positions the family moves
+    (which reach the block's forward)."""
+    out = dict(blocks)
     for kind in family.kinds:
-        needed = (*kind.arguments, *kind.opaque) if kind.hook == "object" else ()
-        needed = (*needed, *kind.positions)
-        out[kind.modules] = tuple(dict.fromkeys((*out.get(kind.modules, ()), *needed)))
+        out[kind.modules] = tuple(dict.fromkeys((*out.get(kind.modules, ()), *kind.positions)))
     return out

@@ -11,7 +11,6 @@ from __future__ import annotations
 from ..contracts import Contract, Sets
 from ..dit_families import BlockKind, Family, ShardKind, TextAt, latent_grid, set_grid
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Anima"
 
 # extra_per_block_pos_emb: Cosmos's learned positions per grid token, absent from Anima's
@@ -28,19 +27,16 @@ CONTRACT = Contract(
     "Anima",
     models={ANIMA: (Sets(f"{COSMOS}.__init__", ("patch_spatial", "patch_temporal"),
                          why="the size of its patches"),)},
-    blocks={KINDS[0].modules: KINDS[0].arguments},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of an Anima model (families.family_of checked it)."""
     size = int(diffusion_model.patch_spatial)
     return description((int(diffusion_model.patch_temporal), size, size))
 
 
 def description(patch: tuple[int, int, int] = (1, 2, 2)) -> Family:
-    """Anima's Family (benchmarks call blocks without a model call to describe)."""
-
     def describe(call, base_model, arguments: dict) -> str | None:
         """The (1, h, w) grid of latent x [B, C, 1, H, W]."""
         grid = latent_grid(arguments.get("x"), patch)

@@ -13,7 +13,6 @@ import torch
 from ..contracts import Contract, Gives, Sets
 from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Boogu-Image"
 
 # the attention masks ComfyUI's forward hands these blocks are always None: one given would
@@ -34,12 +33,11 @@ CONTRACT = Contract(
     models={BOOGU: (Sets(f"{BOOGU}.__init__", ("patch_size",), why="the size of its patches"),)},
     needs=(Gives("comfy.model_base:Omnigen2.extra_conds", ("c_crossattn", "ref_latents"),
                  what="conditioning"),),
-    blocks={kind.modules: (*kind.arguments, *kind.opaque) for kind in KINDS},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a Boogu-Image model (families.family_of checked it)."""
     size = int(diffusion_model.patch_size)
     patch = (1, size, size)
 
@@ -60,5 +58,4 @@ def family(diffusion_model) -> Family:
 
 
 def description(patch: tuple[int, int, int] = (1, 2, 2), describe=None) -> Family:
-    """Boogu-Image's Family (benchmarks call blocks without a model call to describe)."""
     return Family("boogu", "Boogu-Image", KINDS, patch, describe)

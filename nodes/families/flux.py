@@ -26,11 +26,10 @@ from dataclasses import dataclass
 import torch
 
 from ...toma_core import MergePlan
-from ..contracts import Contract, Gives, Hands, Mentions, Takes
+from ..contracts import Contract, Gives, Mentions, Takes
 from ..dit_families import BlockKind, Family, ShardKind, TextAt, describe_plain
 from ..forward_patches import ForwardPatches
 
-# the models of this family, as the node's error and the README name them
 MODELS = ("Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma, "
           "Chroma Radiance")
 
@@ -54,24 +53,21 @@ _SEPARATE_MODULATION = Mentions("comfy.ldm.flux.model", ("index_timestep_zero",)
 CONTRACT = Contract(
     "Flux",
     models={
-        FLUX: (Hands(FLUX, KINDS[0].key, KINDS[0].arguments),
-               Hands(FLUX, KINDS[1].key, KINDS[1].arguments),
-               Takes(f"{FLUX}.forward_orig", (TIMESTEP_ZERO,), when=_SEPARATE_MODULATION,
+        FLUX: (Takes(f"{FLUX}.forward_orig", (TIMESTEP_ZERO,), when=_SEPARATE_MODULATION,
                      why="ToMA reads from it that 'index_timestep_zero' references are "
-                         "modulated on their own, over spans it moves")),
-        **{model: (Hands(model, KINDS[0].key, KINDS[0].arguments),
-                   Hands(model, KINDS[1].key, KINDS[1].arguments))
-           for model in (CHROMA, CHROMA_RADIANCE)},
+                         "modulated on their own, over spans it moves"),),
+        CHROMA: (),
+        CHROMA_RADIANCE: (),
     },
     needs=(Gives("comfy.model_base:Flux.extra_conds", ("ref_latents",), what="conditioning"),),
     blocks={"double_blocks": ("img", "txt", "vec", "pe", "attn_mask"),
             "single_blocks": ("x", "vec", "pe", "attn_mask")},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it): the
-    (1, h, w) grid of latent x; the modulation spans to move where this ComfyUI's model
+    """The (1, h, w) grid of latent x; the modulation spans to move where this ComfyUI's model
     modulates "index_timestep_zero" references on their own."""
     patch = (1, int(diffusion_model.patch_size), int(diffusion_model.patch_size))
     spans = TIMESTEP_ZERO in inspect.signature(type(diffusion_model).forward_orig).parameters
@@ -80,7 +76,6 @@ def family(diffusion_model) -> Family:
 
 
 def description(patch: tuple[int, int, int], describe=None, kinds=KINDS) -> Family:
-    """The Flux family's Family (benchmarks call blocks without a model call to describe)."""
     return Family("flux", "Flux", kinds, patch, describe, attention_hooks=AttentionScope)
 
 

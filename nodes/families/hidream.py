@@ -20,7 +20,6 @@ KINDS = (BlockKind("double_block", "double_stream_blocks", "d", TextAt.AFTER, tx
          BlockKind("single_block", "single_stream_blocks", "s", TextAt.STREAM_AFTER, txt=None,
                    **_BLOCK))
 
-# the models of this family, as the node's error and the README name them
 MODELS = "HiDream-I1"
 
 
@@ -30,12 +29,11 @@ CONTRACT = Contract(
     "HiDream",
     models={HIDREAM: ()},
     needs=(Gives("comfy.model_base:HiDream.extra_conds", ("image_cond",), what="conditioning"),),
-    blocks={kind.modules: (*kind.arguments, *kind.opaque) for kind in KINDS},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
     size = int(diffusion_model.patch_size)
     patch = (1, size, size)
 
@@ -54,5 +52,4 @@ def family(diffusion_model) -> Family:
 
 
 def description(patch: tuple[int, int, int], describe=None) -> Family:
-    """HiDream's Family (benchmarks call blocks without a model call to describe)."""
     return Family("hidream", "HiDream", KINDS, patch, describe)

@@ -4,18 +4,22 @@ ComfyUI's forward hands to "dit" replace patches ("double_block"). Only the imag
 prompt (with an edit's ViT tokens spliced in) stays in front, the reference patches behind.
 
 Unpatched, ComfyUI keeps the prompt's keys and values across steps only while no block is
-replaced; ToMA keeps them itself while its patches are in place (prefix_cache.py), so from a
-prompt's second call the layers run on the tokens after the prompt, merged or not.
+replaced, so with ToMA's block patches it would recompute the prompt at every step (9-10% of a
+step at 2048x2048 with 128- and 512-token prompts: bench/speed/hidream_o1_cache.py); ToMA keeps
+them itself while its patches are in place (prefix_cache.py), so from a prompt's second call
+the layers run on the tokens after the prompt, merged or not. The forward opens no "Comfy
+model compiler" malloc graph in v0.33.0 nor in the newest copy the code index holds
+(Comfy-Org/ComfyUI 69460731): there prefix_cache's pause is a no-op
+(docs/comfyui-updates.md).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..contracts import Contract, Gives, Hands
+from ..contracts import Contract, Gives
 from ..dit_families import BlockKind, Family, TextAt, set_grid
 
-# the models of this family, as the node's error and the README name them
 MODELS = "HiDream-O1"
 
 KINDS = (BlockKind("double_block", "language_model.layers", "", TextAt.STREAM_BEFORE, stream="x",
@@ -27,18 +31,17 @@ HIDREAM_O1 = "comfy.ldm.hidream_o1.model:HiDreamO1Transformer"
 
 CONTRACT = Contract(
     "HiDream-O1",
-    models={HIDREAM_O1: (Hands(HIDREAM_O1, KINDS[0].key, KINDS[0].arguments),)},
+    models={HIDREAM_O1: ()},
     needs=(Gives("comfy.ldm.hidream_o1.conditioning:build_extra_conds", ("input_ids", "ar_len"),
                  what="conditioning"),),
     # how prefix_cache.py runs a layer on its own
     blocks={KINDS[0].modules: ("x", "attention_mask", "freqs_cis", "optimized_attention",
                                "past_key_value")},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
-
     def describe(call, base_model, arguments: dict) -> None:
         """The (1, h, w) grid of pixels x [B, 3, H, W] in 32-pixel patches (the model cuts
         H // 32 x W // 32), the prompt's length in front of it (input_ids [B, L]) and the causal
@@ -60,6 +63,5 @@ RAYLIGHT_REFUSAL = ("raylight's HiDream-O1 forward puts the whole prompt in fron
 
 
 def description(describe=None) -> Family:
-    """HiDream-O1's Family (benchmarks call blocks without a model call to describe)."""
     return Family("hidream_o1", "HiDream-O1", KINDS, PATCH, describe, prefix_cache=True,
                   sequence_parallel_refusal=RAYLIGHT_REFUSAL)

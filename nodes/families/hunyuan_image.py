@@ -14,7 +14,6 @@ from ..dit_families import Family, latent_grid, set_grid
 from .hunyuan_video import CONTRACT as HUNYUAN_VIDEO_CONTRACT
 from .hunyuan_video import flipped, kinds
 
-# the models of this family, as the node's error and the README name them
 MODELS = "HunyuanImage 2.1"
 
 CONTRACT = dataclasses.replace(HUNYUAN_VIDEO_CONTRACT, label="HunyuanImage 2.1")
@@ -27,7 +26,6 @@ def claims(diffusion_model) -> bool:
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = (1, *(int(p) for p in diffusion_model.patch_size))
 
     def describe(call, base_model, arguments: dict) -> str | None:
@@ -46,6 +44,5 @@ def family(diffusion_model) -> Family:
 
 
 def description(patch: tuple[int, int, int], flipped: bool = False, describe=None) -> Family:
-    """HunyuanImage 2.1's Family; flipped: image before text. Benchmarks call blocks without a
-    model call to describe."""
+    """flipped: the image before the text."""
     return Family("hunyuan_image", "HunyuanImage 2.1", kinds(flipped), patch, describe)

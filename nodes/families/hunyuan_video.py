@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 
-from ..contracts import Contract, Gives, Hands, JoinOrder
+from ..contracts import Contract, Gives, JoinOrder
 from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, latent_grid, set_grid
+from .flux import CONTRACT as FLUX_CONTRACT
 
-# the models of this family, as the node's error and the README name them
 MODELS = "HunyuanVideo 1.0/1.5"
 
 # the flag on the double blocks that says the image comes first
@@ -32,8 +32,6 @@ RAYLIGHT_REFUSAL = ("raylight's HunyuanVideo forward fails whenever a block patc
 CONTRACT = Contract(
     "HunyuanVideo",
     models={HUNYUAN_VIDEO: (
-        Hands(HUNYUAN_VIDEO, "double_block", kinds(False)[0].arguments),
-        Hands(HUNYUAN_VIDEO, "single_block", kinds(False)[1].arguments),
         # the single blocks' sequence: [text; image], or [image; text] where the double blocks
         # are built flipped (the flag ToMA reads the order from)
         JoinOrder(f"{HUNYUAN_VIDEO}.forward_orig", "img", ("txt", "img"),
@@ -42,8 +40,8 @@ CONTRACT = Contract(
     )},
     needs=(Gives("comfy.model_base:HunyuanVideo.extra_conds", ("ref_latent", "guiding_frame_index"),
                  what="conditioning"),),
-    blocks={"double_blocks": ("img", "txt", "vec", "pe", "attn_mask"),
-            "single_blocks": ("x", "vec", "pe", "attn_mask")},
+    blocks=FLUX_CONTRACT.blocks,        # Flux's block classes
+    kinds=kinds(False),
 )
 
 
@@ -58,7 +56,6 @@ def flipped(diffusion_model) -> bool:
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = tuple(int(p) for p in diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> None:

@@ -12,7 +12,6 @@ import torch
 from ..contracts import Contract, Gives
 from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Ideogram 4"
 
 KINDS = (BlockKind("layer", "layers", "", TextAt.STREAM_BEFORE, stream="x", txt=None,
@@ -25,18 +24,15 @@ CONTRACT = Contract(
     models={IDEOGRAM4: ()},
     needs=(Gives("comfy.model_base:Ideogram4.extra_conds", ("c_crossattn", "attention_mask"),
                  what="conditioning"),),
-    blocks={KINDS[0].modules: KINDS[0].arguments},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of an Ideogram 4 model (families.family_of checked it)."""
     return description()
 
 
 def description(patch: tuple[int, int, int] = (1, 1, 1)) -> Family:
-    """Ideogram 4's Family (benchmarks call blocks without a model call to describe)."""
-
     def describe(call, base_model, arguments: dict) -> None:
         """The (1, h, w) grid of latent x [B, C, H, W] and the text in front of it: the
         context's length (none where the call has no context)."""

@@ -28,7 +28,6 @@ from ..dit_families import (
     set_grid,
 )
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Kandinsky 5"
 
 # raylight hands each visual block a shard of the video tokens and their positional rows
@@ -44,12 +43,11 @@ CONTRACT = Contract(
     models={KANDINSKY5: ()},
     needs=(Gives("comfy.model_base:Kandinsky5.extra_conds", ("time_dim_replace",),
                  what="conditioning"),),
-    blocks={KINDS[0].modules: KINDS[0].arguments},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = tuple(int(p) for p in diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> None:
@@ -72,6 +70,5 @@ def replaced_frames(replace: object, patch: tuple[int, int, int]) -> int:
 
 
 def description(patch: tuple[int, int, int], describe=None) -> Family:
-    """Kandinsky 5's Family (benchmarks call blocks without a model call to describe)."""
     return Family("kandinsky5", "Kandinsky 5", KINDS, patch, describe,
                   frames_per_region=VIDEO_REGION_FRAMES)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from ..contracts import Contract, Gives, Sets
 from ..dit_families import BlockKind, Family, TextAt, set_grid, shape_grid
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Krea 2"
 
 KINDS = (BlockKind("block", "blocks", "", TextAt.STREAM_BEFORE, stream="x", txt=None, pe="freqs",
@@ -23,12 +22,11 @@ CONTRACT = Contract(
     models={KREA2: (Sets(f"{KREA2}.__init__", ("patch",), why="the size of its patches"),
                     Gives(f"{KREA2}._forward", ("img_slice",), what="transformer option",
                           why="how long the text in front of the image is"))},
-    blocks={KINDS[0].modules: KINDS[0].arguments},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
     size = int(diffusion_model.patch)
     patch = (1, size, size)
 
@@ -43,5 +41,4 @@ def family(diffusion_model) -> Family:
 
 
 def description(patch: tuple[int, int, int], describe=None) -> Family:
-    """Krea 2's Family (benchmarks call blocks without a model call to describe)."""
     return Family("krea2", "Krea 2", KINDS, patch, describe)

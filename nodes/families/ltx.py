@@ -22,6 +22,8 @@ cross-attention context.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..contracts import Contract, Gives, Hands, Has, Sets, Takes, claimed, resolve
@@ -36,7 +38,6 @@ from ..dit_families import (
     shape_grid,
 )
 
-# the models of this family, as the node's error and the README name them
 MODELS = "LTX-Video, LTX-2"
 
 
@@ -108,20 +109,13 @@ CONTRACT = Contract(
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
     if claimed(CONTRACT, diffusion_model) == LTXAV:
         kinds, label, av_model = (AUDIO_VIDEO,), "LTX-2", resolve(AV_MODEL)[0]
     else:
         kinds, label, av_model = (VIDEO,), "LTX-Video", None
     patch = tuple(int(p) for p in diffusion_model.patchifier.patch_size)
-
-    def describe(call, base_model, arguments: dict) -> str | None:
-        """The (t, h, w) grid of the video latent's frames before the guide frames (x, or the
-        first of `latent_shapes` where LTX-2 packs video and audio into one latent), the
-        leading frames the denoise mask conditions in front of it (conditioned_frames)."""
-        return describe_call(call, arguments, patch)
-
-    return description(patch, kinds, label, describe, held_rows(av_model))
+    return description(patch, kinds, label, functools.partial(describe, patch),
+                       held_rows(av_model))
 
 
 # raylight splits the per-token (or per-frame, then per-token) timestep rows with the tokens
@@ -131,14 +125,14 @@ RAYLIGHT_REFUSAL = ("raylight's LTX forward hands each GPU its share of the per-
 
 def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = (VIDEO,),
                 label: str = "LTX-Video", describe=None, held: HeldRows | None = None) -> Family:
-    """LTX's Family (benchmarks call blocks without a model call to describe)."""
     return Family("ltx", label, kinds, patch, describe, frames_per_region=VIDEO_REGION_FRAMES,
                   held_rows=held, sequence_parallel_refusal=RAYLIGHT_REFUSAL)
 
 
-def describe_call(call, arguments: dict, patch: tuple[int, int, int]) -> str | None:
-    """Fills `call` from one LTX model call (see `family`); returns why it cannot merge when
-    the user should know."""
+def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> str | None:
+    """The (t, h, w) grid of the video latent's frames before the guide frames (x, or the
+    first of `latent_shapes` where LTX-2 packs video and audio into one latent), the leading
+    frames the denoise mask conditions in front of it (conditioned_frames)."""
     shapes = arguments.get("latent_shapes")
     shape = shapes[0] if shapes else getattr(arguments.get("x"), "shape", None)
     grid = shape_grid(shape, patch)

@@ -8,10 +8,9 @@ import math
 import torch
 
 from ..contracts import Contract, Gives, Sets, Takes
-from ..dit_families import BlockKind, Family, ShardKind, TextAt, latent_grid, set_grid
+from ..dit_families import BlockKind, Family, ShardKind, TextAt, host_read, latent_grid, set_grid
 from ..model_call import ModelCall
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Lumina 2, Z-Image"
 
 # raylight hands each layer a shard of [text; image; padding] and its positional rows
@@ -33,7 +32,7 @@ CONTRACT = Contract(
                  ("c_crossattn", "attention_mask", "num_tokens"), what="conditioning"),
            Gives("comfy.model_base:Lumina2.extra_conds", ("ref_latents",), what="conditioning",
                  since="0.33.0")),
-    blocks={KINDS[0].modules: KINDS[0].arguments},
+    kinds=KINDS,
 )
 
 
@@ -48,7 +47,6 @@ def _given(value: object) -> bool:
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
     size = int(diffusion_model.patch_size)
     patch = (1, size, size)
 
@@ -82,7 +80,6 @@ def family(diffusion_model) -> Family:
 
 
 def description(patch: tuple[int, int, int], describe=None) -> Family:
-    """Lumina 2 / Z-Image's Family (benchmarks call blocks without a model call to describe)."""
     return Family("lumina", "Lumina 2 / Z-Image", KINDS, patch, describe)
 
 
@@ -90,16 +87,15 @@ def text_length(call: ModelCall, context: torch.Tensor, arguments: dict,
                 diffusion_model) -> int | None:
     """Tokens in front of the image in the blocks' sequence, None when items differ. NextDiT
     without `pad_tokens_multiple` (ComfyUI before 0.8) cuts each item's text to its own length:
-    its attention mask's count (read on the host once per run and batch identity: the text does
-    not change within a run), else `num_tokens`."""
+    its attention mask's count (host_read), else `num_tokens`."""
     if not hasattr(diffusion_model, PAD):
         mask = arguments.get("attention_mask")
         if torch.is_tensor(mask):
-            key = ("text_length", call.identity, tuple(mask.shape))
-            if key not in call.run.host_reads:
+            def read() -> int | None:
                 lengths = mask.sum(dim=-1).flatten().unique()
-                call.run.host_reads[key] = int(lengths[0]) if len(lengths) == 1 else None
-            return call.run.host_reads[key]
+                return int(lengths[0]) if len(lengths) == 1 else None
+
+            return host_read(call, ("text_length", tuple(mask.shape)), read)
         return int(arguments.get("num_tokens", context.shape[1]))
     multiple = diffusion_model.pad_tokens_multiple
     return math.ceil(context.shape[1] / multiple) * multiple if multiple else context.shape[1]

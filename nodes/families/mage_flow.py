@@ -5,10 +5,9 @@ and never merge; the RoPE rows of the image follow its merged tokens."""
 
 from __future__ import annotations
 
-from ..contracts import Contract, Hands, Sets
+from ..contracts import Contract, Sets
 from ..dit_families import BlockKind, Family, TextAt, describe_plain
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Mage-Flow (and Edit)"
 
 KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.BEFORE),)
@@ -20,22 +19,19 @@ RAYLIGHT_REFUSAL = ("raylight runs its Qwen-Image forward on Mage-Flow, whose ti
 
 CONTRACT = Contract(
     "Mage-Flow",
-    models={MAGE_FLOW: (
-        Hands(MAGE_FLOW, KINDS[0].key, KINDS[0].arguments),
-        Sets(f"{MAGE_FLOW}.__init__", ("patch_size",), why="the size of its patches"),
-    )},
+    models={MAGE_FLOW: (Sets(f"{MAGE_FLOW}.__init__", ("patch_size",),
+                             why="the size of its patches"),)},
     blocks={KINDS[0].modules: ()},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a Mage-Flow model (families.family_of checked it): the (1, h, w) grid of
-    latent x [B, C, H, W]."""
+    """The (1, h, w) grid of latent x [B, C, H, W]."""
     size = int(diffusion_model.patch_size)
     return description((1, size, size))
 
 
 def description(patch: tuple[int, int, int] = (1, 1, 1)) -> Family:
-    """Mage-Flow's Family (benchmarks call blocks without a model call to describe)."""
     return Family("mage_flow", "Mage-Flow", KINDS, patch, describe_plain(patch),
                   sequence_parallel_refusal=RAYLIGHT_REFUSAL)

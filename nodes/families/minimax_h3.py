@@ -17,12 +17,12 @@ longer has: ToMA leaves those blocks unmerged and says so, applied before or aft
 
 from __future__ import annotations
 
+import functools
 import math
 
-from ..contracts import Contract, Gives, Hands, Sets
+from ..contracts import Contract, Gives, Sets
 from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, set_grid, shape_grid
 
-# the models of this family, as the node's error and the README name them
 MODELS = "MiniMax H3"
 
 BLOCK = BlockKind("double_block", "blocks", "", TextAt.NONE, txt=None, pe="rope_freqs",
@@ -37,32 +37,26 @@ SPARSE_MODULE = "nodes_sparse_attention"
 CONTRACT = Contract(
     "MiniMax H3",
     models={MODEL: (
-        Hands(MODEL, BLOCK.key, BLOCK.arguments),
         Gives(f"{BASE}.extra_conds", ("latent_shapes", "minimax_payload", "layout"),
               what="conditioning"),
         Sets(f"{LAYOUT}.__init__", ("segments", "signature", "seq_len"),
              why="where the video sits in the packed sequence"),
     )},
     blocks={BLOCK.modules: ()},
+    kinds=(BLOCK,),
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a MiniMax H3 model (families.family_of checked it)."""
     return description(tuple(int(p) for p in diffusion_model.patch_size))
 
 
 def description(patch: tuple[int, int, int] = (1, 2, 2)) -> Family:
-    """MiniMax H3's Family (benchmarks call blocks without a model call to describe)."""
-
-    def describe(call, base_model, arguments: dict) -> str | None:
-        return describe_call(call, arguments, patch)
-
-    return Family("minimax_h3", "MiniMax H3", (BLOCK,), patch, describe,
+    return Family("minimax_h3", "MiniMax H3", (BLOCK,), patch, functools.partial(describe, patch),
                   frames_per_region=VIDEO_REGION_FRAMES, foreign_block=foreign_block)
 
 
-def describe_call(call, arguments: dict, patch: tuple[int, int, int]) -> str | None:
+def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> str | None:
     """The video's (t, h, w) grid from the first of `latent_shapes`, and everything before the
     video's segment of the packed layout ComfyUI built for the call (its conditioning's
     `minimax_payload`) as the prefix that never merges."""

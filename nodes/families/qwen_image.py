@@ -9,10 +9,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from ..contracts import Contract, Gives, Hands, Mentions, Takes
+from ..contracts import Contract, Gives, Mentions, Takes
 from ..dit_families import BlockKind, Family, ShardKind, TextAt, describe_plain
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Qwen-Image (and Edit)"
 
 # The block forward's parameter holding where the references start in the image stream, in
@@ -28,7 +27,6 @@ _SEPARATE_MODULATION = Mentions("comfy.ldm.qwen_image.model", ("index_timestep_z
 CONTRACT = Contract(
     "Qwen-Image",
     models={QWEN_IMAGE: (
-        Hands(QWEN_IMAGE, KINDS[0].key, KINDS[0].arguments),
         Takes("comfy.ldm.qwen_image.model:QwenImageTransformerBlock.forward", (TIMESTEP_ZERO,),
               when=_SEPARATE_MODULATION,
               why="where 'index_timestep_zero' references start, which ToMA moves"),
@@ -37,12 +35,12 @@ CONTRACT = Contract(
                  what="conditioning"),),
     blocks={"transformer_blocks": ("hidden_states", "encoder_hidden_states", "temb",
                                    "image_rotary_emb")},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it): the
-    (t, h, w) grid of latent x [B, C, T, H, W] (T: 1, or the layers of Qwen-Image Layered,
+    """The (t, h, w) grid of latent x [B, C, T, H, W] (T: 1, or the layers of Qwen-Image Layered,
     each a frame); reference positions to move where its blocks take them."""
     patch = (1, int(diffusion_model.patch_size), int(diffusion_model.patch_size))
     takes = TIMESTEP_ZERO in inspect.signature(
@@ -52,5 +50,4 @@ def family(diffusion_model) -> Family:
 
 
 def description(patch: tuple[int, int, int], describe=None, kinds=KINDS) -> Family:
-    """Qwen-Image's Family (benchmarks call blocks without a model call to describe)."""
     return Family("qwen_image", "Qwen-Image", kinds, patch, describe)

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import math
 
-from ..contracts import Contract, Gives, Hands, Sets, Takes
+from ..contracts import Contract, Gives, Sets, Takes
 from ..dit_families import VIDEO_REGION_FRAMES, Family, latent_grid, set_grid
+from .wan import CONTRACT as WAN_CONTRACT
 from .wan import KINDS as WAN_KINDS
+from .wan import video_grid
 
-# the models of this family, as the node's error and the README name them
 MODELS = "SCAIL and SCAIL-2 (Wan 2.1)"
 
 # Wan's blocks; raylight's SCAIL forward splits [references; video; pose] as Wan's forward
@@ -34,11 +35,10 @@ KINDS = WAN_KINDS
 
 SCAIL = "comfy.ldm.wan.model:SCAILWanModel"
 SCAIL2 = "comfy.ldm.wan.model:SCAIL2WanModel"
-_LOOP = KINDS[0].key, KINDS[0].arguments
 
 CONTRACT = Contract(
     "SCAIL",
-    models={SCAIL: (Hands(SCAIL, *_LOOP),), SCAIL2: (Hands(SCAIL2, *_LOOP),)},
+    models={SCAIL: (), SCAIL2: ()},
     needs=(
         Gives("comfy.model_base:WAN21_SCAIL.extra_conds", ("reference_latent", "pose_latents"),
               what="conditioning"),
@@ -46,28 +46,23 @@ CONTRACT = Contract(
               why="the reference frames in front of the video and the pose tokens after it"),
         Sets("comfy.ldm.wan.model:WanModel.__init__", ("patch_size",)),
     ),
-    blocks={"blocks": ("x", "e", "freqs", "context")},
+    blocks=WAN_CONTRACT.blocks,
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a SCAIL or SCAIL-2 model (families.family_of checked it)."""
     return description(tuple(int(p) for p in diffusion_model.patch_size))
 
 
 def description(patch: tuple[int, int, int] = (1, 2, 2)) -> Family:
-    """SCAIL's Family (benchmarks call blocks without a model call to describe)."""
-
     def describe(call, base_model, arguments: dict) -> None:
         """The (t, h, w) grid of latent x (plus frames appended by time_dim_concat); the
         reference frames' tokens in front of it (reference_latent [B, C, R, H, W]) never
         merge; the pose tokens after it are the stream's suffix."""
-        grid = latent_grid(arguments.get("x"), patch)
-        extra = latent_grid(arguments.get("time_dim_concat"), patch)
-        if grid is not None and extra is not None:
-            grid = (grid[0] + extra[0], grid[1], grid[2])
         reference = latent_grid(arguments.get("reference_latent"), patch)
-        set_grid(call, grid, prefix=math.prod(reference) if reference else 0)
+        set_grid(call, video_grid(arguments, patch),
+                 prefix=math.prod(reference) if reference else 0)
 
     return Family("scail", "SCAIL", KINDS, patch, describe,
                   frames_per_region=VIDEO_REGION_FRAMES)

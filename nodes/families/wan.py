@@ -38,10 +38,7 @@ frames the concatenated mask marks as given (Wan 2.1 and Wan 2.2 A14B image-to-v
 last frame: the leading ones). Merging the given start frame's tokens with generated ones blurs
 what the video takes from the start image (tests/integration/test_dit_families.py,
 test_start_image_dependence, holds the output's dependence on the start image, and on VACE's
-reference frame, to the unmerged model's).
-
-What the family needs from ComfyUI (its classes, block loop, conditioning and their layouts)
-is its CONTRACT, checked when the node patches a model."""
+reference frame, to the unmerged model's)."""
 
 from __future__ import annotations
 
@@ -49,7 +46,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..contracts import Contract, Gives, Hands, Probe, Sets, Takes, bare, claimed, resolve
+from ..contracts import Contract, Gives, Probe, Sets, Takes, bare, claimed, resolve
 from ..dit_families import (
     VIDEO_REGION_FRAMES,
     BlockKind,
@@ -57,13 +54,13 @@ from ..dit_families import (
     ShardKind,
     TextAt,
     given_frames,
+    host_read,
     latent_grid,
     leading_true,
     set_grid,
     zero_timestep_frames,
 )
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate)"
 
 KINDS = (BlockKind("double_block", "blocks", "", TextAt.NONE, rows=("vec",), rows_dims=4,
@@ -97,19 +94,17 @@ WAN = "comfy.ldm.wan.model:WanModel"
 VACE = "comfy.ldm.wan.model:VaceWanModel"
 CAMERA = "comfy.ldm.wan.model:CameraWanModel"
 ANIMATE = "comfy.ldm.wan.model_animate:AnimateWanModel"
-_LOOP = KINDS[0].key, KINDS[0].arguments
 
 CONTRACT = Contract(
     "Wan",
     models={
-        WAN: (Hands(WAN, *_LOOP),),
-        VACE: (Hands(VACE, *_LOOP),
-               Gives("comfy.model_base:WAN21_Vace.extra_conds", ("vace_context",),
+        WAN: (),
+        VACE: (Gives("comfy.model_base:WAN21_Vace.extra_conds", ("vace_context",),
                      what="conditioning"),
                Probe("comfy.model_base:WAN21_Vace.extra_conds", lambda f: probe_vace(f),
                      why="the VACE mask ToMA reads kept frames from")),
-        CAMERA: (Hands(CAMERA, *_LOOP),),
-        ANIMATE: (Hands(ANIMATE, *_LOOP),),
+        CAMERA: (),
+        ANIMATE: (),
     },
     needs=(
         Takes("comfy.model_base:BaseModel._apply_model", ("c_concat",)),
@@ -122,11 +117,11 @@ CONTRACT = Contract(
         Sets("comfy.ldm.wan.model:WanModel.__init__", ("patch_size", "ref_conv")),
     ),
     blocks={"blocks": ("x", "e", "freqs", "context")},
+    kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a model of this family's classes (families.family_of checked it)."""
     patch = tuple(int(p) for p in diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> str | None:
@@ -136,10 +131,7 @@ def family(diffusion_model) -> Family:
         mask gives, VACE's reference frames (vace_kept_frames) and the leading frames a
         mask-less concatenated image fills (image_frames: Camera 2.1, Fun control 2.1) never
         merge. Returns why a call whose every frame is given runs unmerged."""
-        grid = latent_grid(arguments.get("x"), patch)
-        extra = latent_grid(arguments.get("time_dim_concat"), patch)
-        if grid is not None and extra is not None:
-            grid = (grid[0] + extra[0], grid[1], grid[2])
+        grid = video_grid(arguments, patch)
         ref = (diffusion_model.ref_conv is not None
                and arguments.get("reference_latent") is not None and grid is not None)
         kept = 0
@@ -159,6 +151,12 @@ def family(diffusion_model) -> Family:
     return description(patch, describe, kinds)
 
 
+def video_grid(arguments: dict, patch: tuple[int, int, int]) -> tuple[int, int, int] | None:
+    """The (t, h, w) grid of latent x, with the frames time_dim_concat appends."""
+    grid, extra = (latent_grid(arguments.get(name), patch) for name in ("x", "time_dim_concat"))
+    return grid if grid is None or extra is None else (grid[0] + extra[0], *grid[1:])
+
+
 def concat_mask(c_concat: object, x: object) -> object:
     """The mask channels [B, 4, T, H, W] of Wan's concatenated image-to-video input, or None.
     ComfyUI's WAN21.concat_cond puts 4 mask channels before the image latent (C + 4 channels
@@ -176,35 +174,30 @@ def image_frames(call, c_concat: object, x: object) -> int:
     some batch item: the frames the model is given an image for. The image is c_concat
     [B, C, T, H, W] itself when it has the latent x's C channels (Wan Camera 2.1), its last C
     channels when it has 2C (Wan 2.1 Fun control: the control latent first). 0 for other
-    layouts. Read on the host once per run and batch identity (the conditioning does not
-    change within a run)."""
+    layouts (host_read)."""
     if not torch.is_tensor(c_concat) or not torch.is_tensor(x) or c_concat.dim() != 5:
         return 0
     latent = int(x.shape[1])
     if int(c_concat.shape[1]) not in (latent, 2 * latent):
         return 0
-    key = ("image_frames", call.identity, tuple(c_concat.shape))
-    if key not in call.run.host_reads:
-        image = c_concat[:, -latent:]
-        given = (image.float().abs().amax(dim=(0, 1, 3, 4)) > 0).tolist()   # one host read
-        call.run.host_reads[key] = leading_true(given)
-    return call.run.host_reads[key]
+    return host_read(call, ("image_frames", tuple(c_concat.shape)), lambda: leading_true(
+        (c_concat[:, -latent:].float().abs().amax(dim=(0, 1, 3, 4)) > 0).tolist()))
 
 
 def vace_kept_frames(call, vace_context: object, frames: int) -> int:
     """Leading latent frames whose VACE mask is all 0 in some VACE input of a VACE context
     [B, inputs, 32 + 64, T, H, W] (WAN21_Vace.extra_conds: latents, then mask channels): the
-    most any input has. 0 without VACE context or for another length. Read on the host once
-    per run and batch identity (the context does not change within a run)."""
+    most any input has. 0 without VACE context or for another length (host_read)."""
     if (not torch.is_tensor(vace_context) or vace_context.dim() != 6
             or vace_context.shape[3] != frames):
         return 0
-    key = ("vace_kept_frames", call.identity, tuple(vace_context.shape))
-    if key not in call.run.host_reads:
+
+    def read() -> int:
         masks = vace_context[:, :, -VACE_MASK_CHANNELS:].float()
         kept = (masks.abs().amax(dim=(0, 2, 4, 5)) == 0).tolist()     # [inputs][T], one read
-        call.run.host_reads[key] = max(leading_true(flags) for flags in kept)
-    return call.run.host_reads[key]
+        return max(leading_true(flags) for flags in kept)
+
+    return host_read(call, ("vace_kept_frames", tuple(vace_context.shape)), read)
 
 
 # Probes of the conditioning layouts ToMA reads: three latent frames of 2 x 2 cells, the first
@@ -283,5 +276,4 @@ def probe_vace(extra_conds) -> list[str]:
 
 def description(patch: tuple[int, int, int], describe=None,
                 kinds: tuple[BlockKind, ...] = KINDS) -> Family:
-    """Wan's Family (benchmarks call blocks without a model call to describe)."""
     return Family("wan", "Wan", kinds, patch, describe, frames_per_region=VIDEO_REGION_FRAMES)

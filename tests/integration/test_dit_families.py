@@ -343,6 +343,23 @@ def check_against_definition(plan, outer: torch.Tensor, offset: int) -> None:
     assert int(want["settled"].sum()) > 0         # the comparison compared something
 
 
+def assert_identity(model, sample, monkeypatch) -> tuple[torch.Tensor, list[dict]]:
+    """Ratio 0, and every patch installed and running with merging outside the active steps
+    (start_percent 0.4 to end_percent 0.5, between the 2 steps' sigmas): `sample(model)` gives
+    the unpatched model's samples bit for bit. Returns those samples and the stats the node
+    sends (recorded from here on)."""
+    out = sample(model)
+    base = ch.flat(out)
+    assert torch.equal(ch.flat(sample(apply_toma(model, make_options(0.0)))), base)
+    sent: list[dict] = []
+    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
+    idle = apply_toma(model, make_options(RATIO, skip_blocks="none", start_percent=0.4,
+                                          end_percent=0.5))
+    assert torch.equal(ch.flat(sample(idle)), base)
+    assert sent[-1]["layers_total"] > 0 and sent[-1]["layers_merged"] == 0
+    return out, sent
+
+
 # Tests ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 def test_ratio_zero_is_bit_identical(name):

@@ -25,6 +25,7 @@ import test_dit_families
 import torch
 from test_dit_families import (
     RATIO,
+    assert_identity,
     check_guide_masks,
     check_merged_blocks,
     recorded_run,
@@ -154,19 +155,11 @@ def test_ratio_zero_and_inactive_steps_are_bit_identical(task, monkeypatch):
     unpatched model's, video and audio."""
     if not present():
         return
-    model, x = tiny_ltx23(), template_inputs(task)
-    out = sample(model, x)
+    x = template_inputs(task)
+    out, _ = assert_identity(tiny_ltx23(), lambda model: sample(model, x), monkeypatch)
     if task == "ia2v":    # the given audio kept, but for the latent format's scaling in and out
         # (measured 9.3e-10, bound x10)
         assert float((out.unbind()[1] - x.latent.unbind()[1]).abs().max()) <= 1e-8
-    base = ch.flat(out)
-    assert torch.equal(ch.flat(sample(apply_toma(model, make_options(0.0)), x)), base)
-    sent: list[dict] = []
-    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
-    toma = apply_toma(model, make_options(RATIO, skip_blocks="none", start_percent=0.4,
-                                          end_percent=0.5))
-    assert torch.equal(ch.flat(sample(toma, x)), base)
-    assert sent[-1]["layers_total"] > 0 and sent[-1]["layers_merged"] == 0
 
 
 @pytest.mark.rounding          # a measured bound after the destinations' discrete choices
@@ -223,18 +216,14 @@ def dual_cfg_sample(model, x: SampleInputs) -> torch.Tensor:
 
 @pytest.mark.parametrize("task", ["t2v", "i2v"])
 def test_dual_cfg_guider(task, monkeypatch):
-    """The LTX-2.5 templates' guider and sampler node: with every patch installed outside the
-    active steps the samples are the unpatched model's; merged, every block of every call
-    merges and the samples are finite."""
+    """The LTX-2.5 templates' guider and sampler node: at ratio 0 and with every patch
+    installed outside the active steps the samples are the unpatched model's; merged, every
+    block of every call merges and the samples are finite."""
     if not present():
         return
     model, x = tiny_ltx23(), template_inputs(task)
-    base = ch.flat(dual_cfg_sample(model, x))
-    sent: list[dict] = []
-    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
-    idle = apply_toma(model, make_options(RATIO, skip_blocks="none", start_percent=0.4,
-                                          end_percent=0.5))
-    assert torch.equal(ch.flat(dual_cfg_sample(idle, x)), base)
+    out, sent = assert_identity(model, lambda model: dual_cfg_sample(model, x), monkeypatch)
+    base = ch.flat(out)
     merged = ch.flat(dual_cfg_sample(apply_toma(model, make_options(RATIO, skip_blocks="none")),
                                      x))
     assert sent[-1]["layers_merged"] == sent[-1]["layers_total"] > 0
@@ -259,16 +248,7 @@ def test_first_last_frame_guides_merge(monkeypatch):
     monkeypatch.setattr(test_dit_families, "frames_deep", lambda name: 1)
     monkeypatch.setitem(test_dit_families.EXPECTED_REGIONS, (3, 7, 9, 1),
                         ((1, 1, 1), (7,), (9,)))
-    run = {"steps": 1, "cfg": 2.0, "noise_mask": x.noise_mask}
-    base = ch.flat(ch.sample(model, x.latent, x.positive, x.negative, **run))
-    zero = apply_toma(model, make_options(0.0, skip_blocks="none"))
-    assert torch.equal(ch.flat(ch.sample(zero, x.latent, x.positive, x.negative, **run)), base)
-    sent: list[dict] = []
-    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
-    idle = apply_toma(model, make_options(RATIO, skip_blocks="none", start_percent=0.4,
-                                          end_percent=0.5))
-    assert torch.equal(ch.flat(ch.sample(idle, x.latent, x.positive, x.negative, **run)), base)
-    assert sent[-1]["layers_total"] > 0 and sent[-1]["layers_merged"] == 0
+    _, sent = assert_identity(model, lambda model: sample(model, x, steps=1), monkeypatch)
     name = "ltx2"
     run = recorded_run(name, base=model, x=x)
     _, _, inner, outer, out = run

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_dit_families import Recorder, check_against_definition
+from test_dit_families import Recorder, assert_identity, check_against_definition
 from tiny_models import (
     MINIMAX_H3_TASKS,
     minimax_h3_available,
@@ -74,16 +74,8 @@ def test_ratio_zero_and_inactive_steps_are_bit_identical(task, monkeypatch):
     unpatched model's, video and audio."""
     if not present():
         return
-    model = tiny_minimax_h3()
     x = minimax_h3_inputs(task)
-    base = ch.flat(sample(model, x))
-    assert torch.equal(ch.flat(sample(apply_toma(model, make_options(0.0)), x)), base)
-    sent: list[dict] = []
-    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
-    toma = apply_toma(model, make_options(RATIO, skip_blocks="none", start_percent=0.4,
-                                          end_percent=0.5))
-    assert torch.equal(ch.flat(sample(toma, x)), base)
-    assert sent[-1]["layers_total"] > 0 and sent[-1]["layers_merged"] == 0
+    assert_identity(tiny_minimax_h3(), lambda model: sample(model, x), monkeypatch)
 
 
 def recorded_run(task: str):
