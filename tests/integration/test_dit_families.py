@@ -60,7 +60,7 @@ NAMES = list(FAMILIES)
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
                    "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat",
-                   "mage_flow", "anima", "boogu", "ideogram4"):
+                   "mage_flow", "anima", "boogu", "ideogram4", "omnigen2"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -128,10 +128,10 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
         return TEXT_TOKENS, TEXT_TOKENS
     if g == "ideogram4":         # [text (none without a context); image]
         return args["x"].shape[1] - frame_tokens, args["x"].shape[1] - frame_tokens
-    if g == "boogu":             # double: image stream [references; image], text apart;
-        if kind == "joint":      # single: [text; references; image]
-            references = args["img_hidden_states"].shape[1] - frame_tokens
-            return references, TEXT_TOKENS + references
+    if kind == "joint":          # Boogu's double: image stream [references; image], text apart
+        references = args["img_hidden_states"].shape[1] - frame_tokens
+        return references, TEXT_TOKENS + references
+    if kind == "omnigen":        # OmniGen2's blocks (Boogu's single): [text; references; image]
         return args["hidden_states"].shape[1] - frame_tokens, args["hidden_states"].shape[1] \
             - frame_tokens
     return protected, protected                                 # Wan, SD3, LTX, HiDream
@@ -172,6 +172,8 @@ class Recorder:
             blocks = [ANIMA_BLOCKS]
         if type(dm).__name__ == BOOGU_MODEL:
             blocks = list(BOOGU_BLOCKS)
+        if type(dm).__name__ == OMNIGEN2_MODEL:
+            blocks = [OMNIGEN2_BLOCKS]
         for kind, attr in blocks:                   # Lumina 2 / Z-Image, HiDream, Kandinsky 5
             for i, layer in enumerate(getattr(dm, attr)):
                 key = f"diffusion_model.{attr}.{i}.forward"
@@ -236,6 +238,8 @@ ANIMA_BLOCKS = ("cosmos", "blocks")
 # Boogu-Image's double-stream (joint) and single-stream (OmniGen2's) blocks
 BOOGU_MODEL = "BooguTransformer2DModel"
 BOOGU_BLOCKS = (("joint", "double_stream_layers"), ("omnigen", "single_stream_layers"))
+OMNIGEN2_MODEL = "OmniGen2Transformer2DModel"
+OMNIGEN2_BLOCKS = ("omnigen", "layers")
 
 
 def stream_name(name: str, kind: str) -> str:
@@ -550,6 +554,8 @@ UPDATE_ERROR = {
     "boogu_edit": 0.75,   # 0.501 (v0.33.0)
     "ideogram4": 1.14,   # 0.760 (v0.33.0)
     "ideogram4_padded": 1.13,   # 0.755 (v0.33.0)
+    "omnigen2": 1.07,   # 0.715 (v0.33.0)
+    "omnigen2_edit": 0.77,   # 0.512 (v0.33.0)
 }
 
 

@@ -157,6 +157,13 @@ def _boogu() -> dict[str, Any]:
             "instruction_feat_dim": TEXT_DIM}
 
 
+def _omnigen2() -> dict[str, Any]:
+    """OmniGen2: Boogu-Image's widths without its double-stream stage."""
+    config = {**_boogu(), "image_model": "omnigen2", "text_feat_dim": TEXT_DIM}
+    del config["num_double_stream_layers"], config["instruction_feat_dim"]
+    return config
+
+
 def _ideogram4() -> dict[str, Any]:
     """Ideogram 4: the 128-channel latent one pixel a token (its 2x2 patches in the channels),
     width 64 in 4 heads of 16 (interleaved MRoPE sections 4+2+2, half the head as the real
@@ -766,6 +773,7 @@ _MAGE_FLOW = ("comfy.ldm.mage_flow.model", "MageFlowTransformer2DModel")
 _ANIMA = ("comfy.ldm.anima.model", "Anima")
 _BOOGU = ("comfy.ldm.boogu.model", "BooguTransformer2DModel")
 _IDEOGRAM4 = ("comfy.ldm.ideogram4.model", "Ideogram4Transformer2DModel")
+_OMNIGEN2 = ("comfy.ldm.omnigen.omnigen2", "OmniGen2Transformer2DModel")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -924,6 +932,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("ideogram4", "Ideogram4", _ideogram4, _IDEOGRAM4, patch=(1, 1, 1), own_sizes=True),
     Family("ideogram4_padded", "Ideogram4", _ideogram4, _IDEOGRAM4, patch=(1, 1, 1),
            own_sizes=True, extra_conds=_padded_text_mask),
+    # OmniGen2 text-to-image, and editing one reference (ReferenceLatent's conds, its text mask)
+    Family("omnigen2", "Omnigen2", _omnigen2, _OMNIGEN2, extra_conds=_text_mask),
+    Family("omnigen2_edit", "Omnigen2", _omnigen2, _OMNIGEN2, extra_conds=_boogu_edit),
 )}
 
 
