@@ -60,7 +60,7 @@ NAMES = list(FAMILIES)
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
                    "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat",
-                   "mage_flow", "anima", "boogu", "ideogram4", "omnigen2"):
+                   "mage_flow", "anima", "boogu", "ideogram4", "omnigen2", "lens"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -134,7 +134,7 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     if kind == "omnigen":        # OmniGen2's blocks (Boogu's single): [text; references; image]
         return args["hidden_states"].shape[1] - frame_tokens, args["hidden_states"].shape[1] \
             - frame_tokens
-    return protected, protected                                 # Wan, SD3, LTX, HiDream
+    return protected, protected                       # Wan, SD3, LTX, HiDream, Lens
 
 
 # Recording patches ------------------------------------------------------------------------------
@@ -259,7 +259,7 @@ PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "block": ("freqs",),
 # Arguments holding positional rows over the stream alone (Boogu's image self-attention).
 STREAM_PE = {"joint": ("img_rotary_emb",)}
 # Attention masks over the block's sequence [B, 1, L, L] (Ideogram 4's text padding segment).
-MASK = {"ideogram4_padded": "attn_mask"}
+MASK = {"ideogram4_padded": "attn_mask", "lens_padded": "attn_mask"}
 # The separate text stream of two-stream blocks: it reaches the block as it came.
 TEXT = {"hidream": "text_tokens", "boogu": "instruct_hidden_states"}
 # Arguments holding modulation rows spread evenly over the stream (ComfyUI's repeat_e and
@@ -431,12 +431,14 @@ def check_merged_blocks(name: str, base, x, inner_rec: Recorder, outer_rec: Reco
         for key in ROWS.get(name, ROWS.get(group(name), ())):
             assert_token_rows(a[key], b[key], got.shape[1], given.shape[1], plan, offset)
         if name in MASK:                  # each item's mask at its merged sequence's positions
-            positions = plan.position_rows(given.shape[1], offset)
-            mask_in, mask_out = a[MASK[name]], b[MASK[name]]
-            assert mask_out.shape[-1] == given.shape[1] and bool((mask_out != 0).any())
-            for item in range(plan.items):
-                rows = positions[item]
-                assert torch.equal(mask_in[item], mask_out[item][:, rows][:, :, rows])
+            mask_in, mask_out = a[MASK[name]], b[MASK[name]]      # over the attended tokens
+            attended = given.shape[1] + (txt_len if torch.is_tensor(b.get("txt")) else 0)
+            assert mask_out.shape[-1] == attended and bool((mask_out != 0).any())
+            positions = plan.position_rows(attended, seq_start)
+            for item in range(plan.items):          # [1, L, L], or over the keys [1, 1, L]
+                full = mask_out[item][..., positions[item]]
+                full = full[..., positions[item], :] if full.shape[-2] > 1 else full
+                assert torch.equal(mask_in[item], full)
         sequences = [(key, seq_start) for key in PE.get(kind, PE.get(group(name), ("pe",)))]
         sequences += [(key, offset) for key in STREAM_PE.get(kind, ())]
         for pe_key, start in sequences:       # each argument's rows over its own sequence
@@ -556,6 +558,8 @@ UPDATE_ERROR = {
     "ideogram4_padded": 1.13,   # 0.755 (v0.33.0)
     "omnigen2": 1.07,   # 0.715 (v0.33.0)
     "omnigen2_edit": 0.77,   # 0.512 (v0.33.0)
+    "lens": 1.23,   # 0.820 (v0.33.0)
+    "lens_padded": 1.23,   # 0.820 (v0.33.0)
 }
 
 

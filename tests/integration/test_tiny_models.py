@@ -165,7 +165,9 @@ DIT_ARGS = {"wan": _TWO_STREAM_ARGS, "kandinsky5": {}, "qwen": _TWO_STREAM_ARGS,
             "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS,
             "ltxv": _LTXV_ARGS, "ltx2": _LTX2_ARGS, "krea2": {},
             "longcat": _FLUX_ARGS, "mage_flow": _TWO_STREAM_ARGS, "anima": {}, "boogu": {},
-            "ideogram4": {}, "omnigen2": {}}
+            "ideogram4": {}, "omnigen2": {},
+            "lens": {"double_block": {"img", "txt", "vec", "pe", "attn_mask",
+                                      "transformer_options"}}}
 
 
 # Conditioning whose latent's tokens the family's stream holds after the image's (SCAIL's pose

@@ -164,6 +164,14 @@ def _omnigen2() -> dict[str, Any]:
     return config
 
 
+def _lens() -> dict[str, Any]:
+    """Lens: its 128-channel latent (2x2 patches of 32 channels) at width 64, 4 heads of 16
+    (RoPE axes 4+6+6), 2 blocks; the text four encoder layers of TEXT_DIM / 4 side by side."""
+    return {"image_model": "lens", "in_channels": 128, "out_channels": 32, "num_layers": 2,
+            "attention_head_dim": 16, "num_attention_heads": 4, "enc_hidden_dim": TEXT_DIM // 4,
+            "axes_dims_rope": (4, 6, 6)}
+
+
 def _ideogram4() -> dict[str, Any]:
     """Ideogram 4: the 128-channel latent one pixel a token (its 2x2 patches in the channels),
     width 64 in 4 heads of 16 (interleaved MRoPE sections 4+2+2, half the head as the real
@@ -774,6 +782,7 @@ _ANIMA = ("comfy.ldm.anima.model", "Anima")
 _BOOGU = ("comfy.ldm.boogu.model", "BooguTransformer2DModel")
 _IDEOGRAM4 = ("comfy.ldm.ideogram4.model", "Ideogram4Transformer2DModel")
 _OMNIGEN2 = ("comfy.ldm.omnigen.omnigen2", "OmniGen2Transformer2DModel")
+_LENS = ("comfy.ldm.lens.model", "LensTransformer2DModel")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -935,6 +944,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     # OmniGen2 text-to-image, and editing one reference (ReferenceLatent's conds, its text mask)
     Family("omnigen2", "Omnigen2", _omnigen2, _OMNIGEN2, extra_conds=_text_mask),
     Family("omnigen2_edit", "Omnigen2", _omnigen2, _OMNIGEN2, extra_conds=_boogu_edit),
+    # Lens text-to-image, and with padding in the text (its key mask)
+    Family("lens", "Lens", _lens, _LENS, patch=(1, 1, 1)),
+    Family("lens_padded", "Lens", _lens, _LENS, patch=(1, 1, 1), extra_conds=_padded_text_mask),
 )}
 
 
