@@ -49,7 +49,7 @@ RATIO = 0.5
 PROTECTED_FRAMES = {"wan21_i2v": 1, "wan22_14b_i2v": 1, "wan22_5b_i2v": 1,
                     "hunyuan_video_i2v_v2": 1, "ltxv_i2v": 1, "ltx2_i2v": 1, "wan_vace_ref": 1,
                     "kandinsky5_i2v": 1, "wan_camera_i2v": 1, "wan22_camera_i2v": 1,
-                    "wan_animate": 1, "wan_animate_continue": 2}
+                    "wan_animate": 1, "wan_animate_continue": 2, "wan_dancer": 1}
 SUFFIX_FRAMES = {"ltxv_guide": 1}
 # Tokens in front of the latent's grid, in frames' worth, that never merge (Wan Fun's reference
 # image through ref_conv: one frame of tokens; SCAIL's reference frame in front in time).
@@ -308,7 +308,7 @@ EXPECTED_REGIONS = {
     (2, 3, 5, 2): ((2,), (3,), (5,)), (3, 7, 9, 2): ((3,), (7,), (5, 4)),
     (1, 7, 9, 1): ((1,), (7,), (9,)), (2, 7, 9, 2): ((2,), (7,), (5, 4)),
     (2, 7, 9, 1): ((1, 1), (7,), (9,)), (2, 4, 5, 2): ((2,), (4,), (5,)),
-    (1, 3, 5, 1): ((1,), (3,), (5,)),
+    (1, 3, 5, 1): ((1,), (3,), (5,)), (2, 4, 6, 2): ((2,), (4,), (6,)),
 }
 
 
@@ -558,6 +558,7 @@ UPDATE_ERROR = {
     "ideogram4_padded": 1.13,   # 0.755 (v0.33.0)
     "omnigen2": 1.07,   # 0.715 (v0.33.0)
     "omnigen2_edit": 0.77,   # 0.512 (v0.33.0)
+    "wan_dancer": 0.33,   # 0.222 (v0.33.0)
     "lens": 1.23,   # 0.820 (v0.33.0)
     "lens_padded": 1.23,   # 0.820 (v0.33.0)
 }

@@ -49,13 +49,15 @@ ODD_IMAGE = (2, 7, 9, 1)
 # count its 32-pixel patches: its tiny family's `scale`.)
 EVEN_VIDEO = (2, 6, 10, 3)
 EVEN_IMAGE = (2, 6, 10, 1)
+# WanDancer's music injector splits each frame's tokens into 8 equal parts: 4x6 tokens a frame.
+DANCER_VIDEO = (2, 8, 12, 3)
 SIZES = {"hunyuan_video": EVEN_VIDEO, "hunyuan_video_i2v": EVEN_VIDEO,
          "hunyuan_video_i2v_v2": EVEN_VIDEO, "wan_vace": EVEN_VIDEO, "wan_vace_ref": EVEN_VIDEO,
          "wan_vace2": EVEN_VIDEO, "wan22_fun_control": EVEN_VIDEO,
          "kandinsky5": EVEN_VIDEO, "kandinsky5_i2v": EVEN_VIDEO, "kandinsky5_image": EVEN_IMAGE,
          "wan_camera": EVEN_VIDEO, "wan_camera_i2v": EVEN_VIDEO, "wan22_camera_i2v": EVEN_VIDEO,
          "wan_animate": EVEN_VIDEO, "wan_animate_continue": EVEN_VIDEO,
-         "wan_scail": EVEN_VIDEO, "wan_scail2": EVEN_VIDEO}
+         "wan_scail": EVEN_VIDEO, "wan_scail2": EVEN_VIDEO, "wan_dancer": DANCER_VIDEO}
 
 
 def assert_absent(name: str) -> None:

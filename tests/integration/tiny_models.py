@@ -624,6 +624,13 @@ def _wan21_i2v(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
                                                CLIP_VISION_DIM, batch, seed + 7)}
 
 
+def _wan_dancer(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """WanDancerVideo's conditioning: WanImageToVideo's (start image, concat_mask, CLIP vision)
+    and the music features [1, frames, 35] with their fps (WanDancerEncodeAudio's output)."""
+    return {**_wan21_i2v(batch, shape, seed), "audio_embed": _randn(1, 12, 35, seed=seed + 11),
+            "fps": 30}
+
+
 def _wan_concat(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     """concat_latent_image [B, 16, T, H, W] with the start image in frame 0, zeros after;
     concat_mask [1, 1, T, H, W]: 0 on the start frame, 1 elsewhere (WanImageToVideo's)."""
@@ -783,6 +790,7 @@ _BOOGU = ("comfy.ldm.boogu.model", "BooguTransformer2DModel")
 _IDEOGRAM4 = ("comfy.ldm.ideogram4.model", "Ideogram4Transformer2DModel")
 _OMNIGEN2 = ("comfy.ldm.omnigen.omnigen2", "OmniGen2Transformer2DModel")
 _LENS = ("comfy.ldm.lens.model", "LensTransformer2DModel")
+_DANCER = ("comfy.ldm.wan.model_wandancer", "WanDancerModel")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -947,6 +955,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Lens text-to-image, and with padding in the text (its key mask)
     Family("lens", "Lens", _lens, _LENS, patch=(1, 1, 1)),
     Family("lens_padded", "Lens", _lens, _LENS, patch=(1, 1, 1), extra_conds=_padded_text_mask),
+    # WanDancer image-to-video with music (its injector after both blocks)
+    Family("wan_dancer", "WAN22_WanDancer",
+           _wan(model_type="wandancer", in_dim=36, audio_inject_layers=[0, 1], music_dim=32,
+                music_heads=2, music_latent_dim=32), _DANCER, video=True,
+           extra_conds=_wan_dancer),
 )}
 
 
