@@ -1246,3 +1246,27 @@ def test_wan_bernini_context_never_merges():
         rows = a["pe"][:, m:]                                     # one set per batch item
         assert torch.equal(rows, b["pe"][:, n:].expand_as(rows))  # with its RoPE rows
         assert torch.equal(b_out[:, n:], a_out[:, m:])            # and back as put out
+
+
+def test_newbie_pooled_text_merges():
+    """NewBie (Lumina 2's NextDiT with a pooled text input, clip_text_dim: ComfyUI 0.8 and
+    later) merges as Lumina 2 does: its pooled text (CLIPTextEncode's pooled_output) only joins
+    the timestep's modulation, one row for every token. The merged blocks follow the plan and
+    their updates stay as close to the unmerged ones as Lumina 2's; the pooled text reaches the
+    model (the sample differs without it)."""
+    import comfy.ldm.lumina.model as lumina
+
+    if "clip_text_dim" not in inspect.signature(lumina.NextDiT.__init__).parameters:
+        assert ch.comfy_version() < (0, 8)
+        return
+    name = "lumina2"
+    (batch, *_), _ = sample_args(name)
+    base = tiny_patcher(name, clip_text_dim=tiny_models.POOLED_DIM)
+    pooled = torch.randn(batch, tiny_models.POOLED_DIM, generator=torch.Generator().manual_seed(5))
+    run = recorded_run(name, extra={"pooled_output": pooled}, base=base)
+    check_merged_blocks(name, *run)
+    assert worst_update_error(name, *run) <= UPDATE_ERROR[name]
+    x = run[1]
+    for cond in (x.positive, x.negative):
+        cond[0][1]["pooled_output"] = None
+    assert not torch.equal(run[-1], recorded_run(name, base=base, x=x)[-1])
