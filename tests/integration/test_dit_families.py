@@ -60,7 +60,7 @@ NAMES = list(FAMILIES)
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
                    "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat",
-                   "mage_flow", "anima", "boogu", "ideogram4", "omnigen2", "lens"):
+                   "mage_flow", "anima", "boogu", "ideogram4", "omnigen2", "lens", "joyimage"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -134,7 +134,7 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     if kind == "omnigen":        # OmniGen2's blocks (Boogu's single): [text; references; image]
         return args["hidden_states"].shape[1] - frame_tokens, args["hidden_states"].shape[1] \
             - frame_tokens
-    return protected, protected                       # Wan, SD3, LTX, HiDream, Lens
+    return protected, protected           # Wan, SD3, LTX, HiDream, Lens, JoyImage
 
 
 # Recording patches ------------------------------------------------------------------------------
@@ -558,6 +558,8 @@ UPDATE_ERROR = {
     "ideogram4_padded": 1.13,   # 0.755 (v0.33.0)
     "omnigen2": 1.07,   # 0.715 (v0.33.0)
     "omnigen2_edit": 0.77,   # 0.512 (v0.33.0)
+    "joyimage": 1.01,   # 0.673 (v0.33.0)
+    "joyimage_edit": 0.66,   # 0.438 (v0.33.0)
     "wan_dancer": 0.33,   # 0.222 (v0.33.0)
     "lens": 1.23,   # 0.820 (v0.33.0)
     "lens_padded": 1.23,   # 0.820 (v0.33.0)

@@ -172,6 +172,14 @@ def _lens() -> dict[str, Any]:
             "axes_dims_rope": (4, 6, 6)}
 
 
+def _joyimage() -> dict[str, Any]:
+    """JoyImage: patch (1, 2, 2) over 16 channels, width 64 in 4 heads of 16 (RoPE 4+6+6 over
+    its config's real [16, 56, 56]: own_sizes), 2 double-stream blocks."""
+    return {"image_model": "joyimage", "patch_size": [1, 2, 2], "in_channels": 16,
+            "hidden_size": 64, "num_attention_heads": 4, "text_dim": TEXT_DIM, "num_layers": 2,
+            "rope_dim_list": [4, 6, 6], "theta": 256}
+
+
 def _ideogram4() -> dict[str, Any]:
     """Ideogram 4: the 128-channel latent one pixel a token (its 2x2 patches in the channels),
     width 64 in 4 heads of 16 (interleaved MRoPE sections 4+2+2, half the head as the real
@@ -674,6 +682,13 @@ def _padded_text_mask(batch: int, shape: tuple[int, ...], seed: int) -> dict[str
     return {"attention_mask": mask}
 
 
+def _joyimage_edit(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """TextEncodeJoyImageEdit's conditioning: one reference latent [1, 16, 1, h, w] of another
+    size than the output (its tokens after the image's)."""
+    h, w = shape[-2], shape[-1]
+    return {"reference_latents": [_randn(1, 16, 1, h + 2, max(w - 2, 2), seed=seed + 9)]}
+
+
 def _hunyuan_i2v_concat(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     """HunyuanImageToVideo "v1 (concat)": start image latent and concat_mask (0 on frame 0)."""
     return {**_pooled(batch, shape, seed), **_wan_concat(batch, shape, seed)}
@@ -791,6 +806,7 @@ _IDEOGRAM4 = ("comfy.ldm.ideogram4.model", "Ideogram4Transformer2DModel")
 _OMNIGEN2 = ("comfy.ldm.omnigen.omnigen2", "OmniGen2Transformer2DModel")
 _LENS = ("comfy.ldm.lens.model", "LensTransformer2DModel")
 _DANCER = ("comfy.ldm.wan.model_wandancer", "WanDancerModel")
+_JOYIMAGE = ("comfy.ldm.joyimage.model", "JoyImageTransformer3DModel")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -960,6 +976,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            _wan(model_type="wandancer", in_dim=36, audio_inject_layers=[0, 1], music_dim=32,
                 music_heads=2, music_latent_dim=32), _DANCER, video=True,
            extra_conds=_wan_dancer),
+    # JoyImage text-to-image, and editing one reference (TextEncodeJoyImageEdit's conds)
+    Family("joyimage", "JoyImage", _joyimage, _JOYIMAGE, frames_dim=True, own_sizes=True),
+    Family("joyimage_edit", "JoyImage", _joyimage, _JOYIMAGE, frames_dim=True, own_sizes=True,
+           extra_conds=_joyimage_edit),
 )}
 
 
