@@ -117,7 +117,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("flux2", Rule("Flux 2", "Flux 2")),
     ("anima", Rule("Anima", "Anima")),
     ("boogu", Rule("Boogu-Image", "Boogu-Image")),
-    ("joyai", Rule("JoyAI Image Edit", status=no_family("JoyImage"))),
+    ("joyai", Rule("JoyAI Image Edit", "JoyImage")),
     ("ernie", Rule("ERNIE-Image", status=no_family("ErnieImage"))),
     ("hidream_o1", Rule("HiDream-O1", "HiDream-O1")),
     # HiDream-I1's class, but an edit call: docs/compatibility.md says these run unmerged
