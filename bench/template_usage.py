@@ -151,8 +151,8 @@ TEMPLATE_RULES: tuple[tuple[str, Rule], ...] = (
     # unmerged
     ("anima_lllite", Rule("Anima LLLite", status="runs unmerged (LLLite's attention patches in "
                                                 "its blocks)")),
-    # USOStyleReference's post-input patch on Flux.1: no test of the pack runs it
-    ("uso", Rule("Flux.1 USO", status="unclassified")),
+    # USOStyleReference's post-input patch on Flux.1 (test_uso_style_tokens_...never_merge)
+    ("uso", Rule("Flux.1 USO", "Flux.1 dev/schnell")),
 )
 
 
