@@ -85,7 +85,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("scail", Rule("SCAIL-2 (Wan 2.1)", "SCAIL")),
     # Wan variants with a class of their own, none of them in the pack's families
     ("causal_forcing", Rule("Causal Forcing (Wan 2.1)", status=no_family("CausalWanModel"))),
-    ("dancer", Rule("WanDancer (Wan 2.2)", status=no_family("WanDancerModel"))),
+    ("dancer", Rule("WanDancer (Wan 2.2)", "WanDancer")),
     # VOID's two passes are CogVideoX models
     ("void_pass", Rule("VOID (CogVideoX)", status=no_family("CogVideoX"))),
     ("bernini", Rule("Bernini-R (Wan 2.2)", "Wan 2.1/2.2")),
@@ -106,8 +106,8 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("kandinsky5", Rule("Kandinsky 5", "Kandinsky 5")),
     ("z_image", Rule("Z-Image", "Z-Image")),
     ("netayume", Rule("NetaYume (Lumina 2)", "Lumina 2")),
-    # Lumina 2's class with NewBie's pooled text input, which no test of the pack runs
-    ("newbie", Rule("NewBie (Lumina 2's class)", status="unclassified")),
+    # Lumina 2's class with NewBie's pooled text input (test_newbie_pooled_text_merges)
+    ("newbie", Rule("NewBie (Lumina 2's class)", "Lumina 2")),
     ("qwen_image_layered", Rule("Qwen-Image Layered", "Qwen-Image")),
     ("qwen_image", Rule("Qwen-Image (and Edit)", "Qwen-Image")),
     ("firered", Rule("FireRed Image Edit (Qwen-Image-Edit's class)", "Qwen-Image")),
@@ -117,7 +117,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("flux2", Rule("Flux 2", "Flux 2")),
     ("anima", Rule("Anima", "Anima")),
     ("boogu", Rule("Boogu-Image", "Boogu-Image")),
-    ("joyai", Rule("JoyAI Image Edit", status=no_family("JoyImage"))),
+    ("joyai", Rule("JoyAI Image Edit", "JoyImage")),
     ("ernie", Rule("ERNIE-Image", status=no_family("ErnieImage"))),
     ("hidream_o1", Rule("HiDream-O1", "HiDream-O1")),
     # HiDream-I1's class, but an edit call: docs/compatibility.md says these run unmerged
@@ -125,7 +125,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
                                              "latent in every row of tokens)")),
     ("hidream_i1", Rule("HiDream-I1", "HiDream-I1")),
     ("longcat", Rule("LongCat-Image", "LongCat-Image")),
-    ("lens", Rule("Lens", status=no_family("Lens"))),
+    ("lens", Rule("Lens", "Lens")),
     ("chroma-radiance", Rule("Chroma Radiance", "Chroma Radiance")),
     ("chroma", Rule("Chroma", "Chroma")),
     ("kontext", Rule("Flux Kontext", "Flux Kontext")),
@@ -133,7 +133,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("mage_flow", Rule("Mage-Flow", "Mage-Flow")),
     ("sd_xl", Rule("SDXL", "SDXL")),
     ("sd3.5", Rule("SD3.5", "SD3/SD3.5")),
-    ("omnigen2", Rule("OmniGen2", status=no_family("Omnigen2"))),
+    ("omnigen2", Rule("OmniGen2", "OmniGen2")),
     ("pixeldit", Rule("PixelDiT", status=no_family("PixelDiT"))),
     ("ovis", Rule("Ovis-Image", "Ovis-Image")),
     # Stable Video Diffusion: a video UNet, refused (the pack's tests check it)
@@ -151,8 +151,8 @@ TEMPLATE_RULES: tuple[tuple[str, Rule], ...] = (
     # unmerged
     ("anima_lllite", Rule("Anima LLLite", status="runs unmerged (LLLite's attention patches in "
                                                 "its blocks)")),
-    # USOStyleReference's post-input patch on Flux.1: no test of the pack runs it
-    ("uso", Rule("Flux.1 USO", status="unclassified")),
+    # USOStyleReference's post-input patch on Flux.1 (test_uso_style_tokens_...never_merge)
+    ("uso", Rule("Flux.1 USO", "Flux.1 dev/schnell")),
 )
 
 

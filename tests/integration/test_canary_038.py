@@ -17,7 +17,7 @@ models from ComfyUI's own classes and prints one JSON line of findings; the test
 - ComfyUI's BlockSparseAttention and ModelAttentionBackend beside ToMA in both orders (on the
   CPU block-sparse attention always falls back to dense, after deciding on the sequence it got);
   BlockSparseAttention's MiniMax H3 block patches, beside which ToMA stands aside;
-- Qwen-Image 2.1 refused with a message naming it; MingImage (a NextDiT) sampled without a
+- Qwen-Image 2.1 merged (text to image and edit); MingImage (a NextDiT) sampled without a
   crash;
 - forward_patches.kept_allocations: ComfyUI's pause_malloc_graph where it exists.
 
@@ -349,23 +349,57 @@ def child(tree: str) -> dict[str, Any]:
 
     attempt("minimax_h3_block_sparse", minimax_h3_block_sparse)
 
-    # New families: Qwen-Image 2.1 refused, MingImage ----------------------------------------------
+    # New families: Qwen-Image 2.1 merged, MingImage -----------------------------------------------
     def tiny_config_patcher(config: Any) -> Any:
         return ch._patcher(config, 0)
 
     def qwen_image21() -> dict[str, Any]:
+        """Text to image and an edit with one reference latent of another size (ReferenceLatent's
+        conds): the sampled output unmerged (its prefix cache off, as any block hook turns it
+        off) and with ToMA, and the sequence each block got under ToMA (a replace patch ToMA
+        wraps)."""
         if not hasattr(comfy.supported_models, "QwenImage21"):
             return {"present": False}
         config = comfy.supported_models.QwenImage21({
             "image_model": "qwen_image21", "in_channels": 64, "out_channels": 64,
             "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 4,
             "context_in_dim": 32, "mlp_ratio": 3, "axes_dims_rope": (4, 6, 6)})
-        model = tiny_config_patcher(config)
-        try:
-            patch_model(model, 0.5, 0, "", 5)
-        except ValueError as error:
-            return {"present": True, "refused": True, "message": str(error)}
-        return {"present": True, "refused": False}
+        base = tiny_config_patcher(config)
+        base.model_options.setdefault("transformer_options", {})["qwen_image21_cache"] = {
+            "device": "off"}
+        latent = torch.zeros(1, 64, 8, 10)
+        found: dict[str, Any] = {"present": True}
+        for case, extra in (("t2i", {}),
+                            ("edit", {"reference_latents": [ch._randn(1, 64, 6, 6, seed=4)]})):
+            positive = [[ch._randn(1, 7, 32, seed=0), {"pooled_output": None, **extra}]]
+            negative = [[ch._randn(1, 7, 32, seed=100), {"pooled_output": None, **extra}]]
+            reference = ch.sample(base, latent, positive, negative, steps=2)
+            model, inner, outer = base.clone(), [], []
+            for i in range(2):
+                def seen(args, extra_args, inner=inner):
+                    inner.append(args["img"].clone())
+                    return extra_args["original_block"](args)
+                model.set_model_patch_replace(seen, "dit", "single_block", i)
+            try:
+                patched = toma(model)
+            except ValueError as error:
+                return {"present": True, "refused": True, "message": str(error)}
+            replace = patched.model_options["transformer_options"]["patches_replace"]["dit"]
+            for i in range(2):
+                def given(args, extra_args, wrapped=replace[("single_block", i)], outer=outer):
+                    outer.append(args["img"].clone())
+                    return wrapped(args, extra_args)
+                patched.set_model_patch_replace(given, "dit", "single_block", i)
+            stats.clear()
+            out = ch.sample(patched, latent, positive, negative, steps=2)
+            prefix = 7 + 36 * bool(extra)
+            found[case] = {"finite": bool(torch.isfinite(out).all()),
+                           "rel_err": float((out - reference).norm() / reference.norm()),
+                           "layers_merged": stats[-1]["layers_merged"],
+                           "lengths": [a.shape[1] for a in inner],
+                           "prefix_kept": all(torch.equal(a[:, :prefix], b[:, :prefix])
+                                              for a, b in zip(inner, outer, strict=True))}
+        return {**found, "refused": False}
 
     def ming_image() -> dict[str, Any]:
         if not hasattr(comfy.supported_models, "MingImage"):
@@ -528,13 +562,22 @@ def test_block_sparse_attention_beside_toma_on_minimax_h3(canary):
     assert "replaced ToMA's patch of 2 MiniMax H3 blocks" in found["toma_then_bsa"]["note"]
 
 
-def test_qwen_image21_is_refused_with_its_name(canary):
+def test_qwen_image21_merges(canary):
+    """Qwen-Image 2.1's image merges in both its blocks, text to image and edit: each block
+    gets the text (7 tokens) and the reference's 6 x 6 tokens whole and as ToMA was handed
+    them, and half the image's 8 x 10 (ratio 0.5: 40 of 80 tokens); the sample stays near the
+    unmerged one."""
     found = _case(canary, "qwen_image21")
     assert found["present"] == canary["tree"]["qwen_image21"]
-    if found["present"]:
-        assert found["refused"]
-        assert "QwenImage21Transformer2DModel" in found["message"]
-        assert "supported: SDXL" in found["message"]
+    if not found["present"]:
+        return
+    assert not found["refused"], found
+    for case, prefix in (("t2i", 7), ("edit", 7 + 36)):
+        run = found[case]
+        assert run["finite"] and run["layers_merged"] == 2
+        assert set(run["lengths"]) == {prefix + 40}, run["lengths"]
+        assert run["prefix_kept"]
+        assert run["rel_err"] < 0.19, run["rel_err"]     # 0.127, 0.123 (canary-0.38)
 
 
 def test_ming_image_never_crashes(canary):

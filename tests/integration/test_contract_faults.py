@@ -37,7 +37,7 @@ SECONDS = 600
 MERGING = ("sdxl", "flux", "chroma", "wan21_i2v", "wan_vace", "wan_camera", "wan_animate",
            "hunyuan_video", "hunyuan_image", "qwen_image", "sd3", "lumina2", "ltxv", "ltx2",
            "hidream", "hidream_o1", "kandinsky5", "mage_flow", "anima", "wan_scail2", "boogu",
-           "ideogram4")
+           "ideogram4", "omnigen2", "lens", "wan_dancer", "joyimage")
 
 
 def contracts_here():
@@ -147,7 +147,7 @@ def block_faults(blocks: dict, combos: list, tree: Path) -> list[tuple[dict, tup
                 item = parameters[0]
                 out.append(({"file": file, "qualname": f"{qualname}.forward",
                              "op": "rename_names", "arg": item},
-                            ("block", cls_path, path, item), key(contract, model)))
+                            ("block", cls_path, item), key(contract, model)))
     return out
 
 
@@ -159,7 +159,7 @@ def signatures(contract, model, blocks: dict, tree: Path, version: str) -> set[t
             out |= {signature for _, signature in faults_of(need, tree)}
     for path, parameters in contract.blocks.items():
         for cls_path in blocks.get(model, {}).get(path, ()):
-            out |= {("block", cls_path, path, p) for p in parameters}
+            out |= {("block", cls_path, p) for p in parameters}   # any list holding it
     return out
 
 

@@ -49,7 +49,7 @@ RATIO = 0.5
 PROTECTED_FRAMES = {"wan21_i2v": 1, "wan22_14b_i2v": 1, "wan22_5b_i2v": 1,
                     "hunyuan_video_i2v_v2": 1, "ltxv_i2v": 1, "ltx2_i2v": 1, "wan_vace_ref": 1,
                     "kandinsky5_i2v": 1, "wan_camera_i2v": 1, "wan22_camera_i2v": 1,
-                    "wan_animate": 1, "wan_animate_continue": 2}
+                    "wan_animate": 1, "wan_animate_continue": 2, "wan_dancer": 1}
 SUFFIX_FRAMES = {"ltxv_guide": 1}
 # Tokens in front of the latent's grid, in frames' worth, that never merge (Wan Fun's reference
 # image through ref_conv: one frame of tokens; SCAIL's reference frame in front in time).
@@ -60,7 +60,7 @@ NAMES = list(FAMILIES)
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
                    "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat",
-                   "mage_flow", "anima", "boogu", "ideogram4"):
+                   "mage_flow", "anima", "boogu", "ideogram4", "omnigen2", "lens", "joyimage"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -128,13 +128,13 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
         return TEXT_TOKENS, TEXT_TOKENS
     if g == "ideogram4":         # [text (none without a context); image]
         return args["x"].shape[1] - frame_tokens, args["x"].shape[1] - frame_tokens
-    if g == "boogu":             # double: image stream [references; image], text apart;
-        if kind == "joint":      # single: [text; references; image]
-            references = args["img_hidden_states"].shape[1] - frame_tokens
-            return references, TEXT_TOKENS + references
+    if kind == "joint":          # Boogu's double: image stream [references; image], text apart
+        references = args["img_hidden_states"].shape[1] - frame_tokens
+        return references, TEXT_TOKENS + references
+    if kind == "omnigen":        # OmniGen2's blocks (Boogu's single): [text; references; image]
         return args["hidden_states"].shape[1] - frame_tokens, args["hidden_states"].shape[1] \
             - frame_tokens
-    return protected, protected                                 # Wan, SD3, LTX, HiDream
+    return protected, protected           # Wan, SD3, LTX, HiDream, Lens, JoyImage
 
 
 # Recording patches ------------------------------------------------------------------------------
@@ -172,6 +172,8 @@ class Recorder:
             blocks = [ANIMA_BLOCKS]
         if type(dm).__name__ == BOOGU_MODEL:
             blocks = list(BOOGU_BLOCKS)
+        if type(dm).__name__ == OMNIGEN2_MODEL:
+            blocks = [OMNIGEN2_BLOCKS]
         for kind, attr in blocks:                   # Lumina 2 / Z-Image, HiDream, Kandinsky 5
             for i, layer in enumerate(getattr(dm, attr)):
                 key = f"diffusion_model.{attr}.{i}.forward"
@@ -236,6 +238,8 @@ ANIMA_BLOCKS = ("cosmos", "blocks")
 # Boogu-Image's double-stream (joint) and single-stream (OmniGen2's) blocks
 BOOGU_MODEL = "BooguTransformer2DModel"
 BOOGU_BLOCKS = (("joint", "double_stream_layers"), ("omnigen", "single_stream_layers"))
+OMNIGEN2_MODEL = "OmniGen2Transformer2DModel"
+OMNIGEN2_BLOCKS = ("omnigen", "layers")
 
 
 def stream_name(name: str, kind: str) -> str:
@@ -255,7 +259,7 @@ PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "block": ("freqs",),
 # Arguments holding positional rows over the stream alone (Boogu's image self-attention).
 STREAM_PE = {"joint": ("img_rotary_emb",)}
 # Attention masks over the block's sequence [B, 1, L, L] (Ideogram 4's text padding segment).
-MASK = {"ideogram4_padded": "attn_mask"}
+MASK = {"ideogram4_padded": "attn_mask", "lens_padded": "attn_mask"}
 # The separate text stream of two-stream blocks: it reaches the block as it came.
 TEXT = {"hidream": "text_tokens", "boogu": "instruct_hidden_states"}
 # Arguments holding modulation rows spread evenly over the stream (ComfyUI's repeat_e and
@@ -304,7 +308,7 @@ EXPECTED_REGIONS = {
     (2, 3, 5, 2): ((2,), (3,), (5,)), (3, 7, 9, 2): ((3,), (7,), (5, 4)),
     (1, 7, 9, 1): ((1,), (7,), (9,)), (2, 7, 9, 2): ((2,), (7,), (5, 4)),
     (2, 7, 9, 1): ((1, 1), (7,), (9,)), (2, 4, 5, 2): ((2,), (4,), (5,)),
-    (1, 3, 5, 1): ((1,), (3,), (5,)),
+    (1, 3, 5, 1): ((1,), (3,), (5,)), (2, 4, 6, 2): ((2,), (4,), (6,)),
 }
 
 
@@ -444,12 +448,14 @@ def check_merged_blocks(name: str, base, x, inner_rec: Recorder, outer_rec: Reco
         for key in ROWS.get(name, ROWS.get(group(name), ())):
             assert_token_rows(a[key], b[key], got.shape[1], given.shape[1], plan, offset)
         if name in MASK:                  # each item's mask at its merged sequence's positions
-            positions = plan.position_rows(given.shape[1], offset)
-            mask_in, mask_out = a[MASK[name]], b[MASK[name]]
-            assert mask_out.shape[-1] == given.shape[1] and bool((mask_out != 0).any())
-            for item in range(plan.items):
-                rows = positions[item]
-                assert torch.equal(mask_in[item], mask_out[item][:, rows][:, :, rows])
+            mask_in, mask_out = a[MASK[name]], b[MASK[name]]      # over the attended tokens
+            attended = given.shape[1] + (txt_len if torch.is_tensor(b.get("txt")) else 0)
+            assert mask_out.shape[-1] == attended and bool((mask_out != 0).any())
+            positions = plan.position_rows(attended, seq_start)
+            for item in range(plan.items):          # [1, L, L], or over the keys [1, 1, L]
+                full = mask_out[item][..., positions[item]]
+                full = full[..., positions[item], :] if full.shape[-2] > 1 else full
+                assert torch.equal(mask_in[item], full)
         sequences = [(key, seq_start) for key in PE.get(kind, PE.get(group(name), ("pe",)))]
         sequences += [(key, offset) for key in STREAM_PE.get(kind, ())]
         for pe_key, start in sequences:       # each argument's rows over its own sequence
@@ -567,6 +573,13 @@ UPDATE_ERROR = {
     "boogu_edit": 0.75,   # 0.501 (v0.33.0)
     "ideogram4": 1.14,   # 0.760 (v0.33.0)
     "ideogram4_padded": 1.13,   # 0.755 (v0.33.0)
+    "omnigen2": 1.07,   # 0.715 (v0.33.0)
+    "omnigen2_edit": 0.77,   # 0.512 (v0.33.0)
+    "joyimage": 1.01,   # 0.673 (v0.33.0)
+    "joyimage_edit": 0.66,   # 0.438 (v0.33.0)
+    "wan_dancer": 0.33,   # 0.222 (v0.33.0)
+    "lens": 1.23,   # 0.820 (v0.33.0)
+    "lens_padded": 1.23,   # 0.820 (v0.33.0)
 }
 
 
@@ -1252,3 +1265,27 @@ def test_wan_bernini_context_never_merges():
         rows = a["pe"][:, m:]                                     # one set per batch item
         assert torch.equal(rows, b["pe"][:, n:].expand_as(rows))  # with its RoPE rows
         assert torch.equal(b_out[:, n:], a_out[:, m:])            # and back as put out
+
+
+def test_newbie_pooled_text_merges():
+    """NewBie (Lumina 2's NextDiT with a pooled text input, clip_text_dim: ComfyUI 0.8 and
+    later) merges as Lumina 2 does: its pooled text (CLIPTextEncode's pooled_output) only joins
+    the timestep's modulation, one row for every token. The merged blocks follow the plan and
+    their updates stay as close to the unmerged ones as Lumina 2's; the pooled text reaches the
+    model (the sample differs without it)."""
+    import comfy.ldm.lumina.model as lumina
+
+    if "clip_text_dim" not in inspect.signature(lumina.NextDiT.__init__).parameters:
+        assert ch.comfy_version() < (0, 8)
+        return
+    name = "lumina2"
+    (batch, *_), _ = sample_args(name)
+    base = tiny_patcher(name, clip_text_dim=tiny_models.POOLED_DIM)
+    pooled = torch.randn(batch, tiny_models.POOLED_DIM, generator=torch.Generator().manual_seed(5))
+    run = recorded_run(name, extra={"pooled_output": pooled}, base=base)
+    check_merged_blocks(name, *run)
+    assert worst_update_error(name, *run) <= UPDATE_ERROR[name]
+    x = run[1]
+    for cond in (x.positive, x.negative):
+        cond[0][1]["pooled_output"] = None
+    assert not torch.equal(run[-1], recorded_run(name, base=base, x=x)[-1])

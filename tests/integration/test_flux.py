@@ -809,3 +809,39 @@ def test_chroma_merges_on_every_version():
     full, short = text + h * w, text + expected_merged(h, w, RATIO)
     assert lengths == [full, short, short, short] * 2      # d0 skipped; 2 steps, CFG batched
     assert rel_err(out, base) > 0.08                       # measured 0.164
+
+
+def test_uso_style_tokens_in_front_of_the_text_never_merge(flux):
+    """Flux.1 USO: USOStyleReference's post-input patch (ComfyUI's UsoStyleProjectorPatch, its
+    projector a fixed stand-in here) puts style tokens in front of the text before the blocks.
+    ToMA reads the text's length from the double blocks' txt, so every merged single block gets
+    the style and text tokens whole and as they came, then the merged image."""
+    ch.comfy_top_level_nodes()
+    from comfy_extras.nodes_model_patch import UsoStyleProjectorPatch
+
+    style_tokens = 4
+    width = flux.model.diffusion_model.hidden_size
+    style = torch.randn(1, style_tokens, width, generator=torch.Generator().manual_seed(7))
+    projector = type("Projector", (), {"model": staticmethod(lambda image: style)})()
+
+    class StandIn(UsoStyleProjectorPatch):
+        def models(self):      # the stand-in projector is no ModelPatcher to load
+            return []
+
+    model = flux.clone()
+    model.set_model_post_input_patch(StandIn(projector, torch.zeros(3, 1, 2, 8)))
+    inner, outer = Recorder(), Recorder()
+    inner.install(model)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks=SKIP))
+    outer.install(toma)
+    positive, negative = flux_conds()
+    sample(toma, LATENT, positive, negative, steps=1, cfg=1.0)
+    h, w = grid_of(*LATENT)
+    text = style_tokens + TEXT_TOKENS
+    singles = [(a, b) for (kind, i, a), (_, _, b) in zip(inner.calls, outer.calls, strict=True)
+               if (kind, i) in MERGED and kind == "single"]
+    assert singles
+    for a, b in singles:
+        assert b["img"].shape[1] == text + h * w
+        assert a["img"].shape[1] == text + expected_merged(h, w, RATIO)
+        assert torch.equal(a["img"][:, :text], b["img"][:, :text])

@@ -94,7 +94,8 @@ SYNC_FAMILIES = ["wan21_t2v", "wan22_5b", "wan22_5b_i2v", "qwen_image", "qwen_im
                  "flux2_timestep_zero", "krea2", "krea2_reference", "longcat_image",
                  "longcat_image_edit", "chroma_radiance", "mage_flow", "mage_flow_edit", "anima",
                  "wan_scail", "wan_scail2", "boogu", "boogu_edit", "ideogram4",
-                 "ideogram4_padded"]
+                 "ideogram4_padded", "omnigen2", "omnigen2_edit", "lens", "lens_padded",
+                 "wan_dancer", "joyimage", "joyimage_edit"]
 
 
 def assert_no_syncs(plain: OpCounter, toma: OpCounter, dropped: tuple[str, ...] = ()) -> None:

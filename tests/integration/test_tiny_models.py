@@ -49,13 +49,15 @@ ODD_IMAGE = (2, 7, 9, 1)
 # count its 32-pixel patches: its tiny family's `scale`.)
 EVEN_VIDEO = (2, 6, 10, 3)
 EVEN_IMAGE = (2, 6, 10, 1)
+# WanDancer's music injector splits each frame's tokens into 8 equal parts: 4x6 tokens a frame.
+DANCER_VIDEO = (2, 8, 12, 3)
 SIZES = {"hunyuan_video": EVEN_VIDEO, "hunyuan_video_i2v": EVEN_VIDEO,
          "hunyuan_video_i2v_v2": EVEN_VIDEO, "wan_vace": EVEN_VIDEO, "wan_vace_ref": EVEN_VIDEO,
          "wan_vace2": EVEN_VIDEO, "wan22_fun_control": EVEN_VIDEO,
          "kandinsky5": EVEN_VIDEO, "kandinsky5_i2v": EVEN_VIDEO, "kandinsky5_image": EVEN_IMAGE,
          "wan_camera": EVEN_VIDEO, "wan_camera_i2v": EVEN_VIDEO, "wan22_camera_i2v": EVEN_VIDEO,
          "wan_animate": EVEN_VIDEO, "wan_animate_continue": EVEN_VIDEO,
-         "wan_scail": EVEN_VIDEO, "wan_scail2": EVEN_VIDEO}
+         "wan_scail": EVEN_VIDEO, "wan_scail2": EVEN_VIDEO, "wan_dancer": DANCER_VIDEO}
 
 
 def assert_absent(name: str) -> None:
@@ -165,7 +167,9 @@ DIT_ARGS = {"wan": _TWO_STREAM_ARGS, "kandinsky5": {}, "qwen": _TWO_STREAM_ARGS,
             "flux2": _FLUX_ARGS, "chroma": _FLUX_ARGS,
             "ltxv": _LTXV_ARGS, "ltx2": _LTX2_ARGS, "krea2": {},
             "longcat": _FLUX_ARGS, "mage_flow": _TWO_STREAM_ARGS, "anima": {}, "boogu": {},
-            "ideogram4": {}}
+            "ideogram4": {}, "omnigen2": {}, "joyimage": _TWO_STREAM_ARGS,
+            "lens": {"double_block": {"img", "txt", "vec", "pe", "attn_mask",
+                                      "transformer_options"}}}
 
 
 # Conditioning whose latent's tokens the family's stream holds after the image's (SCAIL's pose
@@ -187,10 +191,10 @@ def _group(name: str) -> str:
 
 
 def _pe_token_axis(name: str) -> int:
-    """Axis of the RoPE rows' token dimension: Wan, Kandinsky 5 [1, L, 1, ...] and Qwen-Image
-    before 0.8 [B, L, 1, ...], LTX [B, L, ...] (each tensor of its pair); Qwen-Image from 0.8,
-    HunyuanVideo, Flux 2, Chroma [B, 1, L, ...]."""
-    if _group(name) in ("wan", "ltxv", "ltx2", "kandinsky5") or (
+    """Axis of the RoPE rows' token dimension: Wan, Kandinsky 5, JoyImage [1, L, 1, ...] and
+    Qwen-Image before 0.8 [B, L, 1, ...], LTX [B, L, ...] (each tensor of its pair); Qwen-Image
+    from 0.8, HunyuanVideo, Flux 2, Chroma [B, 1, L, ...]."""
+    if _group(name) in ("wan", "ltxv", "ltx2", "kandinsky5", "joyimage") or (
             _group(name) == "qwen" and comfy_version() < (0, 8)):
         return 1
     return 2
@@ -248,7 +252,8 @@ def test_dit_replace_patches_see_the_documented_sequence(name: str) -> None:
     if appended is not None:                               # SCAIL: the pose video's tokens
         image += math.prod(token_grid(name, appended.shape))
     text = None
-    video_only = _group(name) in ("wan", "ltxv", "ltx2")   # the text is cross-attention only
+    # RoPE rows over the image only: the text is cross-attention (Wan, LTX) or has none (JoyImage)
+    video_only = _group(name) in ("wan", "ltxv", "ltx2", "joyimage")
     for kind, _, args in calls:
         assert set(args) == expected[kind], kind
         stream = args["img"]

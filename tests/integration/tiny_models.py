@@ -157,6 +157,29 @@ def _boogu() -> dict[str, Any]:
             "instruction_feat_dim": TEXT_DIM}
 
 
+def _omnigen2() -> dict[str, Any]:
+    """OmniGen2: Boogu-Image's widths without its double-stream stage."""
+    config = {**_boogu(), "image_model": "omnigen2", "text_feat_dim": TEXT_DIM}
+    del config["num_double_stream_layers"], config["instruction_feat_dim"]
+    return config
+
+
+def _lens() -> dict[str, Any]:
+    """Lens: its 128-channel latent (2x2 patches of 32 channels) at width 64, 4 heads of 16
+    (RoPE axes 4+6+6), 2 blocks; the text four encoder layers of TEXT_DIM / 4 side by side."""
+    return {"image_model": "lens", "in_channels": 128, "out_channels": 32, "num_layers": 2,
+            "attention_head_dim": 16, "num_attention_heads": 4, "enc_hidden_dim": TEXT_DIM // 4,
+            "axes_dims_rope": (4, 6, 6)}
+
+
+def _joyimage() -> dict[str, Any]:
+    """JoyImage: patch (1, 2, 2) over 16 channels, width 64 in 4 heads of 16 (RoPE 4+6+6 over
+    its config's real [16, 56, 56]: own_sizes), 2 double-stream blocks."""
+    return {"image_model": "joyimage", "patch_size": [1, 2, 2], "in_channels": 16,
+            "hidden_size": 64, "num_attention_heads": 4, "text_dim": TEXT_DIM, "num_layers": 2,
+            "rope_dim_list": [4, 6, 6], "theta": 256}
+
+
 def _ideogram4() -> dict[str, Any]:
     """Ideogram 4: the 128-channel latent one pixel a token (its 2x2 patches in the channels),
     width 64 in 4 heads of 16 (interleaved MRoPE sections 4+2+2, half the head as the real
@@ -609,6 +632,13 @@ def _wan21_i2v(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
                                                CLIP_VISION_DIM, batch, seed + 7)}
 
 
+def _wan_dancer(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """WanDancerVideo's conditioning: WanImageToVideo's (start image, concat_mask, CLIP vision)
+    and the music features [1, frames, 35] with their fps (WanDancerEncodeAudio's output)."""
+    return {**_wan21_i2v(batch, shape, seed), "audio_embed": _randn(1, 12, 35, seed=seed + 11),
+            "fps": 30}
+
+
 def _wan_concat(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
     """concat_latent_image [B, 16, T, H, W] with the start image in frame 0, zeros after;
     concat_mask [1, 1, T, H, W]: 0 on the start frame, 1 elsewhere (WanImageToVideo's)."""
@@ -650,6 +680,13 @@ def _padded_text_mask(batch: int, shape: tuple[int, ...], seed: int) -> dict[str
     mask = torch.ones(1, TEXT_TOKENS, dtype=torch.long)
     mask[:, -2:] = 0
     return {"attention_mask": mask}
+
+
+def _joyimage_edit(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+    """TextEncodeJoyImageEdit's conditioning: one reference latent [1, 16, 1, h, w] of another
+    size than the output (its tokens after the image's)."""
+    h, w = shape[-2], shape[-1]
+    return {"reference_latents": [_randn(1, 16, 1, h + 2, max(w - 2, 2), seed=seed + 9)]}
 
 
 def _hunyuan_i2v_concat(batch: int, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
@@ -766,6 +803,10 @@ _MAGE_FLOW = ("comfy.ldm.mage_flow.model", "MageFlowTransformer2DModel")
 _ANIMA = ("comfy.ldm.anima.model", "Anima")
 _BOOGU = ("comfy.ldm.boogu.model", "BooguTransformer2DModel")
 _IDEOGRAM4 = ("comfy.ldm.ideogram4.model", "Ideogram4Transformer2DModel")
+_OMNIGEN2 = ("comfy.ldm.omnigen.omnigen2", "OmniGen2Transformer2DModel")
+_LENS = ("comfy.ldm.lens.model", "LensTransformer2DModel")
+_DANCER = ("comfy.ldm.wan.model_wandancer", "WanDancerModel")
+_JOYIMAGE = ("comfy.ldm.joyimage.model", "JoyImageTransformer3DModel")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -924,6 +965,21 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("ideogram4", "Ideogram4", _ideogram4, _IDEOGRAM4, patch=(1, 1, 1), own_sizes=True),
     Family("ideogram4_padded", "Ideogram4", _ideogram4, _IDEOGRAM4, patch=(1, 1, 1),
            own_sizes=True, extra_conds=_padded_text_mask),
+    # OmniGen2 text-to-image, and editing one reference (ReferenceLatent's conds, its text mask)
+    Family("omnigen2", "Omnigen2", _omnigen2, _OMNIGEN2, extra_conds=_text_mask),
+    Family("omnigen2_edit", "Omnigen2", _omnigen2, _OMNIGEN2, extra_conds=_boogu_edit),
+    # Lens text-to-image, and with padding in the text (its key mask)
+    Family("lens", "Lens", _lens, _LENS, patch=(1, 1, 1)),
+    Family("lens_padded", "Lens", _lens, _LENS, patch=(1, 1, 1), extra_conds=_padded_text_mask),
+    # WanDancer image-to-video with music (its injector after both blocks)
+    Family("wan_dancer", "WAN22_WanDancer",
+           _wan(model_type="wandancer", in_dim=36, audio_inject_layers=[0, 1], music_dim=32,
+                music_heads=2, music_latent_dim=32), _DANCER, video=True,
+           extra_conds=_wan_dancer),
+    # JoyImage text-to-image, and editing one reference (TextEncodeJoyImageEdit's conds)
+    Family("joyimage", "JoyImage", _joyimage, _JOYIMAGE, frames_dim=True, own_sizes=True),
+    Family("joyimage_edit", "JoyImage", _joyimage, _JOYIMAGE, frames_dim=True, own_sizes=True,
+           extra_conds=_joyimage_edit),
 )}
 
 

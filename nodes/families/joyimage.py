@@ -1,0 +1,35 @@
+"""JoyImage (comfy/ldm/joyimage, ComfyUI 0.33 and later: JoyAI Image Edit): double-stream
+blocks with "dit" replace patches; the image stream is [image; reference latents]
+(TextEncodeJoyImageEdit's), the text apart, attention over [image stream; text] with RoPE rows
+over the image stream alone. The references and the text never merge; the RoPE rows follow the
+merged image; the modulation is one row for every token."""
+
+from __future__ import annotations
+
+from ..contracts import Contract, Hands, Sets
+from ..dit_families import BlockKind, Family, TextAt, describe_plain
+
+# the models of this family, as the node's error and the README name them
+MODELS = "JoyImage"
+
+# its RoPE rows cover the image stream only (the text's queries and keys get none)
+KINDS = (BlockKind("double_block", "double_blocks", "", TextAt.AFTER, pe=None,
+                   stream_pe=("pe",)),)
+
+JOYIMAGE = "comfy.ldm.joyimage.model:JoyImageTransformer3DModel"
+
+CONTRACT = Contract(
+    "JoyImage",
+    models={JOYIMAGE: (
+        Hands(JOYIMAGE, KINDS[0].key, KINDS[0].arguments),
+        Sets(f"{JOYIMAGE}.__init__", ("patch_size",), why="the size of its patches"),
+    )},
+    blocks={KINDS[0].modules: ()},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a JoyImage model (families.family_of checked it): the (t, h, w) grid of
+    latent x [B, C, T, H, W]."""
+    patch = tuple(int(p) for p in diffusion_model.patch_size)
+    return Family("joyimage", "JoyImage", KINDS, patch, describe_plain(patch))

@@ -1,0 +1,29 @@
+"""Lens (comfy/ldm/lens, ComfyUI 0.33 and later): double-stream blocks with "dit" replace
+patches, attention over [image; text]. The latent's channels hold its 2x2 patches, so a token
+is one latent pixel. The text never merges; the RoPE rows and the text's key mask (padding
+masked out) follow the merged image; the modulation is one row for every token."""
+
+from __future__ import annotations
+
+from ..contracts import Contract, Hands
+from ..dit_families import BlockKind, Family, TextAt, describe_plain
+
+# the models of this family, as the node's error and the README name them
+MODELS = "Lens"
+
+KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.AFTER, mask="attn_mask",
+                   mask_dims=(-1,)),)
+
+LENS = "comfy.ldm.lens.model:LensTransformer2DModel"
+
+CONTRACT = Contract(
+    "Lens",
+    models={LENS: (Hands(LENS, KINDS[0].key, KINDS[0].arguments),)},
+    blocks={KINDS[0].modules: ()},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a Lens model (families.family_of checked it): the (1, h, w) grid of latent
+    x [B, C, H, W], one token a latent pixel."""
+    return Family("lens", "Lens", KINDS, (1, 1, 1), describe_plain((1, 1, 1)))

@@ -1,0 +1,34 @@
+"""OmniGen2 (comfy/ldm/omnigen): Boogu-Image's single-stream blocks alone, on [text; edit
+references; image], which ComfyUI calls without replace patches: ToMA patches each block's
+forward. The text and the reference latents never merge (Boogu-Image's reading of a call);
+the RoPE rows follow the merged image. The refiners before these blocks run unmerged."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..contracts import Contract, Gives, Sets
+from ..dit_families import Family
+from . import boogu
+
+# the models of this family, as the node's error and the README name them
+MODELS = "OmniGen2"
+
+KINDS = (dataclasses.replace(boogu.KINDS[1], key="layer", modules="layers", letter=""),)
+
+OMNIGEN2 = "comfy.ldm.omnigen.omnigen2:OmniGen2Transformer2DModel"
+
+CONTRACT = Contract(
+    "OmniGen2",
+    models={OMNIGEN2: (Sets(f"{OMNIGEN2}.__init__", ("patch_size",),
+                            why="the size of its patches"),)},
+    needs=(Gives("comfy.model_base:Omnigen2.extra_conds", ("c_crossattn", "ref_latents"),
+                 what="conditioning"),),
+    blocks={KINDS[0].modules: (*KINDS[0].arguments, *KINDS[0].opaque)},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of an OmniGen2 model (families.family_of checked it)."""
+    return dataclasses.replace(boogu.family(diffusion_model), name="omnigen2",
+                               label="OmniGen2", kinds=KINDS)

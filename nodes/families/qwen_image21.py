@@ -1,0 +1,41 @@
+"""Qwen-Image 2.1 (comfy/ldm/qwen_image21, ComfyUI 0.35 and later): single-stream blocks with
+"dit" replace patches on [text, with the edit references' tokens spliced in; image], a token
+one latent pixel. The block's attention (`attn_fn`) runs segments fixed before the blocks: the
+text's causal ones and the references' end before the image, and the image's own, last and
+unmasked, takes the queries and keys up to the sequence's end, so a merged image is its whole
+segment. Its modulation rows split at `prefix_len`, which merging leaves in place. The text and
+the references never merge; the RoPE rows follow the merged image."""
+
+from __future__ import annotations
+
+import torch
+
+from ..contracts import Contract, Hands
+from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
+
+# the models of this family, as the node's error and the README name them
+MODELS = "Qwen-Image 2.1"
+
+KINDS = (BlockKind("single_block", "transformer_blocks", "", TextAt.STREAM_BEFORE, txt=None),)
+
+QWEN21 = "comfy.ldm.qwen_image21.model:QwenImage21Transformer2DModel"
+
+CONTRACT = Contract(
+    "Qwen-Image 2.1",
+    models={QWEN21: (Hands(QWEN21, KINDS[0].key, (*KINDS[0].arguments, "prefix_len")),)},
+    blocks={KINDS[0].modules: ()},
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a Qwen-Image 2.1 model (families.family_of checked it)."""
+
+    def describe(call, base_model, arguments: dict) -> None:
+        """The (1, h, w) grid of latent x [B, C, H, W] after the text (context c_crossattn)
+        and the reference latents' tokens (ref_latents, each [1, C, h, w])."""
+        set_grid(call, latent_grid(arguments.get("x"), (1, 1, 1)),
+                 prefix=sum(r.shape[-2] * r.shape[-1] for r in arguments.get("ref_latents") or ()))
+        context = arguments.get("c_crossattn")
+        call.txt_len = context.shape[1] if torch.is_tensor(context) else 0
+
+    return Family("qwen_image21", "Qwen-Image 2.1", KINDS, (1, 1, 1), describe)

@@ -1,0 +1,33 @@
+"""WanDancer (comfy/ldm/wan/model_wandancer, ComfyUI 0.33 and later): Wan 2.1's block loop and
+token layout (WanDancerVideo conditions it as WanImageToVideo does: the start frames the
+concatenated mask gives never merge), with music injected into the video's tokens between the
+blocks, where they are whole again. Read as Wan reads its models (families/wan.py); its
+blocks run unmerged under raylight's sequence parallelism, whose forward is Wan's own."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..contracts import Contract, Hands
+from ..dit_families import Family
+from . import wan
+
+# the models of this family, as the node's error and the README name them
+MODELS = "WanDancer"
+
+KINDS = tuple(dataclasses.replace(kind, shard=None) for kind in wan.KINDS)
+
+DANCER = "comfy.ldm.wan.model_wandancer:WanDancerModel"
+
+CONTRACT = Contract(
+    "WanDancer",
+    models={DANCER: (Hands(DANCER, KINDS[0].key, KINDS[0].arguments),)},
+    needs=wan.CONTRACT.needs,
+    blocks=wan.CONTRACT.blocks,
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of a WanDancer model (families.family_of checked it)."""
+    return dataclasses.replace(wan.family(diffusion_model), name="wan_dancer", label="WanDancer",
+                               kinds=KINDS)
