@@ -6,10 +6,9 @@ merged image; the modulation is one row for every token."""
 
 from __future__ import annotations
 
-from ..contracts import Contract, Hands, Sets
+from ..contracts import Contract, Sets
 from ..dit_families import BlockKind, Family, TextAt, describe_plain
 
-# the models of this family, as the node's error and the README name them
 MODELS = "JoyImage"
 
 # its RoPE rows cover the image stream only (the text's queries and keys get none)
@@ -21,10 +20,10 @@ JOYIMAGE = "comfy.ldm.joyimage.model:JoyImageTransformer3DModel"
 CONTRACT = Contract(
     "JoyImage",
     models={JOYIMAGE: (
-        Hands(JOYIMAGE, KINDS[0].key, KINDS[0].arguments),
         Sets(f"{JOYIMAGE}.__init__", ("patch_size",), why="the size of its patches"),
     )},
     blocks={KINDS[0].modules: ()},
+    kinds=KINDS,
 )
 
 

@@ -5,10 +5,9 @@ masked out) follow the merged image; the modulation is one row for every token."
 
 from __future__ import annotations
 
-from ..contracts import Contract, Hands
+from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt, describe_plain
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Lens"
 
 KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.AFTER, mask="attn_mask",
@@ -18,8 +17,9 @@ LENS = "comfy.ldm.lens.model:LensTransformer2DModel"
 
 CONTRACT = Contract(
     "Lens",
-    models={LENS: (Hands(LENS, KINDS[0].key, KINDS[0].arguments),)},
+    models={LENS: ()},
     blocks={KINDS[0].modules: ()},
+    kinds=KINDS,
 )
 
 

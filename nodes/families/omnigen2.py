@@ -11,7 +11,6 @@ from ..contracts import Contract, Gives, Sets
 from ..dit_families import Family
 from . import boogu
 
-# the models of this family, as the node's error and the README name them
 MODELS = "OmniGen2"
 
 KINDS = (dataclasses.replace(boogu.KINDS[1], key="layer", modules="layers", letter=""),)
@@ -24,7 +23,7 @@ CONTRACT = Contract(
                             why="the size of its patches"),)},
     needs=(Gives("comfy.model_base:Omnigen2.extra_conds", ("c_crossattn", "ref_latents"),
                  what="conditioning"),),
-    blocks={KINDS[0].modules: (*KINDS[0].arguments, *KINDS[0].opaque)},
+    kinds=KINDS,
 )
 
 

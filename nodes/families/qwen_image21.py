@@ -13,7 +13,6 @@ import torch
 from ..contracts import Contract, Hands
 from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
 
-# the models of this family, as the node's error and the README name them
 MODELS = "Qwen-Image 2.1"
 
 KINDS = (BlockKind("single_block", "transformer_blocks", "", TextAt.STREAM_BEFORE, txt=None),)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..contracts import Contract, Hands
+from ..contracts import Contract
 from ..dit_families import Family
 from . import wan
 
-# the models of this family, as the node's error and the README name them
 MODELS = "WanDancer"
 
 KINDS = tuple(dataclasses.replace(kind, shard=None) for kind in wan.KINDS)
@@ -21,9 +20,10 @@ DANCER = "comfy.ldm.wan.model_wandancer:WanDancerModel"
 
 CONTRACT = Contract(
     "WanDancer",
-    models={DANCER: (Hands(DANCER, KINDS[0].key, KINDS[0].arguments),)},
+    models={DANCER: ()},
     needs=wan.CONTRACT.needs,
     blocks=wan.CONTRACT.blocks,
+    kinds=KINDS,
 )
 
 
