@@ -454,6 +454,30 @@ def test_kernel_matches_the_reference(kernel, h: int, w: int, tiles: int, t: int
 
 
 @pytest.mark.filterwarnings(INTERPRETER_WARNING)
+@pytest.mark.parametrize(("h", "w", "tiles", "center", "dtype"),
+                         [(8, 8, 4, False, torch.float32), (7, 9, 4, True, torch.bfloat16)])
+def test_kernel_weighted_matches_the_reference(kernel, h: int, w: int, tiles: int, center: bool,
+                                               dtype: torch.dtype) -> None:
+    """weighted (coverage counted by squared norm) on tokens of norms from 0.1 to 10: the
+    kernel's picks and weights are the reference's, and the picks differ from the unweighted
+    ones (the weights reach the greedy)."""
+    regions = make_regions(h, w, "tile", tiles)
+    k, tables = regions.min_size // 2, regions.tables()
+    stream = _stream(2, regions.tokens, 40, seed=h * w, dtype=dtype)
+    scale = torch.logspace(-1, 1, regions.tokens)[torch.randperm(
+        regions.tokens, generator=torch.Generator().manual_seed(1))]
+    stream = (stream.float() * scale[:, None]).to(dtype)
+    args = (stream, 0, tables.slots, tables.valid, k, 5.0, center, dtype)
+    got = kernel.plan_weights(*args, weighted=True)
+    ref = plan_op.plan_weights_reference(*args, weighted=True)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    tol = KERNEL_TOL if dtype == torch.float32 else BF16_TOL
+    assert float((got[2].float() - ref[2].float()).abs().max()) <= tol
+    assert float((got[3].float() - ref[3].float()).abs().max()) <= tol
+    assert not torch.equal(ref[0], plan_op.plan_weights_reference(*args)[0])
+
+
+@pytest.mark.filterwarnings(INTERPRETER_WARNING)
 def test_kernel_ties_and_pads(kernel) -> None:
     """Identical tokens in ragged regions: the kernel too picks the lowest real slots in order
     and gives the reference's weights."""
