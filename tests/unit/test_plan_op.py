@@ -279,7 +279,8 @@ def test_the_operator_is_registered() -> None:
     assert plan_op.OP_NAME == "comfy_toma::plan_weights"
     assert plan_op._OP is torch.ops.comfy_toma.plan_weights
     names = [a.name for a in op._schema.arguments]
-    assert names == ["stream", "offset", "slots", "valid", "k", "tau", "center", "dtype"]
+    assert names == ["stream", "offset", "slots", "valid", "k", "tau", "center", "dtype",
+                     "weighted"]
     assert len(op._schema.returns) == 4
     args = _op_args(make_regions(15, 22, "tile", 16), 5, torch.float32, True)
     for a, b in zip(op(*args), plan_op.plan_weights_reference(*args), strict=True):
@@ -292,10 +293,10 @@ def test_the_operator_is_registered() -> None:
 def test_opcheck(h: int, w: int, dtype: torch.dtype, center: bool) -> None:
     """torch.library.opcheck: schema, fake implementation (shapes, dtypes and strides of every
     output equal the real kernel's), autograd registration, AOT dispatch. Even regions pass
-    valid None."""
+    valid None; the centered case is also weighted."""
     regions = make_regions(h, w, "tile", 16)
     assert regions.even == (h == 16)
-    args = _op_args(regions, regions.min_size // 2, dtype, center)
+    args = (*_op_args(regions, regions.min_size // 2, dtype, center), center)   # weighted
     result = torch.library.opcheck(torch.ops.comfy_toma.plan_weights.default, args)
     assert set(result.values()) == {"SUCCESS"}, result
 
