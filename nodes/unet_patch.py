@@ -61,6 +61,10 @@ MIN_TOKENS = 16
 # on a real trained UNet and on the SDXL-proportioned fixture (docs/quality.md, the real-model
 # section).
 SIZE_WEIGHTED = True
+# Destinations by facility location with each token's coverage weighted by its squared norm:
+# tokens that stand out in norm (a trained UNet's attention sinks) stay unmerged (the same
+# section of docs/quality.md).
+NORM_WEIGHTED = True
 # On ToMA's block forwards: the UNetToMA they belong to (a block hands its grid on in region
 # order only to a forward of its own node).
 OWNER = "_toma_unet"
@@ -205,7 +209,7 @@ class UNetToMA:
             tiles = o.tile_count or max(1, round(h * w / TOKENS_PER_TILE))
             regions = make_regions(h, w, o.region, tiles)
             return build_plan(features(), h, w, o.ratio, regions=regions, tau=o.tau,
-                              unmerge=o.unmerge, batch=o.batch_policy,
+                              unmerge=o.unmerge, batch=o.batch_policy, weighted=NORM_WEIGHTED,
                               tables=call.tables(regions, x.device))
 
         plan = call.plan(("unet", h, w, x.shape[0], call.pass_of(layer)), build)

@@ -31,11 +31,13 @@ def gram_similarity(x: torch.Tensor, valid: torch.Tensor | None = None,
     return sim
 
 
-def greedy_facility_location(sim: torch.Tensor, k: int,
-                             valid: torch.Tensor | None = None) -> torch.Tensor:
+def greedy_facility_location(sim: torch.Tensor, k: int, valid: torch.Tensor | None = None,
+                             weight: torch.Tensor | None = None) -> torch.Tensor:
     """Pick k destinations per region greedily.
 
-    sim [..., S, S] cosine similarity (see `gram_similarity`); valid [R, S] or None.
+    sim [..., S, S] cosine similarity (see `gram_similarity`); valid [R, S] or None; weight
+    [..., S] (non-negative) or None: how much covering each token counts, f(D) = sum_j weight_j
+    max_{d in D} (sim(j, d) + 1), still monotone submodular.
     Returns picks [..., k] (slot indices, distinct within a region, in pick order).
     Ties go to the lowest slot index, so the result is deterministic. k must not exceed the
     valid slots of the smallest region (the caller knows it from the partition; checking it
@@ -53,7 +55,8 @@ def greedy_facility_location(sim: torch.Tensor, k: int,
     picks = []
     for _ in range(k):
         # gain(v) = sum_j relu(shifted[v, j] - cover[j]), into one reused [..., S, S] buffer.
-        gain = torch.sub(shifted, cover.unsqueeze(-2), out=buf).clamp_min_(0).sum(-1)
+        gain = torch.sub(shifted, cover.unsqueeze(-2), out=buf).clamp_min_(0)
+        gain = (gain if weight is None else gain.mul_(weight.unsqueeze(-2))).sum(-1)
         pick = gain.masked_fill_(blocked, -1.0).argmax(-1, keepdim=True)   # [..., 1]
         row = shifted.gather(-2, pick.unsqueeze(-1).expand(*pick.shape, s)).squeeze(-2)
         torch.maximum(cover, row, out=cover)

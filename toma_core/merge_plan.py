@@ -298,13 +298,14 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
                unmerge: UnmergeMethod = "transpose", batch: BatchPolicy = "per_item",
                regions: Regions | SpanRegions | None = None,
                tables: RegionTables | None = None,
-               offset: int = 0, center: bool = False,
+               offset: int = 0, center: bool = False, weighted: bool = False,
                dtype: torch.dtype | None = None) -> MergePlan | None:
     """Plan merging for the grid in features [B, L, C]: N = h * w tokens from row `offset`
     (a plain grid: L = N, offset 0); `regions` (e.g. video boxes, see make_regions) replaces
     mode / tile_count and must hold N tokens; `tables` are its index tensors on this device
     when the caller keeps them. center: similarity of the features minus their mean (that of
-    layer-normed features). Weights are made in `dtype` (default: the features').
+    layer-normed features). weighted: facility location counts each token's coverage by its
+    squared feature norm (plan_op). Weights are made in `dtype` (default: the features').
 
     ratio: fraction of grid tokens merged away, in [0, 1). Returns None when nothing would merge
     (ratio 0, or regions too small to drop a token): callers then skip merging entirely.
@@ -332,11 +333,11 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
     if ragged:
         picks, dest, merge_w, unmerge_w = plan_weights_reference(
             source, offset, tables.slots, tables.valid, k, tau, center, weight_dtype,
-            tables.dest_valid)
+            tables.dest_valid, weighted)
         dest = dest.index_select(1, tables.compact)
     else:
         picks, dest, merge_w, unmerge_w = plan_weights(
-            source, offset, tables.slots, tables.valid, k, tau, center, weight_dtype)
+            source, offset, tables.slots, tables.valid, k, tau, center, weight_dtype, weighted)
     assignment = None
     if unmerge == "pinv":     # P^T kept for key_sizes, which the pseudo-inverse no longer is
         assignment = unmerge_w

@@ -1,12 +1,14 @@
 """A plan's destinations and weights for every region at once, as one operator.
 
     picks, dest, merge_w, unmerge_w = plan_weights(stream, offset, slots, valid, k, tau, center,
-                                                   dtype)
+                                                   dtype, weighted)
 
 stream [B, L, C]: the grid's tokens are rows offset + slots[r, s] ([R, S], pad slots marked False
 in valid [R, S], or valid None). For each region: cosine similarity of its tokens' features in
 float32 (center: features minus their mean over C first, which gives the cosine similarity of
-layer-normed features), k destinations by greedy facility location, P = softmax over
+layer-normed features), k destinations by greedy facility location (weighted: each token's
+coverage counted by its squared feature norm, so that tokens standing out in norm, such as the
+attention sinks of trained models, stay their own destinations rather than merged), P = softmax over
 destinations of tau * cos(dest, token) with each destination its own only source, then
     merge_w   = P row-normalised   [B*R, k, S]
     unmerge_w = P^T                [B*R, S, k]
@@ -40,8 +42,8 @@ PlanTensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tensor,
                            valid: torch.Tensor | None, k: int, tau: float, center: bool,
-                           dtype: torch.dtype, dest_valid: torch.Tensor | None = None
-                           ) -> PlanTensors:
+                           dtype: torch.dtype, dest_valid: torch.Tensor | None = None,
+                           weighted: bool = False) -> PlanTensors:
     """The operator in plain torch ops (shapes in the module docstring).
 
     dest_valid [R, k]: regions keep unequal numbers of destinations, dest_valid[r].sum() each
@@ -55,7 +57,8 @@ def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tenso
     if center:
         x = x - x.mean(-1, keepdim=True)
     sim = gram_similarity(x, valid)                                    # [B, R, S, S]
-    picks = greedy_facility_location(sim, k, valid)                    # [B, R, k]
+    weight = x.square().sum(-1) if weighted else None                  # [B, R, S]
+    picks = greedy_facility_location(sim, k, valid, weight)            # [B, R, k]
     p = assignment(sim, picks, tau, valid, dest_valid)                 # [B, R, k, S]
     total = p.sum(-1, keepdim=True)
     if dest_valid is not None:
@@ -129,16 +132,18 @@ def _empty_like_outputs(stream: torch.Tensor, slots: torch.Tensor, k: int,
 
 def _cuda_kernel(stream: torch.Tensor, offset: int, slots: torch.Tensor,
                  valid: torch.Tensor | None, k: int, tau: float, center: bool,
-                 dtype: torch.dtype) -> PlanTensors:
+                 dtype: torch.dtype, weighted: bool = False) -> PlanTensors:
     """CUDA: the Triton kernel where it applies, else the reference ops."""
     from . import triton_plan
 
     if triton_plan.applies(slots.shape[1], k, tau):
         try:
-            return triton_plan.plan_weights(stream, offset, slots, valid, k, tau, center, dtype)
+            return triton_plan.plan_weights(stream, offset, slots, valid, k, tau, center, dtype,
+                                            weighted)
         except Exception as exc:  # a Triton that cannot build the kernel here: stay correct
             triton_plan.disable(exc)
-    return plan_weights_reference(stream, offset, slots, valid, k, tau, center, dtype)
+    return plan_weights_reference(stream, offset, slots, valid, k, tau, center, dtype,
+                                  weighted=weighted)
 
 
 def _register():
@@ -153,10 +158,12 @@ def _register():
 
     @torch.library.custom_op(OP_NAME, mutates_args=())
     def op(stream: torch.Tensor, offset: int, slots: torch.Tensor, valid: torch.Tensor | None,
-           k: int, tau: float, center: bool, dtype: torch.dtype) -> PlanTensors:
-        return plan_weights_reference(stream, offset, slots, valid, k, tau, center, dtype)
+           k: int, tau: float, center: bool, dtype: torch.dtype,
+           weighted: bool = False) -> PlanTensors:
+        return plan_weights_reference(stream, offset, slots, valid, k, tau, center, dtype,
+                                      weighted=weighted)
 
-    op.register_fake(lambda stream, offset, slots, valid, k, tau, center, dtype:
+    op.register_fake(lambda stream, offset, slots, valid, k, tau, center, dtype, weighted=False:
                      _empty_like_outputs(stream, slots, k, dtype))
     op.register_kernel("cuda")(_cuda_kernel)
     return getattr(getattr(torch.ops, namespace), name)
@@ -167,12 +174,13 @@ _OP = _register()
 
 def plan_weights(stream: torch.Tensor, offset: int, slots: torch.Tensor,
                  valid: torch.Tensor | None, k: int, tau: float, center: bool = False,
-                 dtype: torch.dtype | None = None) -> PlanTensors:
+                 dtype: torch.dtype | None = None, weighted: bool = False) -> PlanTensors:
     """(picks, dest, merge_w, unmerge_w) for the grid in `stream` (module docstring)."""
     dtype = stream.dtype if dtype is None else dtype
     if _OP is None:
         if stream.is_cuda:
-            return _cuda_kernel(stream, offset, slots, valid, k, tau, center, dtype)
-        return plan_weights_reference(stream, offset, slots, valid, k, tau, center, dtype)
-    return _OP(stream, offset, slots, valid, k, float(tau), center, dtype)
+            return _cuda_kernel(stream, offset, slots, valid, k, tau, center, dtype, weighted)
+        return plan_weights_reference(stream, offset, slots, valid, k, tau, center, dtype,
+                                      weighted=weighted)
+    return _OP(stream, offset, slots, valid, k, float(tau), center, dtype, weighted)
 

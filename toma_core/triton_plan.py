@@ -3,8 +3,9 @@
 A program loads its region's S tokens (gathered through the slot table, so no region-layout copy
 is made), accumulates their float32 Gram matrix over the channels (tl.dot in IEEE float32: the
 similarity must be float32, and TF32 would round it to 10 bits), scales it into cosine
-similarity, runs the k greedy facility-location picks in registers and writes the softmax
-assignment as the merge weights (row-normalised) and the unmerge weights (its transpose) in the
+similarity, runs the k greedy facility-location picks in registers (each token's coverage
+weighted by its squared norm, the Gram diagonal, where asked) and writes the softmax assignment
+as the merge weights (row-normalised) and the unmerge weights (its transpose) in the
 activations' dtype. Same steps, order and tie-breaking (lowest slot) as
 `plan_op.plan_weights_reference`; tests run it under TRITON_INTERPRET=1 against the reference.
 
@@ -67,7 +68,7 @@ def _kernel():
     def plan_kernel(x_ptr, slots_ptr, valid_ptr, picks_ptr, dest_ptr, m_ptr, u_ptr,
                     offset, n_regions, n_slots, n_channels, k, tau,
                     stride_b, stride_l, stride_c,
-                    has_valid: tl.constexpr, center_rows: tl.constexpr,
+                    has_valid: tl.constexpr, center_rows: tl.constexpr, weighted: tl.constexpr,
                     s_pad: tl.constexpr, k_pad: tl.constexpr, block: tl.constexpr):
         pid = tl.program_id(0)                      # item * R + region
         item = pid // n_regions
@@ -104,6 +105,9 @@ def _kernel():
         pair = ok[:, None] & ok[None, :]
         sim = tl.where(pair, sim, -1.0)
         shifted = sim + 1.0
+        weight = tl.full((s_pad,), 1.0, tl.float32)
+        if weighted:
+            weight = sq
 
         kk = tl.arange(0, k_pad)
         cover = tl.zeros((s_pad,), dtype=tl.float32)
@@ -111,7 +115,7 @@ def _kernel():
         picks = tl.zeros((k_pad,), dtype=tl.int32)
         scores = tl.zeros((k_pad, s_pad), dtype=tl.float32)
         for i in range(k):
-            gain = tl.sum(tl.maximum(shifted - cover[None, :], 0.0), axis=1)
+            gain = tl.sum(tl.maximum(shifted - cover[None, :], 0.0) * weight[None, :], axis=1)
             gain = tl.where(blocked, -1.0, gain)
             pick = tl.argmax(gain, axis=0)
             chosen = slot == pick
@@ -148,7 +152,7 @@ def _kernel():
 
 def plan_weights(stream: torch.Tensor, offset: int, slots: torch.Tensor,
                  valid: torch.Tensor | None, k: int, tau: float, center: bool,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+                 dtype: torch.dtype, weighted: bool = False) -> tuple[torch.Tensor, ...]:
     """Launch the kernel: shapes and meaning as plan_op.plan_weights_reference."""
     kernel = _kernel()
     b, (r, s), c = stream.shape[0], slots.shape, stream.shape[-1]
@@ -162,6 +166,6 @@ def plan_weights(stream: torch.Tensor, offset: int, slots: torch.Tensor,
     kernel[(b * r,)](
         stream, slots, valid if valid is not None else slots, picks, dest, merge_w, unmerge_w,
         offset, r, s, c, k, float(tau), stream.stride(0), stream.stride(1), stream.stride(2),
-        has_valid=valid is not None, center_rows=center, s_pad=s_pad, k_pad=k_pad, block=BLOCK_C,
-        num_warps=4 if s_pad <= 64 else 8)
+        has_valid=valid is not None, center_rows=center, weighted=weighted, s_pad=s_pad,
+        k_pad=k_pad, block=BLOCK_C, num_warps=4 if s_pad <= 64 else 8)
     return picks, dest, merge_w, unmerge_w

@@ -28,16 +28,18 @@ from .onnx_torch import OnnxUNet, Session
 RATIOS = (0.25, 0.5, 0.75)
 
 
-def merges(ratios, only: list[str] | None = None) -> list[Merge]:
+def merges(ratios, only: list[str] | None = None, rules: tuple = ()) -> list[Merge]:
     """Unmerged first, then every merge at every ratio (random destinations size-weighted at
-    0.5 only, ToDo at 0.75 only), or those whose label is in `only`."""
+    0.5 only, ToDo at 0.75 only, the destination `rules` of bench/realmodel/rules.py
+    size-weighted), or those whose label is in `only`."""
     found = []
     for r in ratios:
+        found += [Merge("toma", r, rule, sized=True) for rule in rules]
         found += [Merge("toma", r), Merge("toma", r, sized=True), Merge("toma", r, "random"),
                   Merge("toma", r, "random", sized=True), Merge("tomesd", r)]
     found += [Merge("todo", 0.75)]
     if only:
-        return [Merge("none"), *(m for m in found if m.label in only)]
+        return [Merge("none"), *(m for m in found if m.label in only or m.rule in rules)]
     default = [m for m in found if not (m.rule == "random" and m.sized and m.ratio != 0.5)]
     return [Merge("none"), *default]
 
@@ -96,6 +98,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ratios", type=float, nargs="+", default=RATIOS)
     ap.add_argument("--only", nargs="+", default=None, help="labels of the merges to run")
+    ap.add_argument("--rules", nargs="+", default=(),
+                    help="destination rules of bench/realmodel/rules.py to add, size-weighted")
     ap.add_argument("--out", required=True, help="result path without extension")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -106,7 +110,7 @@ def main(argv=None) -> None:
     model = OnnxUNet(path)
     gen = TerrainGenerator(path, device="cpu")
     heights, rows, pictures = {}, [], {}
-    for merge in merges(args.ratios, args.only):
+    for merge in merges(args.ratios, args.only, args.rules):
         model.runner = merge
         gen.session = Session(model, merge.start)
         t0 = time.perf_counter()

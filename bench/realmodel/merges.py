@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from toma_core import build_plan, make_regions, merged_attention, plan_op
+from toma_core import build_plan, make_regions, merged_attention
 
 from .onnx_torch import AttentionBlock, plain
+from .rules import Rules
 
 MIN_TOKENS = 256
 TOKENS_PER_TILE = 64     # nodes/unet_patch.py's tiles
@@ -34,29 +35,16 @@ def grid(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2).reshape(like.shape)
 
 
-def random_picks(generator: torch.Generator):
-    """A stand-in for the greedy facility location: k destinations per region drawn uniformly
-    from its real slots. sim [B, R, S, S], valid [R, S] or None -> picks [B, R, k]."""
-    def pick(sim: torch.Tensor, k: int, valid: torch.Tensor | None = None) -> torch.Tensor:
-        scores = torch.rand(sim.shape[:-1], generator=generator)
-        if valid is not None:
-            scores = scores.masked_fill(~valid, 2.0)
-        return scores.argsort(-1)[..., :k]
-    return pick
-
-
 @contextlib.contextmanager
 def destinations(rule: str, generator: torch.Generator):
-    """toma_core's plans with `rule` choosing destinations ("facility" is toma_core's own)."""
-    if rule == "facility":
+    """toma_core's plans with `rule` choosing destinations ("facility": toma_core's facility
+    location weighted by the tokens' squared norms, as the pack's UNet path; "unweighted": it
+    unweighted; the others bench/realmodel/rules.py's)."""
+    if rule in ("facility", "unweighted"):
         yield
         return
-    saved = plan_op.greedy_facility_location
-    plan_op.greedy_facility_location = random_picks(generator)
-    try:
+    with Rules(rule, generator):
         yield
-    finally:
-        plan_op.greedy_facility_location = saved
 
 
 @dataclass
@@ -78,7 +66,9 @@ class Merge:
     @property
     def label(self) -> str:
         if self.kind == "toma":
-            name = "ToMA" if self.rule == "facility" else "random destinations"
+            name = {"facility": "ToMA", "random": "random destinations",
+                    "unweighted": "ToMA, unweighted destinations"}.get(
+                self.rule, f"{self.rule} destinations")
             return name + (", size-weighted" if self.sized else "")
         return {"none": "unmerged", "tomesd": "ToMeSD", "todo": "ToDo"}[self.kind]
 
@@ -106,6 +96,7 @@ class Merge:
         if plan is None:
             with destinations(self.rule, self.generator):
                 regions = make_regions(h, w, "tile", max(1, round(h * w / TOKENS_PER_TILE)))
-                plan = self.plans[(h, w)] = build_plan(t, h, w, self.ratio, regions=regions)
+                plan = self.plans[(h, w)] = build_plan(t, h, w, self.ratio, regions=regions,
+                                                      weighted=self.rule == "facility")
         out = merged_attention(plan, t, lambda m, bias: block.attend(m, bias), 0, self.sized)
         return grid(out, normed)

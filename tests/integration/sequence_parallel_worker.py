@@ -134,10 +134,10 @@ class Destinations:
         return {"recorded": len(self.recorded), "replayed": self.replayed,
                 "parted": self.parted, "gap": self.gap}
 
-    def greedy(self, sim: torch.Tensor, k: int, valid: torch.Tensor | None = None
-               ) -> torch.Tensor:
+    def greedy(self, sim: torch.Tensor, k: int, valid: torch.Tensor | None = None,
+               weight: torch.Tensor | None = None) -> torch.Tensor:
         """plan_op's greedy_facility_location: its own picks, or, replaying, the reference's."""
-        own = GREEDY(sim, k, valid)
+        own = GREEDY(sim, k, valid, weight)
         if not self.replaying:
             return own
         if self.replayed == len(self.recorded):

@@ -87,8 +87,8 @@ class SameDestinations:
             self.local.items = tuple(options.get("cond_or_uncond") or ())
             return plan_for(toma, x, options, call, features)
 
-        def handing_greedy(sim, k, valid=None):
-            own = greedy(sim, k, valid)
+        def handing_greedy(sim, k, valid=None, weight=None):
+            own = greedy(sim, k, valid, weight)
             items = self.local.items
             assert len(items) == own.shape[0], (items, tuple(own.shape))
             if not self.replaying:

@@ -149,7 +149,8 @@ def replaying(picks: list[torch.Tensor]) -> Callable:
     plans' destinations) in the order that run built its plans."""
     given = iter(picks)
 
-    def replay(sim: torch.Tensor, k: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    def replay(sim: torch.Tensor, k: int, valid: torch.Tensor | None = None,
+               weight: torch.Tensor | None = None) -> torch.Tensor:
         dest = next(given)
         assert dest.shape == (*sim.shape[:-2], k), (tuple(dest.shape), tuple(sim.shape), k)
         return dest

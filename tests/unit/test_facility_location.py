@@ -225,3 +225,15 @@ def test_selection_never_reads_the_device() -> None:
     picks = greedy_facility_location(sim, regions.min_size, tables.valid)
     assert sim.shape == (2, regions.count, regions.size, regions.size)
     assert picks.shape == (2, regions.count, regions.min_size) and picks.device.type == "meta"
+
+
+def test_weighted_coverage() -> None:
+    """weight counts each token's coverage: uniform weights give the plain greedy's picks; a
+    token the plain greedy merges away, weighted far above the rest, becomes a destination."""
+    sim = _sim(torch.randn(16, 8, generator=torch.Generator().manual_seed(5)))
+    plain = greedy_facility_location(sim, 5)
+    assert torch.equal(greedy_facility_location(sim, 5, weight=torch.full((16,), 3.0)), plain)
+    heavy = next(i for i in range(16) if i not in plain.tolist())
+    weight = torch.ones(16)
+    weight[heavy] = 1000.0
+    assert heavy in greedy_facility_location(sim, 5, weight=weight).tolist()

@@ -279,7 +279,8 @@ def test_the_operator_is_registered() -> None:
     assert plan_op.OP_NAME == "comfy_toma::plan_weights"
     assert plan_op._OP is torch.ops.comfy_toma.plan_weights
     names = [a.name for a in op._schema.arguments]
-    assert names == ["stream", "offset", "slots", "valid", "k", "tau", "center", "dtype"]
+    assert names == ["stream", "offset", "slots", "valid", "k", "tau", "center", "dtype",
+                     "weighted"]
     assert len(op._schema.returns) == 4
     args = _op_args(make_regions(15, 22, "tile", 16), 5, torch.float32, True)
     for a, b in zip(op(*args), plan_op.plan_weights_reference(*args), strict=True):
@@ -292,10 +293,10 @@ def test_the_operator_is_registered() -> None:
 def test_opcheck(h: int, w: int, dtype: torch.dtype, center: bool) -> None:
     """torch.library.opcheck: schema, fake implementation (shapes, dtypes and strides of every
     output equal the real kernel's), autograd registration, AOT dispatch. Even regions pass
-    valid None."""
+    valid None; the centered case is also weighted."""
     regions = make_regions(h, w, "tile", 16)
     assert regions.even == (h == 16)
-    args = _op_args(regions, regions.min_size // 2, dtype, center)
+    args = (*_op_args(regions, regions.min_size // 2, dtype, center), center)   # weighted
     result = torch.library.opcheck(torch.ops.comfy_toma.plan_weights.default, args)
     assert set(result.values()) == {"SUCCESS"}, result
 
@@ -451,6 +452,30 @@ def test_kernel_matches_the_reference(kernel, h: int, w: int, tiles: int, t: int
     assert all(len(set(row)) == k for row in picks.reshape(-1, k).tolist())
     assert not (merge_w.view(b, r, k, s) * ~valid[None, :, None, :]).any()
     assert not (unmerge_w.view(b, r, s, k) * ~valid[None, :, :, None]).any()
+
+
+@pytest.mark.filterwarnings(INTERPRETER_WARNING)
+@pytest.mark.parametrize(("h", "w", "tiles", "center", "dtype"),
+                         [(8, 8, 4, False, torch.float32), (7, 9, 4, True, torch.bfloat16)])
+def test_kernel_weighted_matches_the_reference(kernel, h: int, w: int, tiles: int, center: bool,
+                                               dtype: torch.dtype) -> None:
+    """weighted (coverage counted by squared norm) on tokens of norms from 0.1 to 10: the
+    kernel's picks and weights are the reference's, and the picks differ from the unweighted
+    ones (the weights reach the greedy)."""
+    regions = make_regions(h, w, "tile", tiles)
+    k, tables = regions.min_size // 2, regions.tables()
+    stream = _stream(2, regions.tokens, 40, seed=h * w, dtype=dtype)
+    scale = torch.logspace(-1, 1, regions.tokens)[torch.randperm(
+        regions.tokens, generator=torch.Generator().manual_seed(1))]
+    stream = (stream.float() * scale[:, None]).to(dtype)
+    args = (stream, 0, tables.slots, tables.valid, k, 5.0, center, dtype)
+    got = kernel.plan_weights(*args, weighted=True)
+    ref = plan_op.plan_weights_reference(*args, weighted=True)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    tol = KERNEL_TOL if dtype == torch.float32 else BF16_TOL
+    assert float((got[2].float() - ref[2].float()).abs().max()) <= tol
+    assert float((got[3].float() - ref[3].float()).abs().max()) <= tol
+    assert not torch.equal(ref[0], plan_op.plan_weights_reference(*args)[0])
 
 
 @pytest.mark.filterwarnings(INTERPRETER_WARNING)
