@@ -120,6 +120,18 @@ def test_merged_self_attention_is_weighted_by_the_keys_sizes(sdxl, scope, monkey
     assert not torch.equal(run(model, steps=1, cfg=1.0), weighted)
 
 
+@pytest.mark.parametrize("scope", ["block", "attention"])
+def test_destinations_are_norm_weighted_in_a_sampling_run(sdxl, scope, monkeypatch):
+    """The plans a sampling run builds pick destinations by norm-weighted facility location:
+    with the weighting turned off, the same run samples another latent (the destinations
+    differ); toma_core's unit tests check the weighted greedy itself."""
+    model = advanced(sdxl, scope=scope)
+    monkeypatch.setattr(unet_patch, "NORM_WEIGHTED", True)
+    weighted = run(model, steps=1, cfg=1.0)
+    monkeypatch.setattr(unet_patch, "NORM_WEIGHTED", False)
+    assert not torch.equal(run(model, steps=1, cfg=1.0), weighted)
+
+
 def test_auto_levels_leave_small_levels_alone(sdxl, self_attention_lengths, stats):
     patched = patch_model(sdxl, 0.5, 0, "d0-4, s0-4", 5, unique_id="3")
     run(patched, steps=2, cfg=1.0)
