@@ -249,7 +249,7 @@ SETTINGS: tuple[tuple[str, Setting], ...] = (
 
 
 def present(spec: ModelSpec) -> bool:
-    """Whether this ComfyUI has spec's model (HiDream-O1 came with 0.33)."""
+    """Whether this ComfyUI has spec's model (HiDream-O1 and Krea 2 came with 0.33)."""
     import comfy.supported_models
 
     return hasattr(comfy.supported_models, spec.config)
