@@ -208,8 +208,8 @@ SECTIONS: dict[str, Section] = {
                 "and with ToMA", comfy_only=True, quick=False),
     "gpu-model": Section(
         _gpu_model, "bench/gpu/projected_calls.py: one model call of SDXL, Flux.1 dev, Wan 2.1 "
-                    "14B and HiDream-O1 at real size projected on an H200, unmerged and ToMA, "
-                    "computing nothing "
+                    "14B, HiDream-O1 and Krea 2 at real size projected on an H200, unmerged "
+                    "and ToMA, computing nothing "
                     "(meta tensors; about 1.5 min on 2 cores, the same with --quick)",
         comfy_only=True),
     "gpu-sp": Section(

@@ -1,6 +1,6 @@
 """Section gpu-model (ComfyUI only): one model call of SDXL, Flux.1 dev, Wan 2.1 14B and (ComfyUI
-0.33 and later) HiDream-O1 projected on the project's GPU, an NVIDIA H200, unmerged and through
-the ToMA node, computing nothing.
+0.33 and later) HiDream-O1 and Krea 2 projected on the project's GPU, an NVIDIA H200, unmerged
+and through the ToMA node, computing nothing.
 
     COMFYUI_PATH=/path/to/ComfyUI python -m bench --sections gpu-model [--out ...]
 
@@ -200,6 +200,11 @@ MODELS: dict[str, ModelSpec] = {
                             {"image_model": "hidream_o1"}, (1, 3, 2048, 2048), 5.0, (1, 32, 1),
                             lambda seed, text: {"text_input_ids": hidream_o1_prompt_ids(text[1])},
                             negative=(1, 10, 1), call=2),
+    # 1024x1024 as Krea 2's templates (Wan 2.1's latent: 16 channels, 8x8 pixels) in 2x2 patches
+    # -> 4096 image tokens; SingleStreamDiT's defaults (width 6144, 28 blocks); 256 tokens of
+    # its 12 stacked Qwen3-VL layers (12 x 2560); its turbo templates sample at cfg 1
+    "krea2": ModelSpec("krea2", "Krea 2 1024x1024", "Krea2", {"image_model": "krea2"},
+                       (1, 16, 128, 128), 1.0, (1, 256, 12 * 2560)),
 }
 
 
@@ -239,11 +244,12 @@ SETTINGS: tuple[tuple[str, Setting], ...] = (
     ("sd15_768", Setting("default", {"ratio": 0.5})),
     ("wan", Setting("default", {"ratio": 0.5})),
     ("hidream_o1", Setting("default", {"ratio": 0.5})),
+    ("krea2", Setting("default", {"ratio": 0.5})),
 )
 
 
 def present(spec: ModelSpec) -> bool:
-    """Whether this ComfyUI has spec's model (HiDream-O1 came with 0.33)."""
+    """Whether this ComfyUI has spec's model (HiDream-O1 and Krea 2 came with 0.33)."""
     import comfy.supported_models
 
     return hasattr(comfy.supported_models, spec.config)
@@ -558,6 +564,9 @@ SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[st
                                                 "num_position_embeddings": 16,
                                                 "deepstack_visual_indexes": ()}},
                    (1, 3, 128, 160), (1, 8, 1), {"skip_blocks": "none"}),
+    "krea2": ({"image_model": "krea2", "features": 64, "heads": 4, "kvheads": 2, "layers": 2,
+               "txtdim": 32, "txtlayers": 2, "txtheads": 2, "txtkvheads": 2},
+              (1, 16, 32, 40), (1, 8, 64), {"skip_blocks": "none"}),
 }
 
 
@@ -565,13 +574,29 @@ SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[st
 SMALL["sdxl_512"], SMALL["sd15_768"] = SMALL["sdxl"], SMALL["sd15"]
 
 COPIES = ("aten::_to_copy", "aten::copy_")
+SCALAR_WRITE = "a Python number written into a tensor"
 
 
 def _signature(ops: list[Op]) -> list[tuple[str, tuple[int, ...], str, bool]]:
     """The op list compared between a real and a meta run: name, output shape, dtype and
     whether the pack issued it, per op; copies left out (on meta a move between host and
-    device is a copy, on a CPU run there is nothing to move)."""
-    return [(op.name, op.shape, op.dtype, op.toma) for op in ops if op.name not in COPIES]
+    device is a copy, on a CPU run there is nothing to move). A Python number written into a
+    slice (`t[..., 0] = 1`) is one write either way: PyTorch's indexing fills a CPU tensor from
+    a lifted 0-dim scalar (lift_fresh, fill_) and copies a scalar made on a device, as on the
+    GPU (scalar_tensor, its 0-dim view expanded, copy_)."""
+    out: list[tuple[str, tuple[int, ...], str, bool]] = []
+    for op in ops:
+        name = op.name
+        if name in COPIES or (name in ("aten::lift_fresh", "aten::scalar_tensor")
+                              and op.shape == ()):
+            continue
+        if name == "aten::expand" and out and out[-1][:2] == ("aten::view", ()):
+            out.pop()
+            name = SCALAR_WRITE
+        elif name == "aten::fill_.Tensor":
+            name = SCALAR_WRITE
+        out.append((name, op.shape, op.dtype, op.toma))
+    return out
 
 
 def validate_small(name: str, setting: Setting) -> dict[str, Any]:

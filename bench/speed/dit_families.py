@@ -4,7 +4,7 @@ model projected from them.
     COMFYUI_PATH=/path/to/ComfyUI python -m bench.speed.dit_families --threads 1 --clock cpu
         [--quick] [--families wan22_5b,wan14b,wan_animate14b,qwen_image,sd35_large,
                                z_image,ltx2,ltxv,hidream,hunyuan_image,kandinsky5,
-                               hidream_o1]
+                               hidream_o1,minimax_h3,krea2]
         [--ratio 0.5]
         [--reps 3] [--family-reps wan14b=2] [--size wan14b=832x480x17]
         [--toma-hook bench.speed.dit_toma:hook | none] [--out bench/results/<date>-cpu-dit.json]
@@ -59,6 +59,8 @@ Sizes (pixels -> latent -> token grid t x h x w):
               second per stereo channel, and 512 text tokens in front, in the one sequence)
   ltxv        LTX-Video 2B, width 2048, 28 blocks: 768x512, 97 frames -> 13x16x24 = 4992
               (+ 128 text tokens as cross-attention context)
+  krea2       Krea 2, width 6144, 28 blocks: 1024x1024 -> 64x64 = 4096 (+ 256 text in front,
+              in the one sequence)
   hidream     HiDream-I1, width 2560, 16 double + 32 single blocks (MoE: 4 experts, 2 active):
               1024x1024 -> 64x64 = 4096 (+ 384 text: T5 128, Llama 128 + 128)
   hunyuan_image  HunyuanImage 2.1, width 3584, 20 double + 40 single blocks: 2048x2048 (its
@@ -632,6 +634,51 @@ def minimax_h3_case(name: str, size: Size, text: int = 512) -> BlockCase:
                      lambda out: out["img"][prefix:].unsqueeze(0), prefix_tokens=prefix)
 
 
+class _LastTextLayer(torch.nn.Module):
+    """Stands in for Krea 2's text fusion stack (12 layers at width 2560 that run on the text
+    alone, once per call): the last layer's states [B, L, layers, D] -> [B, L, D]."""
+
+    def forward(self, x: torch.Tensor, **_: Any) -> torch.Tensor:
+        return x[:, :, -1]
+
+
+def krea2_case(name: str, size: Size, text: int = 256, **config: Any) -> BlockCase:
+    """Krea 2 (SingleStreamDiT's defaults in comfy/ldm/krea2: width 6144, 48 query and 12
+    key/value heads of 128, 28 blocks): one sequence [text | image] per call, the blocks
+    object-patched (no replace patches). Arguments from the model's own forward
+    (capture_forwards) on a text to image call: latent [1, 16, H/8, W/8] in 2x2 patches,
+    Qwen3-VL states of `text` tokens from 12 layers [1, text, 12 x 2560] (the text fusion
+    stack stood in for by its last layer's states: it runs once per call, outside the blocks),
+    one timestep. The lower bound cuts the image and its RoPE rows; the text unchanged.
+    config: other SingleStreamDiT settings (tests: a narrow model)."""
+    try:
+        from comfy.ldm.krea2.model import SingleStreamDiT
+    except ImportError as exc:
+        raise RuntimeError("this ComfyUI has no Krea 2") from exc
+    model = one_block_model(SingleStreamDiT, (), **{"layers": 1, **config})
+    model.txtfusion = _LastTextLayer()
+    grid = size.grid()
+    x = latent_image(grid, model.channels, 2, model.patch)
+    g = torch.Generator().manual_seed(3)
+    context = torch.randn(1, text, model.txtlayers * model.txtdim, generator=g)
+    block = model.blocks[0]
+    with torch.inference_mode():
+        (captured,) = capture_forwards(lambda: model(x, torch.full((1,), 0.7), context),
+                                       [block])
+    full = math.prod(grid)
+
+    def args(keep: int | None = None) -> dict:
+        n = text + (keep or full)
+        return {**captured, "x": captured["x"][:, :n].clone(),
+                "freqs": captured["freqs"][:, :, :n], "transformer_options": {}}
+
+    def original(a: dict) -> dict:
+        return {"x": block(**a)}
+
+    return BlockCase(name, block, grid, text, 28, args, original,
+                     lambda out: out["x"][:, text:])
+
+
 def ltxv_case(name: str, size: Size, text: int = 128) -> BlockCase:
     """LTX-Video 2B (LTXVModel's defaults, the 0.9.x 2B models): BasicTransformerBlock at width
     2048 (32 heads of 64), T5 text [1, 128, 4096] (padded to 128) with its attention mask as
@@ -937,6 +984,8 @@ FAMILIES: dict[str, tuple[Callable[[str, Size], BlockCase | tuple[BlockCase, ...
     "minimax_h3": (minimax_h3_case, Size(1344, 768, 124, spatial=16),
                    Size(1344, 768, 5, spatial=16)),
     "hidream": (hidream_cases, Size(1024, 1024), Size(512, 512)),
+    # Krea 2: Wan 2.1's VAE (8x8 pixels, 16 channels), 2x2 patches; 1024x1024 as its templates
+    "krea2": (krea2_case, Size(1024, 1024), Size(768, 768)),
     # HunyuanImage 2.1's VAE: 32x32 pixels per latent, 1x1 patches; 2048x2048 is its native size
     "hunyuan_image": (hunyuan_image_cases, Size(2048, 2048, spatial=32, patch=1),
                       Size(1024, 1024, spatial=32, patch=1)),

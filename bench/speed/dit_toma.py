@@ -19,7 +19,8 @@ FAMILIES = {"wan22_5b": "wan", "wan14b": "wan", "wan_animate14b": "wan",
             "qwen_image": "qwen_image",
             "sd35_large": "sd3", "z_image": "lumina", "ltx2": "ltx", "ltxv": "ltx",
             "hidream": "hidream", "hunyuan_image": "hunyuan_image", "kandinsky5": "kandinsky5",
-            "hidream_o1": "hidream_o1", "minimax_h3": "minimax_h3"}
+            "hidream_o1": "hidream_o1", "minimax_h3": "minimax_h3",
+            "krea2": "krea2"}
 
 
 def family_spec(family: str, module):

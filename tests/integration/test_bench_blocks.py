@@ -36,11 +36,24 @@ def test_flux_block_variants_run_merged(tiny_flux, kind):
     assert len(builds) == (4 if kind == "double" else 2)
 
 
-def test_dit_block_hook_runs_merged():
-    case = dit_families.wan_case("wan14b", 256, 512, 1, dit_families.Size(256, 256, 5), text=8)
-    merged = dit_toma.hook("wan14b", case, 0.5)
+def _wan():
+    return dit_families.wan_case("wan14b", 256, 512, 1, dit_families.Size(256, 256, 5), text=8)
+
+
+def _krea2():
+    # 2 query heads and 1 key/value head of 128; the 12-layer text stack at 2 layers of 64
+    return dit_families.krea2_case("krea2", dit_families.Size(256, 256), text=8, features=256,
+                                   heads=2, kvheads=1, txtdim=64, txtlayers=2)
+
+
+@pytest.mark.parametrize("build", [pytest.param(_wan, id="wan14b"), pytest.param(
+    _krea2, id="krea2", marks=pytest.mark.newest_tree)])     # Krea 2 came with ComfyUI 0.33
+def test_dit_block_hook_runs_merged(build):
+    case = build()
+    merged = dit_toma.hook(case.family, case, 0.5)
     with torch.inference_mode():
         plain = case.image_out(case.original_block(case.args()))
         out = case.image_out(merged(case.args()))
     assert out.shape == plain.shape and torch.isfinite(out).all()
     assert not torch.equal(out, plain)
+    assert merged.merged_tokens < case.image_tokens
