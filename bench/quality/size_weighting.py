@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import logging
 import os
 import sys
@@ -30,8 +31,8 @@ RATIOS = (0.25, 0.5, 0.75)
 
 def measure(layout: str, scopes: list[str], ratios: list[float]) -> list[dict]:
     """Rows of one fixture: each scope and ratio, size-weighted and not."""
-    nodes = load_pack().nodes
-    switch = nodes.unet_patch if qm.arch(layout) == "sdxl" else nodes.dit_patch
+    path = "nodes.unet_patch" if qm.arch(layout) == "sdxl" else "nodes.dit_patch"
+    switch = importlib.import_module(f"{load_pack().__name__}.{path}")
     side = qm.EVAL_LATENT[layout]
     fixture = qm.load(layout)
     base = fixture.patcher(torch.device("cpu"))

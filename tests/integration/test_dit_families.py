@@ -554,9 +554,9 @@ UPDATE_ERROR = {
 }
 
 
-# Families whose merged blocks' self-attention gets no size bias: their attention over the
-# merged sequence does not reach ComfyUI's attention with the block's transformer_options.
-UNWEIGHTED: set[str] = set()
+# Families whose merged blocks' self-attention gets no size bias: HiDream-O1's attention takes
+# the model call's transformer_options (made once before its blocks), not the block's.
+UNWEIGHTED = {"hidream_o1", "hidream_o1_edit"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -586,8 +586,8 @@ def test_merged_self_attention_is_weighted_by_the_keys_sizes(name, monkeypatch):
     toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
 
     def sample() -> torch.Tensor:
-        return ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg,
-                         noise_mask=x.noise_mask)
+        return ch.flat(ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg,
+                                 noise_mask=x.noise_mask))
 
     weighted = sample()
     merged = [call for call in seen if call[0] == call[3].shape[-1]]
@@ -595,12 +595,14 @@ def test_merged_self_attention_is_weighted_by_the_keys_sizes(name, monkeypatch):
         assert not merged
         return
     assert merged
+    worst = 0.0
     for length, own, got, bias, flag in merged:
         bias = bias.to(got.dtype)
         assert torch.equal(got, bias if own is None else dit_patch.with_bias(own, bias))
-        others = length - flag["merged_tokens"]
-        sums = bias.float().exp().sum(-1).flatten()
-        assert torch.allclose(sums, torch.full_like(sums, others + flag["tokens"]), rtol=1e-2)
+        full = length - flag["merged_tokens"] + flag["tokens"]
+        worst = max(worst, float((bias.double().exp().sum(-1) / full - 1).abs().max()))
+    print(f"{name}: {len(merged)} weighted attention calls, sizes' sum off by {worst:.1e}")
+    assert worst <= 1e-6        # measured: at most 2.4e-8 (kandinsky5_image, v0.33.0)
     monkeypatch.setattr(dit_patch, "SIZE_WEIGHTED", False)
     assert not torch.equal(sample(), weighted)
 
