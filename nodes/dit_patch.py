@@ -32,7 +32,8 @@ What other packs' code sees, decided on every block call from what ComfyUI hands
   With SIZE_WEIGHTED, ToMA's own override (sized_attention) stands in front of it in merged
   blocks: the self-attention over the merged sequence gets each merged key's log(size) on its
   logits (toma_core.size_bias) as an additive mask; attention calls that do not hand ComfyUI's
-  attention the transformer_options, and sequence-parallel calls, get none.
+  attention the block's transformer_options (HiDream-O1's), and sequence-parallel calls, get
+  none.
 - In a merged block, transformer_options carry MERGED_FLAG (a second ToMA node leaves the
   sequence alone; its value says where the merged grid is: start, tokens, merged_tokens, grid,
   its offset in the stream and the patch that merged it)
@@ -83,9 +84,10 @@ from .unet_neighbours import DIT_IN_BLOCK_PATCHES, in_block_patches
 
 log = logging.getLogger("ToMA")
 
-# Self-attention over merged keys weighted by their sizes (docs/quality.md, the DiT rows of the
-# size-weighting section): through ComfyUI's attention override, under these option keys.
-SIZE_WEIGHTED = True
+# Self-attention over merged keys weighted by their sizes, through ComfyUI's attention override
+# under these option keys: off, as it brought the trained Flux fixtures no closer and its mask
+# takes flash and sage attention away (docs/quality.md, the size-weighting section).
+SIZE_WEIGHTED = False
 OVERRIDE = "optimized_attention_override"
 SIZE_BIAS = "toma_size_bias"
 

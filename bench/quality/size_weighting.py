@@ -50,11 +50,11 @@ def measure(layout: str, scopes: list[str], ratios: list[float]) -> list[dict]:
         for r in ratios:
             patched = section._toma(**real, ratio=r, merge_scope=scope)(base)
             for weighted in (False, True):
-                switch.SIZE_WEIGHTED = weighted
+                default, switch.SIZE_WEIGHTED = switch.SIZE_WEIGHTED, weighted
                 try:
                     psnr, ssim = metrics.psnr_ssim(ref, pixels(patched))
                 finally:
-                    switch.SIZE_WEIGHTED = True
+                    switch.SIZE_WEIGHTED = default
                 rows.append({"model": layout, "scope": scope, "ratio": r,
                              "size_weighted": weighted, "psnr": psnr, "ssim": ssim})
                 logging.warning("%s %s r%s weighted=%s: %.2f dB", layout, scope, r, weighted,

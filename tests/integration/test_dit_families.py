@@ -580,6 +580,7 @@ def test_merged_self_attention_is_weighted_by_the_keys_sizes(name, monkeypatch):
         return sized(attend, q, k, v, heads, mask, *args, **kwargs)
 
     monkeypatch.setattr(dit_patch, "sized_attention", recording)
+    monkeypatch.setattr(dit_patch, "SIZE_WEIGHTED", True)
     model = tiny_patcher(name)
     (batch, height, width, frames), cfg = sample_args(name)
     x = inputs(name, model, batch, height, width, frames)
@@ -597,6 +598,7 @@ def test_merged_self_attention_is_weighted_by_the_keys_sizes(name, monkeypatch):
     assert merged
     worst = 0.0
     for length, own, got, bias, flag in merged:
+        assert got is not None, "merged self-attention without the size bias"
         bias = bias.to(got.dtype)
         assert torch.equal(got, bias if own is None else dit_patch.with_bias(own, bias))
         full = length - flag["merged_tokens"] + flag["tokens"]
