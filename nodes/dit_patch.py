@@ -29,6 +29,11 @@ What other packs' code sees, decided on every block call from what ComfyUI hands
   shortened (alike for every token up to the grid's end) are shortened with the merged grid.
 - An attention override (`optimized_attention_override`: a choice of attention kernel) gets
   the merged queries, keys and values: attention does not care about the sequence's order.
+  With SIZE_WEIGHTED, ToMA's own override (sized_attention) stands in front of it in merged
+  blocks: the self-attention over the merged sequence gets each merged key's log(size) on its
+  logits (toma_core.size_bias) as an additive mask; attention calls that do not hand ComfyUI's
+  attention the block's transformer_options (HiDream-O1's), and sequence-parallel calls, get
+  none.
 - In a merged block, transformer_options carry MERGED_FLAG (a second ToMA node leaves the
   sequence alone; its value says where the merged grid is: start, tokens, merged_tokens, grid,
   its offset in the stream and the patch that merged it)
@@ -48,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..toma_core import MergePlan, Regions, build_plan, make_regions
+from ..toma_core import MergePlan, Regions, build_plan, make_regions, size_bias
 from ..toma_core.merge_plan import Pending
 from ..toma_core.shards import ShardGeometry, dropped_share, local_cap, shard_regions
 from .dit_families import BlockKind, Family
@@ -78,6 +83,13 @@ from .token_layout import (
 from .unet_neighbours import DIT_IN_BLOCK_PATCHES, in_block_patches
 
 log = logging.getLogger("ToMA")
+
+# Self-attention over merged keys weighted by their sizes, through ComfyUI's attention override
+# under these option keys: off, as it brought the trained Flux fixtures no closer and its mask
+# takes flash and sage attention away (docs/quality.md, the size-weighting section).
+SIZE_WEIGHTED = False
+OVERRIDE = "optimized_attention_override"
+SIZE_BIAS = "toma_size_bias"
 
 class DiTToMA:
     """The patch functions for one ToMA node on one diffusion transformer.
@@ -405,9 +417,16 @@ class DiTToMA:
                     out[name] = self.once(call, ("shortened", name, key), value, lambda v=value,
                                           f=shorten: f(v, lay.offset + plan.tokens,
                                                        plan.tokens - plan.merged_tokens))
-        out["transformer_options"] = merged_options(
+        out["transformer_options"] = sized = merged_options(
             options, lay.seq_start, plan, call.grid, None if merged is None else lay.offset,
             self, call.shard is not None and kind.shard.text_in_stream)
+        if SIZE_WEIGHTED and call.shard is None:
+            length = lay.seq_len - plan.tokens + plan.merged_tokens
+            bias = plan.size_biases.get((length, lay.seq_start, stream.dtype))  # no call when kept
+            if bias is None:
+                bias = size_bias(plan, length, lay.seq_start, stream.dtype)
+            sized[SIZE_BIAS] = (bias, options.get(OVERRIDE))
+            sized[OVERRIDE] = sized_attention
         return out, merged, base
 
     def merged_rows(self, call: ModelCall, plan: MergePlan, lay: Layout, value: object,
@@ -522,6 +541,34 @@ class DiTToMA:
             return original(*args, **kwargs)
 
         return forward
+
+
+def sized_attention(func: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    heads: int, mask: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
+    """ComfyUI's attention override in a merged block: keys k [B, L', H*D] or [B, H, L', D] of
+    the merged sequence's length get transformer_options[SIZE_BIAS]'s bias [B, 1, 1, L'] on
+    their logits (added to the block's own mask); other keys (a cross-attention's text) none.
+    Then the override that stood there before, or ComfyUI's attention `func`."""
+    bias, previous = kwargs["transformer_options"][SIZE_BIAS]
+    if k.shape[-2] == bias.shape[-1]:
+        if bias.dtype != q.dtype:
+            bias = bias.to(q.dtype)
+        mask = bias if mask is None else with_bias(mask, bias)
+    if previous is not None:
+        return previous(func, q, k, v, heads, mask, *args, **kwargs)
+    return func(q, k, v, heads, mask, *args, **kwargs)
+
+
+def with_bias(mask: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A ComfyUI attention mask (True attends, or additive; [Lq, Lk], [B, Lq, Lk] or
+    [B, H, Lq, Lk]) plus the additive bias [B, 1, 1, Lk] -> [B, H | 1, Lq, Lk]."""
+    if mask.dtype == torch.bool:
+        mask = torch.where(mask, 0.0, float("-inf")).to(bias.dtype)
+    if mask.dim() == 2:
+        mask = mask[None]
+    if mask.dim() == 3:
+        mask = mask[:, None]
+    return mask + bias
 
 
 def stream_layout(kind: BlockKind, lay: Layout, args: dict) -> Layout:

@@ -1,5 +1,6 @@
-"""python -m bench.quality.size_weighting: size-weighted self-attention on the trained UNet
-fixtures, on and off, ToMA in both scopes at three ratios, against unmerged.
+"""python -m bench.quality.size_weighting: size-weighted self-attention on the trained fixtures
+(UNet: unet_patch.SIZE_WEIGHTED; Flux layouts, the DiT path: dit_patch.SIZE_WEIGHTED), on and
+off, ToMA in both scopes at three ratios, against unmerged.
 
 The quality section's sampling (10 euler steps, its labels and seed, bench/quality/section.py)
 and its PSNR and SSIM of the decoded pixels; no timing (the correction adds one mask to the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import logging
 import os
 import sys
@@ -23,13 +25,14 @@ from ..shared.config import ROOT, load_pack, setup_comfy
 from . import data, metrics, section
 from . import models as qm
 
-LAYOUTS = ("sdxl", "sdxl-matched")
+LAYOUTS = ("sdxl", "sdxl-matched", "flux", "flux-matched")
 RATIOS = (0.25, 0.5, 0.75)
 
 
 def measure(layout: str, scopes: list[str], ratios: list[float]) -> list[dict]:
     """Rows of one fixture: each scope and ratio, size-weighted and not."""
-    unet_patch = load_pack().nodes.unet_patch
+    path = "nodes.unet_patch" if qm.arch(layout) == "sdxl" else "nodes.dit_patch"
+    switch = importlib.import_module(f"{load_pack().__name__}.{path}")
     side = qm.EVAL_LATENT[layout]
     fixture = qm.load(layout)
     base = fixture.patcher(torch.device("cpu"))
@@ -47,11 +50,11 @@ def measure(layout: str, scopes: list[str], ratios: list[float]) -> list[dict]:
         for r in ratios:
             patched = section._toma(**real, ratio=r, merge_scope=scope)(base)
             for weighted in (False, True):
-                unet_patch.SIZE_WEIGHTED = weighted
+                default, switch.SIZE_WEIGHTED = switch.SIZE_WEIGHTED, weighted
                 try:
                     psnr, ssim = metrics.psnr_ssim(ref, pixels(patched))
                 finally:
-                    unet_patch.SIZE_WEIGHTED = True
+                    switch.SIZE_WEIGHTED = default
                 rows.append({"model": layout, "scope": scope, "ratio": r,
                              "size_weighted": weighted, "psnr": psnr, "ssim": ssim})
                 logging.warning("%s %s r%s weighted=%s: %.2f dB", layout, scope, r, weighted,
@@ -61,7 +64,7 @@ def measure(layout: str, scopes: list[str], ratios: list[float]) -> list[dict]:
 
 def report(result: dict) -> str:
     cfg = result["config"]
-    lines = ["# Size-weighted self-attention on the trained UNet fixtures", "",
+    lines = ["# Size-weighted self-attention on the trained fixtures", "",
              f"commit {cfg['commit']}, `{cfg['command']}`, ComfyUI {cfg['comfyui']}, "
              f"{result['machine'].get('cpu')}, {cfg['threads']} thread(s)", "",
              "PSNR / SSIM of the decoded samples against unmerged (the quality section's "

@@ -36,10 +36,11 @@ from tiny_models import (
 )
 
 import comfy_harness as ch
-from toma_pack.nodes import run_state
+from toma_pack.nodes import dit_patch, run_state
 from toma_pack.nodes.apply import apply_toma
 from toma_pack.nodes.dit_families import VIDEO_REGION_FRAMES
 from toma_pack.nodes.options import make_options
+from toma_pack.nodes.token_layout import MERGED_FLAG
 from toma_pack.toma_core import build_plan
 from toma_pack.toma_core.regions import Regions
 
@@ -581,6 +582,61 @@ UPDATE_ERROR = {
     "lens": 1.23,   # 0.820 (v0.33.0)
     "lens_padded": 1.23,   # 0.820 (v0.33.0)
 }
+
+
+# Families whose merged blocks' self-attention gets no size bias: HiDream-O1's attention takes
+# the model call's transformer_options (made once before its blocks), not the block's.
+UNWEIGHTED = {"hidream_o1", "hidream_o1_edit"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_merged_self_attention_is_weighted_by_the_keys_sizes(name, monkeypatch):
+    """ComfyUI's attention, called in a merged block over keys of the merged sequence, gets the
+    size bias (dit_patch.sized_attention) as its mask, or added to the block's own mask: log of
+    each merged grid key's size (the sizes add up to the grid's tokens), 0 on every other key;
+    and the sample is not the one without the bias."""
+    if not available(name):
+        return assert_absent(name)
+    seen: list[tuple] = []
+    sized = dit_patch.sized_attention
+
+    def recording(func, q, k, v, heads, mask=None, *args, **kwargs):
+        def attend(q, k, v, heads, got=None, *args, **kwargs):
+            options = kwargs["transformer_options"]
+            seen.append((k.shape[-2], mask, got, options[dit_patch.SIZE_BIAS][0],
+                         options[MERGED_FLAG]))
+            return func(q, k, v, heads, got, *args, **kwargs)
+
+        return sized(attend, q, k, v, heads, mask, *args, **kwargs)
+
+    monkeypatch.setattr(dit_patch, "sized_attention", recording)
+    monkeypatch.setattr(dit_patch, "SIZE_WEIGHTED", True)
+    model = tiny_patcher(name)
+    (batch, height, width, frames), cfg = sample_args(name)
+    x = inputs(name, model, batch, height, width, frames)
+    toma = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+
+    def sample() -> torch.Tensor:
+        return ch.flat(ch.sample(toma, x.latent, x.positive, x.negative, steps=1, cfg=cfg,
+                                 noise_mask=x.noise_mask))
+
+    weighted = sample()
+    merged = [call for call in seen if call[0] == call[3].shape[-1]]
+    if name in UNWEIGHTED:
+        assert not merged
+        return
+    assert merged
+    worst = 0.0
+    for length, own, got, bias, flag in merged:
+        assert got is not None, "merged self-attention without the size bias"
+        bias = bias.to(got.dtype)
+        assert torch.equal(got, bias if own is None else dit_patch.with_bias(own, bias))
+        full = length - flag["merged_tokens"] + flag["tokens"]
+        worst = max(worst, float((bias.double().exp().sum(-1) / full - 1).abs().max()))
+    print(f"{name}: {len(merged)} weighted attention calls, sizes' sum off by {worst:.1e}")
+    assert worst <= 1e-6        # measured: at most 2.4e-8 (kandinsky5_image, v0.33.0)
+    monkeypatch.setattr(dit_patch, "SIZE_WEIGHTED", False)
+    assert not torch.equal(sample(), weighted)
 
 
 @pytest.mark.parametrize("name", NAMES)
