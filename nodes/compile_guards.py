@@ -3,8 +3,6 @@ which ToMA's blocks read what the host decided while dynamo traces them."""
 
 from __future__ import annotations
 
-import torch
-
 
 def unguarded_compile(model_options: dict) -> bool:
     """Whether the model runs through a torch.compile wrapper that drops dynamo's guards on
@@ -60,10 +58,10 @@ def guard_filter_of(module: object) -> object:
 
 # While a model compiled by torch.compile runs: (node key, device) -> the node's settings and the
 # decisions of the model call in flight (ModelCall.decisions). Blocks read their entry while
-# dynamo traces them; unlike transformer_options (whose guards ComfyUI's compile drops, with
-# those on the patch functions it holds) a global is guarded, so a call whose decisions or
-# settings differ from a traced one's at equal shapes gets a trace of its own instead of
-# replaying another call's. Each entry lives for its call only.
+# dynamo traces them (ToMAState.call_of); unlike transformer_options (whose guards ComfyUI's
+# compile drops, with those on the patch functions it holds) a global is guarded, so a call whose
+# decisions or settings differ from a traced one's at equal shapes gets a trace of its own instead
+# of replaying another call's. Each entry lives for its call only.
 TRACED_DECISIONS: dict[tuple[str, str], str] = {}
 
 
@@ -75,7 +73,3 @@ TRACED_DECISIONS: dict[tuple[str, str], str] = {}
 # own. Each entry lives for its call only.
 TRACED_PLANS: dict[tuple[str, str], dict] = {}
 
-
-def traced_decisions(key: str, device: torch.device) -> str | None:
-    """The decisions of node `key`'s model call in flight on `device` (see TRACED_DECISIONS)."""
-    return TRACED_DECISIONS.get((key, str(device)))
