@@ -267,7 +267,7 @@ class ToMAState:
         call = options.get(self.call_key)
         if not isinstance(call, ModelCall):
             call = getattr(self.in_flight, "call", None)
-        if compiling():
+        if compiling():      # compared, so that dynamo realizes the read and guards on it
             if TRACED_DECISIONS.get((self.key, str(device))) is None and call is None:
                 return None
         elif call is None:
