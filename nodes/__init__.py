@@ -13,7 +13,7 @@ unet_neighbours -- other nodes' patches inside UNet blocks, and where ToMA stand
 dit_neighbours -- other nodes that replace a transformer's blocks or patch their self-attention
 dit_patch     -- the diffusion transformers (Flux, Wan, HunyuanVideo, Qwen-Image, SD3, ...): one
                  block patch reading the per-family descriptions in dit_families / families/
-run_state     -- per-run plans and counters, the model call in flight on each thread
+run_state     -- per-run plans and counters; call_of, the one way a block finds its model call
 ui_stats      -- the stats line pushed to the graph
 """
 

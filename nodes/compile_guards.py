@@ -3,8 +3,6 @@ which ToMA's blocks read what the host decided while dynamo traces them."""
 
 from __future__ import annotations
 
-import torch
-
 
 def unguarded_compile(model_options: dict) -> bool:
     """Whether the model runs through a torch.compile wrapper that drops dynamo's guards on
@@ -58,24 +56,14 @@ def guard_filter_of(module: object) -> object:
     return getattr(hooks, "guard_filter_fn", None)
 
 
-# While a model compiled by torch.compile runs: (node key, device) -> the node's settings and the
-# decisions of the model call in flight (ModelCall.decisions). Blocks read their entry while
-# dynamo traces them; unlike transformer_options (whose guards ComfyUI's compile drops, with
-# those on the patch functions it holds) a global is guarded, so a call whose decisions or
-# settings differ from a traced one's at equal shapes gets a trace of its own instead of
-# replaying another call's. Each entry lives for its call only.
+# While a model compiled by torch.compile runs, (node key, device) -> what blocks read of the model
+# call in flight, each entry for its call only. Unlike transformer_options (whose guards ComfyUI's
+# compile drops, with those on the patch functions it holds) a global is guarded, so a traced
+# answer is replayed only where it holds:
+# - the node's settings and the call's decisions (ModelCall.decisions, read by
+#   ToMAState.call_of): a call that decides otherwise at equal shapes gets a trace of its own;
+# - the call's plans (ModelCall.plans, asked whether a level's plan is built yet): where the graph
+#   breaks inside the blocks, dynamo compiles one block's code once for all of them, and the
+#   blocks that reuse a plan get a trace of their own instead of the first one's answer.
 TRACED_DECISIONS: dict[tuple[str, str], str] = {}
-
-
-# While a compiled model runs: (node key, device) -> the plans of the model call in flight (the
-# dict of ModelCall.plans). Blocks ask it whether their level's plan is built yet: a check on
-# transformer_options is not guarded there, and where the graph breaks inside the blocks, dynamo
-# compiles one block's code once for all of them, so every block would replay the first one's
-# answer. Asked here, the answer is guarded, and the blocks that reuse a plan get a trace of their
-# own. Each entry lives for its call only.
 TRACED_PLANS: dict[tuple[str, str], dict] = {}
-
-
-def traced_decisions(key: str, device: torch.device) -> str | None:
-    """The decisions of node `key`'s model call in flight on `device` (see TRACED_DECISIONS)."""
-    return TRACED_DECISIONS.get((key, str(device)))

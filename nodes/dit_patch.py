@@ -118,7 +118,9 @@ class DiTToMA:
         when the patch is, not in the traced call: under torch.compile a block index can turn
         symbolic, which no string can be formatted from)."""
         stream = stream_of(kind, args.get(kind.stream))
-        call = self.state.block_call_of(options, None if stream is None else stream.device)
+        call = self.state.call_of(options, None if stream is None else stream.device)
+        if self.prefix_layers is not None:
+            run = prefix_run(call, self.prefix_layers[index], index, run)
         txt = args.get(kind.txt) if kind.txt else None
         if call is not None and call.shard is None and isinstance(txt, torch.Tensor):
             call.txt_len = txt.shape[1]     # for single-stream blocks after these
@@ -476,11 +478,8 @@ class DiTToMA:
                 return previous(a, extra) if previous is not None else extra["original_block"](a)
 
             # ComfyUI's forwards hand the options in args; copies of them in other packs (First
-            # Block Cache's) in extra, or nowhere (TeaCache's Flux): block_call_of finds the call
+            # Block Cache's) in extra, or nowhere (TeaCache's Flux): call_of finds the call
             options = args.get("transformer_options") or extra.get("transformer_options") or {}
-            if self.prefix_layers is not None:
-                call = self.state.call_of(options)
-                run = prefix_run(call, self.prefix_layers[index], index, run)
             return self.block_call(kind, index, args, run, layer, options)
 
         return patch

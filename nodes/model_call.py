@@ -84,12 +84,13 @@ class RunState:
 class ModelCall:
     """One model call: what the host decided for it, and what its blocks share and record.
 
-    identity: what plans are kept under (cond uuids, cond/uncond order, context window, device);
+    identity: what plans are kept under (cond uuids, cond/uncond order, context window, device),
+    read on the host;
     grid: the family's token grid of this call ((h, w) or (t, h, w)), None where it has none;
     mergeable: False when the family found an input merging would break (see its notes);
-    step: the sampling step; merging: whether this call merges (ratio, start/end_percent) -- the
-    blocks read only this flag, never the step: under torch.compile a value read in the graph
-    is guarded on, and a step would recompile the model every step;
+    merging: whether this call's step merges (ratio, start/end_percent) -- the blocks get this
+    flag, never the step: under torch.compile a value read in the graph is guarded on, and a
+    step would recompile the model every step;
     plans: key -> plan (or None: nothing to merge) for this identity; empty when the plans are
     due, so the first block of each level or group builds one;
     prefix, protected_frames, level: set with the grid by the family (dit_families.set_grid):
@@ -107,6 +108,8 @@ class ModelCall:
     records: layer -> (level, tokens, merged tokens or None), set by blocks (a dict: where the
     graph breaks inside blocks, dynamo replays a dict's new items, but rewrites a list whole);
     notes: appended by blocks; both added to the run after the call;
+    plan_seconds: the time plan builds took (None: not timed; they are on an eager CPU, where
+    timing is free and accurate);
     pass_index / pass_layers: the pass over the model's blocks the call is in, and the layers
     that pass has run (see pass_of);
     traced: (node key, device) of its entries in compile_guards' globals while a compiled model
@@ -120,11 +123,9 @@ class ModelCall:
     """
 
     run: RunState
-    device: torch.device | None = None
     identity: tuple = ()
     grid: tuple[int, ...] | None = None
     mergeable: bool = True
-    step: int = 0
     merging: bool = False
     plans: dict = field(default_factory=dict)
     prefix: int = 0
@@ -137,9 +138,7 @@ class ModelCall:
     merged_rows: dict = field(default_factory=dict)
     records: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
-    timed: bool = False          # plan builds are timed (eager CPU: free and accurate there)
-    plan_seconds: float = 0.0
-    plans_before: int = 0        # plans kept from earlier calls (the rest are built in this one)
+    plan_seconds: float | None = None
     pass_index: int = 0
     pass_layers: set = field(default_factory=set)
     traced: tuple[str, str] | None = None
@@ -171,7 +170,7 @@ class ModelCall:
             return plans[key]
         if key not in self.plans:
             with kept_allocations():       # kept for later blocks and steps
-                if self.timed:
+                if self.plan_seconds is not None:
                     start = time.perf_counter()
                     self.plans[key] = build()
                     self.plan_seconds += time.perf_counter() - start

@@ -14,10 +14,10 @@ of one step in a thread pool (one thread per GPU), so nothing mutable lives on t
   graph when ComfyUI's TorchCompileModel compiles the diffusion model). It decides everything
   that needs the host: the step, whether merging is on, whether plans are due, the batch's
   identity (cond uuids, cond/uncond order, context window, device), what the family reads from
-  the inputs. It hands the blocks a ModelCall in the call's transformer_options. The blocks (run
-  inside the model, traced by dynamo under torch.compile) only read that and record through its
-  methods (model_call.py): no locks, thread-locals, clocks or host reads of device values there.
-  After the call the wrapper adds what they recorded to the run.
+  the inputs. It hands the blocks a ModelCall, which every block patch finds one way
+  (ToMAState.call_of). The blocks (run inside the model, traced by dynamo under torch.compile)
+  only read that and record through its methods (model_call.py): no locks, clocks or host reads
+  of device values there. After the call the wrapper adds what they recorded to the run.
 
 Beside it: arguments.py binds the wrapped calls' arguments, forward_patches.py installs the
 block patches, compile_guards.py handles torch.compile without guards.
@@ -36,7 +36,7 @@ import torch
 
 from ..toma_core.regions import compiling
 from .arguments import call_arguments, with_argument
-from .compile_guards import TRACED_DECISIONS, TRACED_PLANS, traced_decisions, unguarded_compile
+from .compile_guards import TRACED_DECISIONS, TRACED_PLANS, unguarded_compile
 from .model_call import Describe, ModelCall, RunState
 from .options import ToMAOptions
 from .sequence_parallel import sequence_shard
@@ -80,8 +80,7 @@ class ToMAState:
         self.describe = describe
         # said when the node patched the model: true of every run of the patched model
         self.setup_notes: list[str] = []
-        # the model call in flight on each thread (for blocks another pack's forward calls
-        # without transformer_options), and the runs in progress
+        # the model call in flight on each thread, and the runs in progress
         self.in_flight = threading.local()
         self.runs: list[RunState] = []
         # the ModelPatcher the node patched, weakly (a strong reference would keep it loaded
@@ -182,13 +181,14 @@ class ToMAState:
 
     def apply_model_wrapper(self, executor: Callable, *args, **kwargs):
         """WrappersMP.APPLY_MODEL: decide this call on the host and hand its ModelCall to the
-        blocks in the call's transformer_options (and, for blocks that another pack's forward
-        calls without them, as this thread's call in flight)."""
+        blocks (see call_of); afterwards add what they recorded to the run."""
         arguments = call_arguments(executor, args, kwargs)
         options = arguments.get("transformer_options") or {}
         x = arguments.get("x", args[0] if args else None)
         run = options.get(self.key)
-        call = self.open_call(run if isinstance(run, RunState) else self.new_run(), x, options)
+        run = run if isinstance(run, RunState) else self.new_run()
+        call, step = self.open_call(run, x, options)
+        built = len(call.plans)
         if self.describe is not None:
             model = getattr(executor.class_obj, "diffusion_model", None)
             key = ("sequence_shard", id(model))    # read once per run and model object
@@ -199,7 +199,7 @@ class ToMAState:
                 self.run_note(call.run, note)
         args, kwargs = with_argument(executor, args, kwargs, "transformer_options",
                                      {**options, self.call_key: call})
-        traced = call.traced = (self.key, str(call.device)) if call.run.compiled else None
+        traced = call.traced = (self.key, str(call.identity[-1])) if call.run.compiled else None
         if traced is not None:
             TRACED_DECISIONS[traced] = f"{self.family} {self.options!r} {call.decisions()}"
             TRACED_PLANS[traced] = call.plans
@@ -212,29 +212,30 @@ class ToMAState:
             if traced is not None:
                 TRACED_DECISIONS.pop(traced, None)
                 TRACED_PLANS.pop(traced, None)
-            self.close_call(call)
+            self.close_call(call, step, built)
 
-    def open_call(self, run: RunState, x: object, options: dict) -> ModelCall:
-        """A ModelCall for the run's current step: merging on or off (ratio, start/end_percent
-        on the noise schedule), and the plans of its identity, fresh when due."""
+    def open_call(self, run: RunState, x: object, options: dict) -> tuple[ModelCall, int]:
+        """A ModelCall for the run's current step (returned beside it): merging on or off
+        (ratio, start/end_percent on the noise schedule), and the plans of its identity, fresh
+        when due."""
         device = x.device if torch.is_tensor(x) else None
         window = options.get("context_window")
         identity = (tuple(options.get("uuids") or ()), tuple(options.get("cond_or_uncond") or ()),
                     tuple(getattr(window, "index_list", None) or ()), device)
-        call = ModelCall(run, device, identity, timed=device is not None and device.type == "cpu")
+        timed = device is not None and device.type == "cpu"
+        call = ModelCall(run, identity, plan_seconds=0.0 if timed else None)
         with run.lock:
             run.model_calls += 1
             step = run.step
             o = self.options
-            call.step = step
             if o.ratio > 0 and run.in_window(step, o.start_percent, o.end_percent):
                 call.merging = True
                 call.plans = run.schedule.plans(identity, step)[0]
-        call.plans_before = len(call.plans)
-        return call
+        return call, step
 
-    def close_call(self, call: ModelCall) -> None:
-        """Add what the call's blocks recorded to its run, with their notes."""
+    def close_call(self, call: ModelCall, step: int, built: int) -> None:
+        """Add what the blocks of `call` (the run's step `step`, holding `built` plans from
+        earlier calls when it began) recorded to its run, with their notes."""
         run = call.run
         with run.lock:
             run.merging_calls += call.active
@@ -243,38 +244,34 @@ class ToMAState:
                 if merged is None:
                     continue
                 run.layers_merged.add(layer)
-                run.steps_merged.add(call.step)
+                run.steps_merged.add(step)
                 run.levels[level] = (tokens, merged)
-            run.builds += len(call.plans) - call.plans_before
-            if call.timed:
+            run.builds += len(call.plans) - built
+            if call.plan_seconds is not None:
                 run.build_seconds = (run.build_seconds or 0.0) + call.plan_seconds
         for note in dict.fromkeys(call.notes):
             self.run_note(run, note)
 
     # Inside the model's blocks -----------------------------------------------------------------
-    def call_of(self, options: dict) -> ModelCall | None:
-        """The ModelCall of the model call these block options belong to (None outside one)."""
+    def call_of(self, options: dict, device: torch.device | None = None) -> ModelCall | None:
+        """The ModelCall a block call belongs to: the one way every block patch finds it,
+        whoever called the block. It is in the block's transformer_options where the caller
+        handed them on; else (another pack's copy of the model's forward: TeaCache's; a family
+        whose blocks get no options) it is this thread's call in flight; else None, and the
+        runs in progress say who called the block outside any call.
+
+        Traced by torch.compile, the graph is guarded on the call's decisions on `device` (the
+        block's tokens'; compile_guards.TRACED_DECISIONS; dynamo guards what it reads through
+        the thread's call itself), so a later call that decides otherwise at equal shapes is
+        traced anew rather than replaying this one's."""
         call = options.get(self.call_key)
-        return call if isinstance(call, ModelCall) else None
-
-    def block_call_of(self, options: dict, device: torch.device) -> ModelCall | None:
-        """The ModelCall a block call on `device` belongs to: the one in its options; where
-        another pack's copy of the model's forward hands the block none (TeaCache's), this
-        thread's model call in flight; None (and said, naming the caller) outside any.
-
-        Traced by torch.compile, the graph is also guarded on the call's decisions
-        (TRACED_DECISIONS), so a later call that decides otherwise at equal shapes is traced
-        anew rather than replaying this one's decisions."""
-        call = options.get(self.call_key)      # call_of's lookup, without a call per block
-        call = call if isinstance(call, ModelCall) else None
-        if compiling():
-            if traced_decisions(self.key, device) is None and call is None:
-                return None
-            return call
-        if call is None:
+        if not isinstance(call, ModelCall):
             call = getattr(self.in_flight, "call", None)
-            if call is None:
-                self.blind_block(foreign_caller())
+        if compiling():      # compared, so that dynamo realizes the read and guards on it
+            if TRACED_DECISIONS.get((self.key, str(device))) is None and call is None:
+                return None
+        elif call is None:
+            self.blind_block(foreign_caller())
         return call
 
     def blind_block(self, caller: str) -> None:

@@ -118,9 +118,12 @@ class UNetToMA:
                  attn1_keys: tuple = ()) -> None:
         self.state = state
         self.scope = scope   # the merge_scope widget: "auto", "block" or "attention"
-        # the blocks' attn1 keys, named at patch time so that a traced call does not add to
-        # them (torch.compile guards on the dict's length); a call names any other it meets
-        self.attn1_keys: dict = dict.fromkeys(attn1_keys)
+        # size-weighted attention (see with_sized_attention) as the attn1 replace of every
+        # block, named at patch time so that a traced call does not add keys (torch.compile
+        # guards on the dict's length); a call names any other it meets
+        self.sized_key = f"{state.key}_sized"
+        self.attend = sized_attention(self.sized_key)
+        self.attn1 = dict.fromkeys(attn1_keys, self.attend)
         self.largest_level_ds = largest_level_ds
 
     # Which calls merge ---------------------------------------------------------------------------
@@ -255,7 +258,27 @@ class UNetToMA:
         patches = dict(options.get("patches") or {})
         patches["attn1_patch"] = [*patches.get("attn1_patch", ()), mark(merge)]
         patches["attn1_output_patch"] = [mark(unmerge), *patches.get("attn1_output_patch", ())]
-        return with_sized_attention({**options, "patches": patches}, held, self.attn1_keys)
+        return self.with_sized_attention({**options, "patches": patches}, held)
+
+    def with_sized_attention(self, options: dict, plans: list[MergePlan] | tuple[MergePlan]
+                             ) -> dict:
+        """A copy of a block call's transformer_options with size-weighted attention as every
+        block's attn1 replace (self.attn1: under every key, so that a compile without guards
+        on transformer_options, whose code looks up the key of the block it traced, finds it
+        whichever block replays it) and `plans` for it. Unchanged where the UNet names no
+        block, SIZE_WEIGHTED is off, or a ToMA that ran first (and merged) put its own there."""
+        block = options.get("block")
+        if block is None or not SIZE_WEIGHTED:
+            return options
+        key = (block[0], block[1], options.get("block_index", 0))
+        replace = options.get("patches_replace") or {}
+        attn1 = replace.get("attn1") or {}
+        if getattr(attn1.get(key), TOMA_MARK, False):
+            return options
+        if key not in self.attn1:
+            self.attn1[key] = self.attend
+        return {**options, self.sized_key: plans, "patches_replace": {
+            **replace, "attn1": {**attn1, **self.attn1} if attn1 else self.attn1}}
 
     # The block's forward --------------------------------------------------------------------------
     def block_forward(self, block: torch.nn.Module, original: Callable, foreign_forward: bool,
@@ -268,7 +291,7 @@ class UNetToMA:
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             options = _call_options(args, kwargs)
-            call = self.state.block_call_of(options, x.device)
+            call = self.state.call_of(options, x.device)
             held = None if call is None else call.region_order
             if held is not None:
                 call.region_order = None
@@ -286,7 +309,7 @@ class UNetToMA:
                             and not compiling()
                             and getattr(after.__dict__.get("forward"), OWNER, None) is self)
                     if SIZE_WEIGHTED:
-                        sized = with_sized_attention(options, (plan,), self.attn1_keys)
+                        sized = self.with_sized_attention(options, (plan,))
                         if "transformer_options" in kwargs:      # ComfyUI's call
                             kwargs = {**kwargs, "transformer_options": sized}
                         else:
@@ -312,23 +335,10 @@ class UNetToMA:
         return mark(forward)
 
 
-def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan],
-                         keys: dict) -> dict:
-    """A copy of a block call's transformer_options whose attn1 replace runs ComfyUI's attention
-    with the size bias of the last of `plans` (filled by the time attention runs; empty: the
-    call did not merge) over merged keys. Unchanged where the UNet names no block, SIZE_WEIGHTED
-    is off, or a ToMA that ran first (and merged) put its own there.
-    keys: the attn1 keys named so far (this call's added); the replace stands under every one
-    of them, so that a compile without guards on transformer_options, whose code looks up the
-    key of the block it traced, finds this call's replace whichever block replays it."""
-    block = options.get("block")
-    if block is None or not SIZE_WEIGHTED:
-        return options
-    key = (block[0], block[1], options.get("block_index", 0))
-    replace = dict(options.get("patches_replace") or {})
-    attn1 = replace.get("attn1") or {}
-    if getattr(attn1.get(key), TOMA_MARK, False):
-        return options
+def sized_attention(key: str) -> Callable:
+    """An attn1 replace that runs ComfyUI's attention with the size bias of the last of the
+    plans a block call's transformer_options hold under `key` (filled by the time attention
+    runs; empty: the call did not merge) over merged keys."""
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                extra_options: dict) -> torch.Tensor:
@@ -337,6 +347,7 @@ def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan
         # imported where ComfyUI's block calls it: a block of the benchmarks' own never does
         import comfy.ldm.modules.attention as attention
 
+        plans = extra_options.get(key)
         plan = plans[-1] if plans else None
         bias = None
         if plan is not None and k.shape[1] == plan.merged_tokens:
@@ -349,11 +360,8 @@ def with_sized_attention(options: dict, plans: list[MergePlan] | tuple[MergePlan
             q, k, v, extra_options["n_heads"], mask=bias,
             attn_precision=extra_options.get("attn_precision"), transformer_options=extra_options)
 
-    setattr(attend, TOMA_MARK, True)     # mark() without a call per block
-    if key not in keys:
-        keys[key] = None
-    replace["attn1"] = {**attn1, **dict.fromkeys(keys, attend)}
-    return {**options, "patches_replace": replace}
+    setattr(attend, TOMA_MARK, True)     # a ToMA that runs after this one leaves it there
+    return attend
 
 
 def _call_options(args: tuple, kwargs: dict) -> dict:

@@ -429,7 +429,7 @@ def test_unfit_mask_leaves_blocks_unmerged_with_one_warning(flux, caplog):
         patch(args, {"original_block": original})
         args["attn_mask"] = torch.zeros(1, 1, 88)        # key-padding form: gathered, merged
         patch(args, {"original_block": original})
-        state.close_call(call)       # what the APPLY_MODEL wrapper does after the call
+        state.close_call(call, 0, 0)       # what the APPLY_MODEL wrapper does after the call
     assert seen == [80, 80, 40]
     warnings = [r for r in caplog.records if "attention mask" in r.getMessage()]
     assert len(warnings) == 1

@@ -244,7 +244,7 @@ def test_steps_come_from_the_sampler_on_the_host(sdxl):
 
     def record(executor, *args, **kwargs):
         dicts = [a for a in (*args, *kwargs.values()) if isinstance(a, dict)]
-        steps.extend(v.step for d in dicts for v in d.values()
+        steps.extend(v.run.step for d in dicts for v in d.values()
                      if isinstance(v, run_state_module.ModelCall))
         return executor(*args, **kwargs)
 

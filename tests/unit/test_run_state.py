@@ -32,12 +32,14 @@ class Model:
     def __init__(self, state: ToMAState) -> None:
         self.state = state
         self.seen: list[ModelCall | None] = []
+        self.steps: list[int] = []      # the run's step at each call (a host value)
         self.builds = 0
 
     def apply_model(self, x, t, c_concat=None, c_crossattn=None, control=None,
                     transformer_options={}, **kwargs):  # noqa: B006 (ComfyUI's signature)
         call = self.state.call_of(transformer_options)
         self.seen.append(call)
+        self.steps.append(call.run.step if call is not None else -1)
         if call is not None and call.active:
             call.plan(("grid", 8, 8), self._build)
             call.record("block0", "8x8", 64, call.plans[("grid", 8, 8)])
@@ -75,7 +77,7 @@ def sample(state: ToMAState, model: Model, run: RunState | None, steps: int,
                                  {"model_options": options}, lambda i, *rest: theirs.append(i),
                                  torch.zeros(1, 4))
     assert theirs == (list(range(steps)) if report else [])   # a callback already there runs
-    return [call.step for call in model.seen if call is not None]
+    return [step for call, step in zip(model.seen, model.steps, strict=True) if call is not None]
 
 
 def test_steps_come_from_the_samplers_callback() -> None:
@@ -110,7 +112,8 @@ def test_start_and_end_percent_window_the_merged_steps() -> None:
     model = Model(state)
     run = state.new_run()
     sample(state, model, run, steps=8)
-    merged = sorted({call.step for call in model.seen if call is not None and call.merging})
+    merged = sorted({step for call, step in zip(model.seen, model.steps, strict=True)
+                     if call is not None and call.merging})
     assert merged == [2, 3, 4, 5]
     assert run.steps_merged == {2, 3, 4, 5}
     assert state.summary(run)["steps_merged"] == 4
@@ -139,7 +142,7 @@ def test_the_call_reaches_the_blocks_in_transformer_options_only() -> None:
     assert b.call_of({a.call_key: model.seen[0]}) is None
     assert a.call_of({}) is None and a.call_of({a.call_key: "not a call"}) is None
     # outside sampling (no RunState in the options) the wrapper still opens a call of its own
-    assert model.seen[0].run is not None and model.seen[0].step == 0
+    assert model.seen[0].run is not None and model.steps[0] == 0
 
 
 def test_plans_are_kept_per_batch_identity_and_device() -> None:
@@ -153,11 +156,12 @@ def test_plans_are_kept_per_batch_identity_and_device() -> None:
         builds.append(1)
 
     for uuids, device in ((["a"], "cpu"), (["a"], "cpu"), (["b"], "cpu"), (["a"], "meta")):
-        call = state.open_call(run, torch.empty(1, device=device),
-                               {"uuids": uuids, "cond_or_uncond": [0]})
-        assert call.merging and call.device == torch.device(device)
+        call, step = state.open_call(run, torch.empty(1, device=device),
+                                     {"uuids": uuids, "cond_or_uncond": [0]})
+        assert call.merging and call.identity[-1] == torch.device(device)
+        built = len(call.plans)
         call.plan(("grid", 8, 10), build)
-        state.close_call(call)
+        state.close_call(call, step, built)
     assert len(builds) == 3
     assert run.builds == 3
 
@@ -169,7 +173,7 @@ def test_a_plan_of_none_is_kept() -> None:
     run = state.new_run()
     calls = []
     for _ in range(3):
-        call = state.open_call(run, None, {})
+        call = state.open_call(run, None, {})[0]
         assert call.plan("k", lambda: calls.append(1)) is None
         assert call.plan("k", lambda: calls.append(1)) is None
     assert len(calls) == 1
@@ -214,13 +218,13 @@ def test_index_tables_are_kept_for_the_run_per_partition_and_device() -> None:
 def test_close_call_adds_the_blocks_records_and_says_notes_once() -> None:
     state = ToMAState(make_options(0.5), "flux")
     run = state.new_run()
-    call = state.open_call(run, torch.zeros(1), {})
+    call, step = state.open_call(run, torch.zeros(1), {})
     call.record("d0", "64x64", 4096, None)                      # ran unmerged
     call.plan("k", lambda: build_plan(torch.randn(1, 64, 4), 8, 8, 0.5, tile_count=4))
     call.record("d1", "64x64", 4096, call.plans["k"])
     call.note("something differs")
     call.note("something differs")
-    state.close_call(call)
+    state.close_call(call, step, 0)
     assert run.layers_seen == {"d0", "d1"} and run.layers_merged == {"d1"}
     assert run.levels == {"64x64": (4096, 32)} and run.builds == 1
     assert run.build_seconds is not None and run.build_seconds >= 0   # timed on the CPU
@@ -233,9 +237,9 @@ def test_notes_belong_to_the_run_that_caused_them() -> None:
     state = ToMAState(make_options(0.5), "flux")
     state.setup_note("set up differently")
     first, second = state.new_run(), state.new_run()
-    call = state.open_call(first, torch.zeros(1), {})
+    call, step = state.open_call(first, torch.zeros(1), {})
     call.note("this call differs")
-    state.close_call(call)
+    state.close_call(call, step, 0)
     assert "this call differs" in state.summary(first)["note"]
     assert "this call differs" not in state.summary(second)["note"]
     assert "set up differently" in state.summary(first)["note"]
@@ -272,15 +276,39 @@ def test_a_block_finds_the_call_in_flight_when_its_caller_hands_no_options() -> 
     found = []
 
     def apply_model(x, t, transformer_options={}, **kwargs):  # noqa: B006
-        found.append(state.block_call_of({}, x.device))
+        found.append(state.call_of({}, x.device))
         return x
 
     state.apply_model_wrapper(Executor(apply_model), torch.zeros(1), torch.zeros(1),
                               transformer_options={state.key: run})
     assert isinstance(found[0], ModelCall) and found[0].run is run
-    assert state.block_call_of({}, torch.device("cpu")) is None   # no call in flight
+    assert state.call_of({}, torch.device("cpu")) is None   # no call in flight
     assert any("test_run_state (test_a_block_finds_the_call_in_flight" in n and
                "outside ComfyUI's model call" in n for n in run.notes)
+
+
+def test_a_compiled_block_without_options_finds_the_call_in_flight() -> None:
+    """Traced by torch.compile, a block handed no transformer_options (TeaCache's forward, a
+    family whose blocks get none) finds this thread's call too, in one graph, and the graph is
+    guarded on what it read of it: a call that merges is traced anew, not replayed unmerged."""
+    state = ToMAState(make_options(0.5, end_percent=0.5), "flux")
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def block(x: torch.Tensor) -> torch.Tensor:
+        call = state.call_of({}, x.device)
+        return x * 2 if call is not None and call.active else x
+
+    def apply_model(x, t, transformer_options={}, **kwargs):  # noqa: B006
+        return block(x)
+
+    run = state.new_run()
+    run.steps_total = 4
+    outs = []
+    for step in (3, 0):               # outside start..end_percent, then inside
+        run.step = step
+        outs.append(state.apply_model_wrapper(Executor(apply_model), torch.ones(1),
+                                              torch.zeros(1), transformer_options={state.key: run}))
+    assert [float(out) for out in outs] == [1.0, 2.0]
 
 
 def test_calls_on_threads_see_their_own_call() -> None:
