@@ -32,7 +32,8 @@ What other packs' code sees, decided on every block call from what ComfyUI hands
   With SIZE_WEIGHTED, ToMA's own override (sized_attention) stands in front of it in merged
   blocks: the self-attention over the merged sequence gets each merged key's log(size) on its
   logits (toma_core.size_bias) as an additive mask; attention calls that do not hand ComfyUI's
-  attention the block's transformer_options (HiDream-O1's), and sequence-parallel calls, get
+  attention the block's transformer_options (one that takes the model call's), and
+  sequence-parallel calls, get
   none.
 - In a merged block, transformer_options carry MERGED_FLAG (a second ToMA node leaves the
   sequence alone; its value says where the merged grid is: start, tokens, merged_tokens, grid,
@@ -85,8 +86,8 @@ from .unet_neighbours import DIT_IN_BLOCK_PATCHES, in_block_patches
 log = logging.getLogger("ToMA")
 
 # Self-attention over merged keys weighted by their sizes, through ComfyUI's attention override
-# under these option keys: off, as it brought the trained Flux fixtures no closer and its mask
-# takes flash and sage attention away (docs/quality.md, the size-weighting section).
+# under these option keys: off, as it brought the trained transformer fixtures no closer and
+# its mask takes flash and sage attention away (docs/quality.md, the size-weighting section).
 SIZE_WEIGHTED = False
 OVERRIDE = "optimized_attention_override"
 SIZE_BIAS = "toma_size_bias"
@@ -478,7 +479,7 @@ class DiTToMA:
                 return previous(a, extra) if previous is not None else extra["original_block"](a)
 
             # ComfyUI's forwards hand the options in args; copies of them in other packs (First
-            # Block Cache's) in extra, or nowhere (TeaCache's Flux): call_of finds the call
+            # Block Cache's) in extra, or nowhere (some step caches): call_of finds the call
             options = args.get("transformer_options") or extra.get("transformer_options") or {}
             return self.block_call(kind, index, args, run, layer, options)
 
@@ -509,7 +510,7 @@ class DiTToMA:
                                   named.get("transformer_options") or {})
             if not kind.returns:
                 return out[kind.stream]
-            # A list, not a generator: after a graph break inside the block (HiDream's expert
+            # A list, not a generator: after a graph break inside the block (expert
             # routing) this line runs in a frame of its own, and dynamo refuses generator frames.
             return tuple([out[name] for name in kind.returns])
 
@@ -577,8 +578,9 @@ def stream_layout(kind: BlockKind, lay: Layout, args: dict) -> Layout:
 
 
 def same_object(a: object, b: object) -> bool:
-    """Whether `b` is `a`, a tuple or list compared item by item (LTX's (rotation, split) rows:
-    torch.compile cannot trace `is` between two tuples once a graph has broken before it)."""
+    """Whether `b` is `a`, a tuple or list compared item by item (positional rows as a
+    (rotation, split) pair: torch.compile cannot trace `is` between two tuples once a graph
+    has broken before it)."""
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
     return a is b

@@ -43,7 +43,7 @@ class RunState:
         self.steps_merged: set = set()
         self.levels: dict = {}
         self.host_reads: dict = {}       # what a family reads on the host once per run
-        self.prefix_entries: dict = {}   # HiDream-O1's kept prompt keys and values
+        self.prefix_entries: dict = {}   # a prefix cache's kept prompt keys and values
         # compiled by torch.compile (see unguarded_compile: without guards on
         # transformer_options)
         self.compiled = False
@@ -101,8 +101,8 @@ class ModelCall:
     recorded from a sequence shard, whose blocks see a shard of the text);
     foreign_attention: (kind key, index) of merged blocks whose self-attention another pack
     patches (those run unmerged);
-    prompt_length / prompt: HiDream-O1's causal prompt length, and the call's kept prompt entry
-    with whether it is complete (prefix_cache.py);
+    prompt_length / prompt: a prefix-cached family's causal prompt length, and the call's kept
+    prompt entry with whether it is complete (prefix_cache.py);
     merged_rows: positional, mask and modulation rows merged once per call for a group of
     blocks (DiTToMA.once: key -> (source, merged));
     records: layer -> (level, tokens, merged tokens or None), set by blocks (a dict: where the
@@ -181,7 +181,7 @@ class ModelCall:
     def pass_of(self, layer: Hashable) -> int:
         """The pass over the model's blocks that this call of `layer` belongs to: 0, and one more
         each time a layer runs again within the same model call. A wrapper that runs the model
-        more than once inside one call (HiDream-O1's seam smoothing, on pixels rolled by part of
+        more than once inside one call (a seam smoothing pass, on pixels rolled by part of
         a patch) so gets plans of its own for each pass (plan keys carry the pass), built from
         that pass's tokens rather than the first pass's."""
         if layer in self.pass_layers:

@@ -87,10 +87,9 @@ def layout(kind: BlockKind, args: dict, stream: torch.Tensor, call: ModelCall,
 
 
 def token_axis(pe: torch.Tensor, seq_len: int) -> int | None:
-    """The token axis of positional rows over a `seq_len`-token sequence: [B, 1, L, ...] (Flux,
-    Qwen, HunyuanVideo), [B, L, 1, ...] (Wan, Lumina, Qwen before ComfyUI 0.8), [B, L, D]
-    (LTX's interleaved rows), [B, H, L, D/2] (LTX's split rows on ComfyUI 0.8: heads first) or
-    [B, L, H, ...] (LTX's split rows later): where neither of axes 1 and 2 has size 1, the one
+    """The token axis of positional rows over a `seq_len`-token sequence: [B, 1, L, ...], [B, L, 1,
+    ...], [B, L, D] (interleaved rows), [B, H, L, D/2] (split rows, heads first) or [B, L, H,
+    ...] (split rows, tokens first): where neither of axes 1 and 2 has size 1, the one
     of length `seq_len`. None when that cannot tell (H = L), and the block runs unmerged."""
     if pe.dim() > 2 and pe.shape[1] == 1:
         return 2
@@ -101,8 +100,8 @@ def token_axis(pe: torch.Tensor, seq_len: int) -> int | None:
 
 
 def position_tensors(value: object) -> list[torch.Tensor]:
-    """The tensors of a positional-rows argument: itself, or those in a tuple (LTX's
-    (rotation, split) pair, (cos, sin) before ComfyUI 0.8)."""
+    """The tensors of a positional-rows argument: itself, or those in a tuple (a
+    (rotation, split) pair, a (cos, sin) pair)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
@@ -223,8 +222,8 @@ def regroup_frame_rows(rows: torch.Tensor, kept: int, per_kept: int, per_frame: 
     """Per-frame modulation rows [B, F, ...] for a sequence whose first `kept` frames hold
     `per_kept` tokens each, the next `frames` (default: all the others) `per_frame` each and
     any after those `per_kept` each again: (every frame's row repeated count / g times, g), g
-    = gcd of the counts, so that a model spreading R rows evenly over the sequence (Wan's
-    repeat_e, LTX-2's compressed timesteps: g tokens per row) gives each token its own
+    = gcd of the counts, so that a model spreading R rows evenly over the sequence (g
+    tokens per row) gives each token its own
     frame's row. Integer repeats only: no repeat count is read back from the device."""
     frames = rows.shape[1] - kept if frames is None else frames
     after = rows.shape[1] - kept - frames

@@ -14,7 +14,7 @@ all batch items (GPU habits: few launches, no host syncs, nothing data-dependent
 and for a block run on merged tokens ("block scope", `begin` / `finish`):
     out_grid = xr + U @ (block(merged) - merged)    one subtraction, one baddbmm
     grid order back by one gather of out_grid
-A block that updates its input in place (Flux's `img +=`) would overwrite `merged` first: for
+A block that updates its input in place (`img += ...`) would overwrite `merged` first: for
 those, begin takes base = xr - U @ merged before the block (one baddbmm more) and finish adds
 U @ block(merged) to it.
 Blocks in a row on one plan (a UNet transformer's blocks) can hand the grid on in region order
@@ -185,7 +185,7 @@ class MergePlan:
               ordered: bool = False) -> tuple[torch.Tensor, Pending]:
         """Block scope, before the block: (merged stream [B, prefix + R*k + suffix, C], what
         `finish` needs). block_keeps_input: the block leaves its input tensor alone (ComfyUI's
-        UNet blocks); otherwise (Flux's `img +=`) U @ merged is subtracted from the grid now,
+        UNet blocks); otherwise (`img += ...`) U @ merged is subtracted from the grid now,
         while merged is still what merge made. ordered: x [B, N, C] is already in region
         order (a `finish` with keep_order), so no gather."""
         self._check(x, self.tokens, prefix)

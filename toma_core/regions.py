@@ -1,10 +1,11 @@
 """Partition of a t x h x w token grid into merge regions: boxes of frames x tile rows x tile cols.
 
-Tokens are in frame-major, row-major order (a UNet's flattened feature map and Flux's image tokens
-are one frame, t = 1; video is frame by frame). Every token belongs to exactly one region. Along
-each axis the grid is cut into parts whose sizes differ by at most one (the larger ones first),
-so a region is a box and regions are laid out as a padded [R, S] table: S slots per region, the
-largest box's size; smaller boxes have pad slots, marked invalid, that never count nor get picked.
+Tokens are in frame-major, row-major order (a UNet's flattened feature map and a transformer's
+image tokens are one frame, t = 1; video is frame by frame). Every token belongs to exactly one
+region. Along each axis the grid is cut into parts whose sizes differ by at most one (the larger
+ones first), so a region is a box and regions are laid out as a padded [R, S] table: S slots
+per region, the largest box's size; smaller boxes have pad slots, marked invalid, that never
+count nor get picked.
 Regions are ordered slab by slab, then tile row, then tile column; slots inside a box frame by
 frame, row by row.
 
