@@ -33,8 +33,7 @@ What other packs' code sees, decided on every block call from what ComfyUI hands
   blocks: the self-attention over the merged sequence gets each merged key's log(size) on its
   logits (toma_core.size_bias) as an additive mask; attention calls that do not hand ComfyUI's
   attention the block's transformer_options (one that takes the model call's), and
-  sequence-parallel calls, get
-  none.
+  sequence-parallel calls, get none.
 - In a merged block, transformer_options carry MERGED_FLAG (a second ToMA node leaves the
   sequence alone; its value says where the merged grid is: start, tokens, merged_tokens, grid,
   its offset in the stream and the patch that merged it)

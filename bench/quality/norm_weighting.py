@@ -8,21 +8,15 @@ bench/results/<date>-cpu-quality-norm-weighting.json and .md.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import itertools
 import logging
-import os
-import sys
-from pathlib import Path
 
 import torch
 
-from ..shared.common import commit, machine_info, write_result
-from ..shared.config import ROOT, load_pack, setup_comfy
+from ..shared.config import load_pack
 from . import data, metrics, section
 from . import models as qm
-from .size_weighting import LAYOUTS
+from .size_weighting import study_main
 
 
 def measure(layout: str, scopes: list[str], ratios: list[float]) -> list[dict]:
@@ -75,30 +69,7 @@ def report(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.quality.norm_weighting")
-    parser.add_argument("--layouts", default=",".join(LAYOUTS))
-    parser.add_argument("--scopes", nargs="+", default=["block"])
-    parser.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5])
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    torch.set_num_threads(1)
-    if not setup_comfy(torch.device("cpu")):
-        raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout")
-    rows = [row for layout in args.layouts.split(",")
-            for row in measure(layout, args.scopes, args.ratios)]
-    result = {"machine": machine_info("cpu"),
-              "config": {"commit": commit(), "threads": 1,
-                         "comfyui": str(Path(os.environ["COMFYUI_PATH"]).resolve()),
-                         "command": " ".join(["python -m bench.quality.norm_weighting",
-                                              *(sys.argv[1:] if argv is None else argv)])},
-              "rows": rows}
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / (
-        f"{datetime.date.today().isoformat()}-cpu-quality-norm-weighting.json")
-    text = report(result)
-    write_result(out, result, text)
-    print(text)
-
+    study_main("norm_weighting", measure, report, ["block"], [0.25, 0.5], argv)
 
 if __name__ == "__main__":
     main()

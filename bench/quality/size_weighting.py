@@ -16,6 +16,7 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -79,10 +80,19 @@ def report(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.quality.size_weighting")
+    study_main("size_weighting", measure, report, ["block", "attention"], list(RATIOS), argv)
+
+
+def study_main(name: str, measure: Callable, report: Callable, scopes: list[str],
+               ratios: list[float], argv: list[str] | None) -> None:
+    """The command line of a fixture study `bench.quality.<name>` comparing a switch off and
+    on: measure(layout, scopes, ratios) -> rows; report(result) -> Markdown; the result goes
+    to bench/results/<date>-cpu-quality-<name, dashed>.json (or --out)."""
+    prog = f"python -m bench.quality.{name}"
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
-    parser.add_argument("--scopes", nargs="+", default=["block", "attention"])
-    parser.add_argument("--ratios", nargs="+", type=float, default=list(RATIOS))
+    parser.add_argument("--scopes", nargs="+", default=scopes)
+    parser.add_argument("--ratios", nargs="+", type=float, default=ratios)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
@@ -94,15 +104,14 @@ def main(argv: list[str] | None = None) -> None:
     result = {"machine": machine_info("cpu"),
               "config": {"commit": commit(), "threads": 1,
                          "comfyui": str(Path(os.environ["COMFYUI_PATH"]).resolve()),
-                         "command": " ".join(["python -m bench.quality.size_weighting",
-                                              *(sys.argv[1:] if argv is None else argv)])},
+                         "command": " ".join([prog, *(sys.argv[1:] if argv is None else argv)])},
               "rows": rows}
+    slug = name.replace("_", "-")
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / (
-        f"{datetime.date.today().isoformat()}-cpu-quality-size-weighting.json")
+        f"{datetime.date.today().isoformat()}-cpu-quality-{slug}.json")
     text = report(result)
     write_result(out, result, text)
     print(text)
-
 
 if __name__ == "__main__":
     main()
