@@ -52,12 +52,6 @@ class RunState:
         self.tables: dict[tuple[Regions, torch.device | None], RegionTables] = {}
         self.lock = threading.Lock()
 
-    def step_done(self, step: int) -> None:
-        """The sampler finished step `step` (0-based): later calls belong to the next one."""
-        with self.lock:
-            self.step = max(self.step, step + 1)
-            self.steps_reported += 1
-
     def in_window(self, step: int, start_percent: float, end_percent: float) -> bool:
         """Whether step `step` lies in start_percent..end_percent, read as ComfyUI's own nodes
         read those widgets (EasyCache, ControlNet apply, hook keyframes): fractions of the

@@ -171,7 +171,9 @@ class ToMAState:
         previous = arguments.get("callback")
 
         def callback(step, *rest, **more):
-            run.step_done(int(step))
+            with run.lock:      # step `step` (0-based) is done: later calls belong to the next
+                run.step = max(run.step, int(step) + 1)
+                run.steps_reported += 1
             if previous is not None:
                 return previous(step, *rest, **more)
             return None
