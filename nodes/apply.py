@@ -91,14 +91,19 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
     from comfy.patcher_extension import WrappersMP
 
     depth = len(model.get_wrappers(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY))   # ToMA nodes before
+    patches = ForwardPatches()
     if family == "unet":
-        reading = None
+        from .unet_patch import patch_unet
+
         state = ToMAState(options, "unet", node_id, depth)
+        patch_unet(patched, state, options.merge_scope, patches)
     else:
+        from .dit_patch import patch_dit
         from .dit_reading import read_model
 
         reading = read_model(patched, options, family)
         state = ToMAState(options, family.name, node_id, depth, describe=reading)
+        patch_dit(patched, state, reading, patches)
     outer = plain_function(state.outer_sample_wrapper)
     outer.toma_state = state        # what the speed check reads: settings and the model patched
     state.source = weakref.ref(model)
@@ -107,14 +112,5 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
                                  plain_function(state.sampler_sample_wrapper))
     patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                  plain_function(state.apply_model_wrapper))
-    patches = ForwardPatches()
-    if family == "unet":
-        from .unet_patch import patch_unet
-
-        patch_unet(patched, state, options.merge_scope, patches)
-    else:
-        from .dit_patch import patch_dit
-
-        patch_dit(patched, state, reading, patches)
     patches.install_callbacks(patched)
     return patched

@@ -243,7 +243,6 @@ def set_grid(call: ModelCall, grid: tuple[int, int, int] | None, prefix: int = 0
     t, h, w = grid
     call.grid = (t - protect_frames, h, w)
     call.prefix = prefix + protect_frames * h * w
-    call.protected_frames = protect_frames
     call.level = "x".join(map(str, call.grid[1:] if call.grid[0] == 1 else call.grid))
 
 

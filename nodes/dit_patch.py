@@ -29,15 +29,11 @@ What other packs' code sees, decided on every block call from what ComfyUI hands
   shortened (alike for every token up to the grid's end) are shortened with the merged grid.
 - An attention override (`optimized_attention_override`: a choice of attention kernel) gets
   the merged queries, keys and values: attention does not care about the sequence's order.
-  With SIZE_WEIGHTED, ToMA's own override (sized_attention) stands in front of it in merged
-  blocks: the self-attention over the merged sequence gets each merged key's log(size) on its
-  logits (toma_core.size_bias) as an additive mask; attention calls that do not hand ComfyUI's
-  attention the block's transformer_options (one that takes the model call's), and
-  sequence-parallel calls, get none.
-- In a merged block, transformer_options carry MERGED_FLAG (a second ToMA node leaves the
-  sequence alone; its value says where the merged grid is: start, tokens, merged_tokens, grid,
-  its offset in the stream and the patch that merged it)
-  and `img_slice` rewritten to the merged sequence; grid descriptions such as `grid_sizes` and
+  With SIZE_WEIGHTED, ToMA's own (sized_attention) stands in front of it in merged blocks;
+  attention calls that do not hand ComfyUI's attention the block's transformer_options (one
+  that takes the model call's), and sequence-parallel calls, get no size bias.
+- In a merged block, transformer_options carry MERGED_FLAG and `img_slice` rewritten to the
+  merged sequence (token_layout.merged_options); grid descriptions such as `grid_sizes` and
   `reference_image_num_tokens` still describe the unmerged input (references never merge).
   Patches after a block and before the blocks (`double_block`, `post_input`) see full length.
 """
@@ -180,7 +176,8 @@ class DiTToMA:
             if form.mode == "frame":
                 frames = 1
         key = (kind.key, group, grid, lay.offset, stream.shape[0], frames, call.pass_of(layer))
-        plan = call.plan(key, lambda: self.build(call, stream, lay.offset, grid, frames))
+        plan = call.plan(key, lambda: self.build(call, stream, lay.offset, grid[0] * grid[1],
+                                                 grid[2], self.regions_of(grid, frames)))
         call.record(layer, level, tokens_n, plan)
         return None if plan is None else (plan, lay, forms, key)
 
@@ -193,14 +190,12 @@ class DiTToMA:
             1, round(h * w * min(frames, t) / self.family.tokens_per_region))
         return make_regions(h, w, o.region, tiles, t=t, frames=frames)
 
-    def build(self, call: ModelCall, stream: torch.Tensor, offset: int,
-              grid: tuple[int, int, int], frames: int) -> MergePlan | None:
-        """A plan for the t*h*w grid tokens of stream [B, L, C] from row `offset`, from their
-        layer-normed features."""
+    def build(self, call: ModelCall, stream: torch.Tensor, offset: int, rows: int, cols: int,
+              regions: Regions) -> MergePlan | None:
+        """A plan for the rows x cols grid tokens of stream [B, L, C] from row `offset` in
+        `regions`, from their layer-normed features."""
         o = self.state.options
-        t, h, w = grid
-        regions = self.regions_of(grid, frames)
-        return build_plan(stream, t * h, w, o.ratio, regions=regions, tau=o.tau,
+        return build_plan(stream, rows, cols, o.ratio, regions=regions, tau=o.tau,
                           unmerge=o.unmerge, batch=o.batch_policy, offset=offset, center=True,
                           tables=call.tables(regions, stream.device))
 
@@ -282,9 +277,7 @@ class DiTToMA:
                       f"drop alike: those blocks run unmerged")
             return None
         span = spans[call.shard.rank]
-        return build_plan(stream, 1, span.tokens, o.ratio, regions=span, tau=o.tau,
-                          unmerge=o.unmerge, batch=o.batch_policy, offset=offset, center=True,
-                          tables=call.tables(span, stream.device))
+        return self.build(call, stream, offset, 1, span.tokens, span)
 
     def fits(self, call: ModelCall, kind: BlockKind, args: dict, lay: Layout, layer: str,
              options: dict) -> bool:

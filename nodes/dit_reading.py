@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .dit_families import BlockKind, Family
+from .dit_families import Family
 from .dit_neighbours import patched_self_attention, replaced_blocks, unwrapped
 from .forward_patches import module_at
 from .model_call import ModelCall
@@ -44,12 +44,6 @@ def dit_patches(arguments: dict) -> dict:
     """The "dit" replace patches in a model call's transformer_options."""
     return ((arguments.get("transformer_options") or {}).get("patches_replace")
             or {}).get("dit") or {}
-
-
-def blocks_of(diffusion_model, kind: BlockKind) -> torch.nn.ModuleList:
-    """The diffusion model's blocks of `kind` (its `modules` attribute path, dotted where the
-    blocks sit in a submodule)."""
-    return module_at(diffusion_model, kind.modules)
 
 
 @dataclass
@@ -148,7 +142,7 @@ class DiTReading:
             if diffusion_model is not None:
                 for kind in (k for k in self.family.kinds if k.key in self.blocks):
                     depth, block_type = self.blocks[kind.key]
-                    blocks = blocks_of(diffusion_model, kind)
+                    blocks = module_at(diffusion_model, kind.modules)
                     replaced = replaced_blocks(blocks, depth, block_type)
                     if replaced:
                         found = (replaced, {})
@@ -168,21 +162,22 @@ def read_model(model, options: ToMAOptions, family: Family) -> DiTReading:
     Raises ValueError (shown by the node) for skip_blocks past the model's depth.
     """
     diffusion_model = model.get_model_object("diffusion_model")
-    depths = {kind.key: len(blocks_of(diffusion_model, kind)) for kind in family.kinds}
+    lists = {kind.key: module_at(diffusion_model, kind.modules) for kind in family.kinds}
+    depths = {key: len(blocks) for key, blocks in lists.items()}
     skipped = options.skip_blocks.for_kinds([(k.letter, depths[k.key]) for k in family.kinds])
     aside = foreign_blocks(model, family, depths)
     skipped = [skip | {i for key, i in aside if key == kind.key}
                for kind, skip in zip(family.kinds, skipped, strict=True)]
     groups = {(kind.key, i): g for kind, skip in zip(family.kinds, skipped, strict=True)
               for i, g in group_starts(depths[kind.key], skip).items()}
-    blocks = {kind.key: (depths[kind.key], type(unwrapped(blocks_of(diffusion_model, kind)[0]))
-                         if depths[kind.key] else type(None)) for kind in family.kinds}
+    blocks = {key: (len(found), type(unwrapped(found[0])) if found else type(None))
+              for key, found in lists.items()}
     reading = DiTReading(family, depths, groups, blocks,
                          aside=tuple(dict.fromkeys(aside.values())))
     if family.prefix_cache:
         kind = family.kinds[0]
         if all(existing_replace(model, kind.key, i) is None for i in range(depths[kind.key])):
-            reading.prefix_layers = list(blocks_of(diffusion_model, kind))
+            reading.prefix_layers = list(lists[kind.key])
     return reading
 
 

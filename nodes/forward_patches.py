@@ -47,11 +47,6 @@ def kept_allocations() -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if pause is None else pause()
 
 
-def own_forward(module: torch.nn.Module) -> Callable:
-    """The module's own forward, bound to it."""
-    return types.MethodType(type(module).forward, module)
-
-
 class ForwardPatches:
     """ToMA's object patches of module forwards on one patched ModelPatcher, kept so that they
     can be made again for another copy of the diffusion model: ComfyUI's multi-GPU clones
@@ -81,7 +76,7 @@ class ForwardPatches:
               after: str | None) -> Callable:
         module = module_at(root, path)
         extra = () if after is None else (module_at(root, after),)
-        return make(module, previous or own_forward(module), *extra)
+        return make(module, previous or types.MethodType(type(module).forward, module), *extra)
 
     def rebind(self, source, clone) -> None:
         """ComfyUI's multi-GPU callback (ON_MATCH_MULTIGPU_CLONES, ON_DEEPCLONE_MULTIGPU):

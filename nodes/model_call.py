@@ -52,12 +52,6 @@ class RunState:
         self.tables: dict[tuple[Regions, torch.device | None], RegionTables] = {}
         self.lock = threading.Lock()
 
-    def step_done(self, step: int) -> None:
-        """The sampler finished step `step` (0-based): later calls belong to the next one."""
-        with self.lock:
-            self.step = max(self.step, step + 1)
-            self.steps_reported += 1
-
     def in_window(self, step: int, start_percent: float, end_percent: float) -> bool:
         """Whether step `step` lies in start_percent..end_percent, read as ComfyUI's own nodes
         read those widgets (EasyCache, ControlNet apply, hook keyframes): fractions of the
@@ -93,9 +87,8 @@ class ModelCall:
     step would recompile the model every step;
     plans: key -> plan (or None: nothing to merge) for this identity; empty when the plans are
     due, so the first block of each level or group builds one;
-    prefix, protected_frames, level: set with the grid by the family (dit_families.set_grid):
-    tokens before the mergeable grid in the stream (text, protected frames), the leading frames
-    that never merge, the grid's name in the stats;
+    prefix, level: set with the grid by the family (dit_families.set_grid): tokens before the
+    mergeable grid in the stream (text, protected frames), the grid's name in the stats;
     txt_len: the whole text's tokens in front of the image where single-stream blocks need it
     (read by the family on the host, or recorded by the double-stream blocks before them; never
     recorded from a sequence shard, whose blocks see a shard of the text);
@@ -129,7 +122,6 @@ class ModelCall:
     merging: bool = False
     plans: dict = field(default_factory=dict)
     prefix: int = 0
-    protected_frames: int = 0
     level: str = "?"
     txt_len: int | None = None
     foreign_attention: tuple = ()
@@ -153,9 +145,9 @@ class ModelCall:
     def decisions(self) -> str:
         """What the host decided for this call that its blocks read and that can change at
         equal tensor shapes (merging on or off, the grid's mergeable part, what the family read:
-        prefix, protected frames, text and prompt lengths, blocks left to other packs, whether
-        the kept prompt is complete), as one text."""
-        return repr((self.active, self.grid, self.prefix, self.protected_frames, self.level,
+        prefix, text and prompt lengths, blocks left to other packs, whether the kept prompt
+        is complete), as one text."""
+        return repr((self.active, self.grid, self.prefix, self.level,
                      self.txt_len, self.foreign_attention, self.prompt_length,
                      None if self.prompt is None else self.prompt[1], self.shard))
 

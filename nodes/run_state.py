@@ -171,7 +171,9 @@ class ToMAState:
         previous = arguments.get("callback")
 
         def callback(step, *rest, **more):
-            run.step_done(int(step))
+            with run.lock:      # step `step` (0-based) is done: later calls belong to the next
+                run.step = max(run.step, int(step) + 1)
+                run.steps_reported += 1
             if previous is not None:
                 return previous(step, *rest, **more)
             return None
@@ -270,19 +272,15 @@ class ToMAState:
         if compiling():      # compared, so that dynamo realizes the read and guards on it
             if TRACED_DECISIONS.get((self.key, str(device))) is None and call is None:
                 return None
-        elif call is None:
-            self.blind_block(foreign_caller())
+        elif call is None:      # a block outside every call of this node: say who called it
+            caller = foreign_caller()
+            with self._lock:
+                runs = list(self.runs)
+            for run in runs:
+                self.run_note(run, f"{caller} runs the model's blocks outside ComfyUI's model "
+                                   f"call, where ToMA cannot tell which run and step they "
+                                   f"belong to: those block calls ran unmerged")
         return call
-
-    def blind_block(self, caller: str) -> None:
-        """A patched block ran outside every model call of this node (no options handed to it,
-        none in flight on its thread): tell the runs in progress who called it."""
-        with self._lock:
-            runs = list(self.runs)
-        for run in runs:
-            self.run_note(run, f"{caller} runs the model's blocks outside ComfyUI's model call, "
-                               f"where ToMA cannot tell which run and step they belong to: "
-                               f"those block calls ran unmerged")
 
     # Reporting ---------------------------------------------------------------------------------
     def summary(self, run: RunState) -> dict:

@@ -188,20 +188,16 @@ def merged_rows_of(kind: BlockKind, plan: MergePlan, pe: torch.Tensor,
     return merged
 
 
-def mask_fits(mask: torch.Tensor | None, dims: tuple[int, ...], length: int) -> bool:
+def mask_fits(mask: torch.Tensor, dims: tuple[int, ...], length: int) -> bool:
     """Whether an attention mask can be merged: each of its token dims spans the sequence of
     `length` tokens or broadcasts (size 1)."""
-    if mask is None:
-        return True
     return mask.dim() >= len(dims) and all(mask.shape[d] in (1, length) for d in dims)
 
 
-def merge_mask(plan: MergePlan, mask: torch.Tensor | None, dims: tuple[int, ...], start: int,
-               length: int) -> torch.Tensor | None:
+def merge_mask(plan: MergePlan, mask: torch.Tensor, dims: tuple[int, ...], start: int,
+               length: int) -> torch.Tensor:
     """The mask's token dims gathered at the merged positions ([..., L|1, L|1] ->
     [..., L'|1, L'|1]); a 2-D query x key mask gets a leading batch dim first."""
-    if mask is None:
-        return None
     out = mask.unsqueeze(0) if mask.dim() == 2 and len(dims) == 2 else mask
     for dim in dims:
         if out.shape[dim] == length:
@@ -245,6 +241,3 @@ class RowForm:
     mode: str
     rows: torch.Tensor
     held: bool
-
-
-# The patch ---------------------------------------------------------------------------------------

@@ -138,20 +138,16 @@ class UNetToMA:
             merges = h * w >= (AUTO_MIN_TOKENS if levels == "auto" else MIN_TOKENS)
         if (merges and x.device.type in GPU_DEVICES
                 and h * w * x.shape[-1] ** 2 < GPU_MIN_WORK):
-            call.note(self.gpu_note(h, w, x.shape[-1], levels))
+            # the note made on each such call: a kept text would be a dict torch.compile
+            # guards on, and recompiles for
+            level = f"the {h}x{w} level ({x.shape[-1]} channels)"
+            call.note(f"unet_levels auto: {level} is left unmerged on a GPU, where a level "
+                      f"this small merges at a loss ({GPU_FIGURE}); unet_levels all merges it"
+                      if levels == "auto" else
+                      f"unet_levels {levels}: {level} merges, though on a GPU a level this "
+                      f"small merges at a loss ({GPU_FIGURE})")
             return levels != "auto"
         return merges
-
-    @staticmethod
-    def gpu_note(h: int, w: int, channels: int, levels: str) -> str:
-        """What the run's notes say of an h x w level too small to pay on a GPU (made on each
-        such call: a kept text would be a dict torch.compile guards on, and recompiles for)."""
-        level = f"the {h}x{w} level ({channels} channels)"
-        if levels == "auto":
-            return (f"unet_levels auto: {level} is left unmerged on a GPU, where a level this "
-                    f"small merges at a loss ({GPU_FIGURE}); unet_levels all merges it")
-        return (f"unet_levels {levels}: {level} merges, though on a GPU a level this small "
-                f"merges at a loss ({GPU_FIGURE})")
 
     def scope_for(self, call: ModelCall | None, options: dict,
                   near: Neighbours) -> str | None:

@@ -78,44 +78,30 @@ def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
 
     sim [..., S, S] is the region's cosine similarity (float32), so the scores are its rows at
     the picks; softmax subtracts the column max, so any tau is stable. Pad slot columns are zero.
-    dest_valid [R, k]: where regions keep unequal numbers of destinations, which picks are
-    destinations (ragged_assignment).
+    dest_valid [R, k]: regions keep unequal numbers of destinations, the first count picks of a
+    region (True) being its destinations; the rows of the others (pad picks, whatever slot the
+    greedy ran on to) are zero and take no token from any destination.
     """
-    if dest_valid is not None:
-        return ragged_assignment(sim, picks, tau, valid, dest_valid)
-    scores = sim.gather(-2, picks.unsqueeze(-1).expand(*picks.shape, sim.shape[-1]))
-    if math.isinf(tau):
-        best = scores.argmax(-2, keepdim=True)
-        p = torch.zeros_like(scores).scatter_(-2, best, 1.0)
-    else:
-        p = torch.softmax(scores.mul_(tau), dim=-2)
-    # A destination is its own source: keep that exact so no merged token is ever empty.
-    is_dest = torch.zeros(sim.shape[:-1], dtype=torch.bool, device=sim.device)
-    is_dest.scatter_(-1, picks, True)                                      # [..., S]
-    p.masked_fill_(is_dest.unsqueeze(-2), 0.0).scatter_(-1, picks.unsqueeze(-1), 1.0)
-    if valid is not None:
-        p.mul_(valid.unsqueeze(-2))
-    return p
-
-
-def ragged_assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
-                      valid: torch.Tensor | None, dest_valid: torch.Tensor) -> torch.Tensor:
-    """assignment for regions keeping unequal numbers of destinations: the first count picks of
-    a region (dest_valid [R, k] True) are its destinations; the rows of the others (pad picks,
-    whatever slot the greedy ran on to) are zero and take no token from any destination."""
-    s = sim.shape[-1]
+    s, ragged = sim.shape[-1], dest_valid is not None
     scores = sim.gather(-2, picks.unsqueeze(-1).expand(*picks.shape, s))
-    scores.masked_fill_(~dest_valid.unsqueeze(-1), -math.inf)
+    if ragged:
+        scores.masked_fill_(~dest_valid.unsqueeze(-1), -math.inf)
     if math.isinf(tau):
         best = scores.argmax(-2, keepdim=True)
         p = torch.zeros_like(scores).scatter_(-2, best, 1.0)
     else:
         p = torch.softmax(scores.mul_(tau), dim=-2)
-    real = torch.where(dest_valid, picks, s)                  # pad picks: one slot past the end
-    is_dest = torch.zeros((*sim.shape[:-2], s + 1), dtype=torch.bool, device=sim.device)
-    is_dest.scatter_(-1, real, True)
-    p.masked_fill_(is_dest[..., :s].unsqueeze(-2), 0.0).scatter_(-1, picks.unsqueeze(-1), 1.0)
-    p.mul_(dest_valid.unsqueeze(-1))
+    # A destination is its own source: keep that exact so no merged token is ever empty. Pad
+    # picks are marked one slot past the end, which is then cut off.
+    real = torch.where(dest_valid, picks, s) if ragged else picks
+    is_dest = torch.zeros((*sim.shape[:-2], s + 1 if ragged else s), dtype=torch.bool,
+                          device=sim.device)
+    is_dest.scatter_(-1, real, True)                                       # [..., S (+1)]
+    if ragged:
+        is_dest = is_dest[..., :s]
+    p.masked_fill_(is_dest.unsqueeze(-2), 0.0).scatter_(-1, picks.unsqueeze(-1), 1.0)
+    if ragged:
+        p.mul_(dest_valid.unsqueeze(-1))
     if valid is not None:
         p.mul_(valid.unsqueeze(-2))
     return p

@@ -37,8 +37,8 @@ class SpanRegions:
     """The regions of `base` (a t x h x w grid's partition) clipped to the grid tokens
     [cuts[0], cuts[-1]) of its flattened order and cut again at the cuts between, with `counts`
     destinations kept per piece. One rank's span has two cuts; the union of every rank's
-    (union_of) has a cut at each shard boundary: one process merging the whole grid as the
-    ranks together do.
+    has a cut at each shard boundary: one process merging the whole grid as the ranks
+    together do.
 
     pieces: (span index, global region index) of each piece, spans in order and regions in
     region order within each; sizes: its tokens; width / places: slots per piece and
@@ -249,14 +249,3 @@ def dropped_share(spans: list[SpanRegions | None]) -> float:
     present = [span for span in spans if span is not None]
     return sum(span.tokens - sum(span.counts) for span in present) / present[0].base.tokens
 
-
-def union_of(spans: list[SpanRegions | None]) -> SpanRegions:
-    """The ranks' spans as one partition of the grid tokens they cover together (consecutive
-    spans of one base): the pieces and counts of each, in rank order."""
-    present = [span for span in spans if span is not None]
-    cuts = (present[0].cuts[0], *(span.cuts[-1] for span in present))
-    pieces = tuple((i, region) for i, span in enumerate(present) for _, region in span.pieces)
-    return SpanRegions(present[0].base, cuts, pieces,
-                       tuple(size for span in present for size in span.sizes),
-                       tuple(count for span in present for count in span.counts),
-                       max(span.size for span in present), max(span.k for span in present))

@@ -6,7 +6,7 @@ function (toma_node.patch_model) on a real ModelPatcher, raylight's sequence-par
 added as raylight's RayUNETLoader adds it (its USPInjectRegistry.inject on ComfyUI's ON_LOAD
 callback), and ComfyUI's KSampler path (comfy.sample.sample) at CFG 1. Beside it, on every rank,
 the same sampling in one process without raylight: unmerged, and ToMA with its regions replaced
-by the union of the ranks' clipped regions (toma_core.shards.union_of): what the ranks merge
+by the union of the ranks' clipped regions (tests/shard_union.py): what the ranks merge
 together, merged in one process; the ranks' ToMA runs then take that reference's
 destinations, their own greedy's picks kept beside (Destinations). $SCENARIOS (JSON) lists the
 runs: family, latent size "frames x height x width", text tokens, skip_blocks, steps (and a
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1])]
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]   # shard_union
 sys.argv = [sys.argv[0], "--cpu"]
 
 import torch  # noqa: E402
@@ -79,11 +79,12 @@ dist.all_to_all_single = counting_all_to_all
 import comfy.patcher_extension  # noqa: E402
 import tiny_models  # noqa: E402
 from raylight.distributed_modules.usp import USPInjectRegistry  # noqa: E402
+from shard_union import union_of  # noqa: E402
 
 from toma_pack.nodes import dit_patch  # noqa: E402
 from toma_pack.nodes.toma_node import patch_model  # noqa: E402
 from toma_pack.toma_core import build_plan, plan_op  # noqa: E402
-from toma_pack.toma_core.shards import ShardGeometry, shard_regions, union_of  # noqa: E402
+from toma_pack.toma_core.shards import ShardGeometry, shard_regions  # noqa: E402
 
 RATIO = 0.5
 # the img_slice each merged block got (transformer_options), recorded per run
@@ -194,13 +195,13 @@ def run_stats(patched) -> dict:
     return wrapper.toma_state.last_stats
 
 
-def union_build(self, call, stream, offset, grid, frames):
-    """DiTToMA.build for the single-process reference: the whole grid's regions cut at the
-    shard boundaries raylight would make of this block's sequence, each rank's clipped regions
-    and counts (shard_regions) joined, so one process merges what the ranks merge together."""
+def union_build(self, call, stream, offset, rows, cols, whole):
+    """DiTToMA.build for the single-process reference: the whole grid's regions `whole` cut at
+    the shard boundaries raylight would make of this block's sequence, each rank's clipped
+    regions and counts (shard_regions) joined, so one process merges what the ranks merge
+    together."""
     o = self.state.options
-    geometry = ShardGeometry(WORLD, math.ceil(stream.shape[1] / WORLD), offset,
-                             self.regions_of(grid, frames))
+    geometry = ShardGeometry(WORLD, math.ceil(stream.shape[1] / WORLD), offset, whole)
     spans = shard_regions(geometry, o.ratio)
     if not spans:
         return None

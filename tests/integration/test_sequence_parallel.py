@@ -7,7 +7,7 @@ ComfyUI's KSampler path.
 Checked per scenario (one launch per rank count runs them all):
 - the merged sequence-parallel samples against single-process ToMA with the same regions (the
   whole grid's regions clipped at the shard boundaries, each piece keeping what its rank keeps:
-  toma_core.shards.union_of) and the same destinations, within the measured difference times
+  tests/shard_union.py) and the same destinations, within the measured difference times
   a margin; each rank's own destinations against the reference's, parting at near ties only;
 - every rank merges, and every rank drops the same number of tokens (the all-to-all's equal
   lengths); pad rows never merge (each rank's grid tokens add up to the grid);

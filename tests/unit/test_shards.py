@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from shard_union import union_of
 
 from toma_pack.toma_core import build_plan, make_regions
 from toma_pack.toma_core.shards import (
@@ -18,7 +19,6 @@ from toma_pack.toma_core.shards import (
     shard_regions,
     span_sizes,
     spread_counts,
-    union_of,
 )
 
 # (t, h, w, frames per region, tiles per frame, grid start, ranks): video grids cut mid-frame
