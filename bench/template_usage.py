@@ -118,7 +118,7 @@ FILE_RULES: tuple[tuple[str, Rule], ...] = (
     ("anima", Rule("Anima", "Anima")),
     ("boogu", Rule("Boogu-Image", "Boogu-Image")),
     ("joyai", Rule("JoyAI Image Edit", "JoyImage")),
-    ("ernie", Rule("ERNIE-Image", status=no_family("ErnieImage"))),
+    ("ernie", Rule("ERNIE-Image", "ERNIE-Image")),
     ("hidream_o1", Rule("HiDream-O1", "HiDream-O1")),
     # HiDream-I1's class, but an edit call: docs/compatibility.md says these run unmerged
     ("hidream_e1", Rule("HiDream-E1", status="runs unmerged (the edit image sits beside the "

@@ -114,7 +114,11 @@ class BlockKind:
     shard: how raylight's sequence-parallel forward hands these blocks their shard, for the
     forwards read (in raylight 1.5.1); None: such blocks run unmerged under it;
     returns: for an object-patched block whose forward returns a tuple (image and text
-    tokens), the argument names of its items; () when it returns the stream alone.
+    tokens), the argument names of its items; () when it returns the stream alone;
+    takes_options: False where the block's forward takes no transformer_options (its model
+    calls it without them; hook "object"): a merged call hands it none (its attention gets no
+    size bias), and a second ToMA node, which could not see the sequence flagged as merged,
+    leaves such blocks to the first.
     """
 
     key: str
@@ -142,6 +146,7 @@ class BlockKind:
     returns: tuple[str, ...] = ()
     attention_scope: bool = False
     shard: ShardKind | None = None
+    takes_options: bool = True
     # the stream argument is the grid tensor itself (read without a further call per block)
     bare: bool = field(init=False, repr=False, compare=False)
     # every positional-rows argument (pe, more_pe, stream_pe), named once for the hot path

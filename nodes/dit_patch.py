@@ -412,6 +412,8 @@ class DiTToMA:
                     out[name] = self.once(call, ("shortened", name, key), value, lambda v=value,
                                           f=shorten: f(v, lay.offset + plan.tokens,
                                                        plan.tokens - plan.merged_tokens))
+        if not kind.takes_options:
+            return out, merged, base
         out["transformer_options"] = sized = merged_options(
             options, lay.seq_start, plan, call.grid, None if merged is None else lay.offset,
             self, call.shard is not None and kind.shard.text_in_stream)
@@ -506,6 +508,7 @@ class DiTToMA:
             # routing) this line runs in a frame of its own, and dynamo refuses generator frames.
             return tuple([out[name] for name in kind.returns])
 
+        forward.toma_block = True       # what a second ToMA node finds (optionless_chain)
         return forward
 
     def positions_forward(self, kind: BlockKind, original: Callable) -> Callable:
@@ -644,6 +647,11 @@ def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatc
     toma.prefix_layers = reading.prefix_layers
     # Skipped blocks get a patch too: it records text lengths and counts them in the stats.
     for kind in family.kinds:
+        if optionless_chain(model, kind, reading.depths[kind.key]):
+            state.setup_note(f"another ToMA node already merges these {family.label} blocks, "
+                             f"which take no transformer_options to tell a merged sequence "
+                             f"by: this node leaves them to it")
+            continue
         for i in range(reading.depths[kind.key]):
             if kind.hook == "dit":
                 patch = toma.replace_patch(kind, i, existing_replace(model, kind.key, i))
@@ -660,3 +668,12 @@ def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatc
     log.debug("ToMA: %s patched, %d of %d blocks merged", family.label, len(groups),
               sum(reading.depths.values()))
     return toma
+
+
+def optionless_chain(model, kind: BlockKind, depth: int) -> bool:
+    """Whether the blocks of `kind`, which take no transformer_options, already hold another
+    ToMA node's forward patch on ModelPatcher `model`: the merged sequence it hands them
+    carries no MERGED_FLAG, so a second node would merge it again."""
+    return not kind.takes_options and any(
+        getattr(model.object_patches.get(f"diffusion_model.{kind.modules}.{i}.forward"),
+                "toma_block", False) for i in range(depth))

@@ -37,7 +37,7 @@ SECONDS = 600
 MERGING = ("sdxl", "flux", "chroma", "wan21_i2v", "wan_vace", "wan_camera", "wan_animate",
            "hunyuan_video", "hunyuan_image", "qwen_image", "sd3", "lumina2", "ltxv", "ltx2",
            "hidream", "hidream_o1", "kandinsky5", "mage_flow", "anima", "wan_scail2", "boogu",
-           "ideogram4", "omnigen2", "lens", "wan_dancer", "joyimage")
+           "ideogram4", "omnigen2", "lens", "wan_dancer", "joyimage", "ernie")
 
 
 def contracts_here():

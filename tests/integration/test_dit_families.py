@@ -61,7 +61,8 @@ NAMES = list(FAMILIES)
 def group(name: str) -> str:
     for prefix in ("wan", "qwen", "hunyuan", "sd3", "lumina2", "z_image", "flux2", "chroma",
                    "ltxv", "ltx2", "hidream_o1", "hidream", "kandinsky5", "krea2", "longcat",
-                   "mage_flow", "anima", "boogu", "ideogram4", "omnigen2", "lens", "joyimage"):
+                   "mage_flow", "anima", "boogu", "ideogram4", "omnigen2", "lens", "joyimage",
+                   "ernie"):
         if name.startswith(prefix):
             return prefix
     raise ValueError(name)
@@ -135,7 +136,7 @@ def grid_place(name: str, model, kind: str, txt_len: int, frame_tokens: int,
     if kind == "omnigen":        # OmniGen2's blocks (Boogu's single): [text; references; image]
         return args["hidden_states"].shape[1] - frame_tokens, args["hidden_states"].shape[1] \
             - frame_tokens
-    return protected, protected           # Wan, SD3, LTX, HiDream, Lens, JoyImage
+    return protected, protected           # Wan, SD3, LTX, HiDream, Lens, JoyImage, ERNIE
 
 
 # Recording patches ------------------------------------------------------------------------------
@@ -175,6 +176,8 @@ class Recorder:
             blocks = list(BOOGU_BLOCKS)
         if type(dm).__name__ == OMNIGEN2_MODEL:
             blocks = [OMNIGEN2_BLOCKS]
+        if type(dm).__name__ == ERNIE_MODEL:
+            blocks = [ERNIE_BLOCKS]
         for kind, attr in blocks:                   # Lumina 2 / Z-Image, HiDream, Kandinsky 5
             for i, layer in enumerate(getattr(dm, attr)):
                 key = f"diffusion_model.{attr}.{i}.forward"
@@ -229,7 +232,7 @@ def stream_out(out: dict):
 OBJECT_BLOCKS = (("layer", "layers"), ("double_block", "double_stream_blocks"),
                  ("single_block", "single_stream_blocks"), ("visual", "visual_transformer_blocks"))
 STREAM = {"layer": "x", "visual": "visual_embed", "block": "x", "cosmos": "x_B_T_H_W_D",
-          "joint": "img_hidden_states", "omnigen": "hidden_states"}
+          "joint": "img_hidden_states", "omnigen": "hidden_states", "ernie": "x"}
 # Krea 2's blocks (`blocks`, a name Wan's replace-patched blocks have too)
 KREA2_MODEL = "SingleStreamDiT"
 KREA2_BLOCKS = ("block", "blocks")
@@ -241,6 +244,9 @@ BOOGU_MODEL = "BooguTransformer2DModel"
 BOOGU_BLOCKS = (("joint", "double_stream_layers"), ("omnigen", "single_stream_layers"))
 OMNIGEN2_MODEL = "OmniGen2Transformer2DModel"
 OMNIGEN2_BLOCKS = ("omnigen", "layers")
+# ERNIE-Image's blocks ([image; text])
+ERNIE_MODEL = "ErnieImageModel"
+ERNIE_BLOCKS = ("ernie", "layers")
 
 
 def stream_name(name: str, kind: str) -> str:
@@ -256,7 +262,8 @@ def stream_name(name: str, kind: str) -> str:
 PE = {"layer": ("freqs_cis",), "visual": ("freqs",), "block": ("freqs",),
       "cosmos": ("rope_emb_L_1_1_D",),
       "ltx2": ("v_pe", "v_cross_pe"), "hidream": ("rope",), "hidream_o1": ("freqs_cis",),
-      "joint": ("joint_rotary_emb",), "omnigen": ("image_rotary_emb",)}
+      "joint": ("joint_rotary_emb",), "omnigen": ("image_rotary_emb",),
+      "ernie": ("rotary_pos_emb",)}
 # Arguments holding positional rows over the stream alone (Boogu's image self-attention).
 STREAM_PE = {"joint": ("img_rotary_emb",)}
 # Attention masks over the block's sequence [B, 1, L, L] (Ideogram 4's text padding segment).
@@ -578,6 +585,8 @@ UPDATE_ERROR = {
     "omnigen2_edit": 0.77,   # 0.512 (v0.33.0)
     "joyimage": 1.01,   # 0.673 (v0.33.0)
     "joyimage_edit": 0.66,   # 0.438 (v0.33.0)
+    "ernie": 1.15,   # 0.765 (v0.33.0)
+    "ernie_turbo": 1.16,   # 0.773 (v0.33.0)
     "wan_dancer": 0.33,   # 0.222 (v0.33.0)
     "lens": 1.23,   # 0.820 (v0.33.0)
     "lens_padded": 1.23,   # 0.820 (v0.33.0)
@@ -585,8 +594,11 @@ UPDATE_ERROR = {
 
 
 # Families whose merged blocks' self-attention gets no size bias: HiDream-O1's attention takes
-# the model call's transformer_options (made once before its blocks), not the block's.
-UNWEIGHTED = {"hidream_o1", "hidream_o1_edit"}
+# the model call's transformer_options (made once before its blocks), not the block's;
+# ERNIE-Image's blocks and attention take none (BlockKind.takes_options).
+UNWEIGHTED = {"hidream_o1", "hidream_o1_edit", "ernie", "ernie_turbo"}
+# Families whose blocks ComfyUI calls without transformer_options: no patch runs inside them.
+OPTIONLESS = {"ernie", "ernie_turbo"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -892,6 +904,12 @@ def test_blocks_with_other_nodes_in_block_patches_run_unmerged(name, caplog):
     toma = apply_toma(patched, make_options(RATIO, skip_blocks="none"))
     with caplog.at_level(logging.WARNING, logger="ToMA"):
         out = ch.sample(toma, x.latent, x.positive, x.negative, **run)
+    if name in OPTIONLESS:        # the patch never runs: the blocks merge as without it
+        plain = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+        assert seen == [] and not caplog.records
+        assert torch.equal(ch.flat(out), ch.flat(ch.sample(plain, x.latent, x.positive,
+                                                           x.negative, **run)))
+        return
     assert torch.equal(ch.flat(out), ch.flat(base))
     assert seen[len(plain_seen):] == plain_seen
     assert len([r for r in caplog.records if "attn1_patch" in r.getMessage()]) == 1
@@ -923,6 +941,26 @@ def test_hunyuan_video_reference_latent_never_merges():
         assert a["img"].shape[1] < b["img"].shape[1]
         checked += head >= 0
     assert checked == len(inner) > 0
+
+
+def test_second_toma_node_leaves_optionless_blocks_to_the_first(caplog):
+    """ERNIE-Image's blocks take no transformer_options, so the sequence one ToMA node merged
+    carries no flag a second one could read: the second node (another ratio) leaves the blocks
+    to the first and says so; the sample is the first node's alone, bit for bit."""
+    import logging
+
+    if not available("ernie"):
+        return assert_absent("ernie")
+    model = tiny_patcher("ernie")
+    (batch, height, width, frames), cfg = sample_args("ernie")
+    x = inputs("ernie", model, batch, height, width, frames)
+    once = apply_toma(model, make_options(RATIO, skip_blocks="none"))
+    with caplog.at_level(logging.WARNING, logger="ToMA"):
+        twice = apply_toma(once, make_options(0.25, skip_blocks="none"))
+    assert len([r for r in caplog.records if "leaves them to it" in r.getMessage()]) == 1
+    run = {"steps": 1, "cfg": cfg}
+    assert torch.equal(ch.sample(twice, x.latent, x.positive, x.negative, **run),
+                       ch.sample(once, x.latent, x.positive, x.negative, **run))
 
 
 def test_hidream_e1_edit_image_runs_unmerged(caplog):

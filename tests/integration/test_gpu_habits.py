@@ -95,7 +95,7 @@ SYNC_FAMILIES = ["wan21_t2v", "wan22_5b", "wan22_5b_i2v", "qwen_image", "qwen_im
                  "longcat_image_edit", "chroma_radiance", "mage_flow", "mage_flow_edit", "anima",
                  "wan_scail", "wan_scail2", "boogu", "boogu_edit", "ideogram4",
                  "ideogram4_padded", "omnigen2", "omnigen2_edit", "lens", "lens_padded",
-                 "wan_dancer", "joyimage", "joyimage_edit"]
+                 "wan_dancer", "joyimage", "joyimage_edit", "ernie", "ernie_turbo"]
 
 
 def assert_no_syncs(plain: OpCounter, toma: OpCounter, dropped: tuple[str, ...] = ()) -> None:
@@ -302,6 +302,32 @@ def test_torch_compile_matches_eager(name, dynamo_counters):
     toma, run = toma_and_run(name)
     eager = run(toma)
     assert torch.equal(run(compiled(toma, "aot_eager")), eager)
+    assert graph_breaks(dynamo_counters) == {}
+
+
+def test_blocks_without_options_merge_under_compile(dynamo_counters, monkeypatch):
+    """ERNIE-Image's blocks get no transformer_options (BlockKind.takes_options): compiled
+    through aot_eager they find their model call on their thread (ToMAState.call_of) as eager
+    ones do: every block merges, the sample is eager ToMA's bit for bit (it is not the unmerged
+    one), no graph break."""
+    from toma_pack.nodes import run_state
+
+    if not available("ernie"):
+        return assert_absent("ernie")
+    sent: list[dict] = []
+    monkeypatch.setattr(run_state, "send_stats", lambda node, stats: sent.append(stats))
+    plain = tiny_patcher("ernie")
+    x = inputs("ernie", plain, batch=1, height=8, width=8)
+    toma = apply_toma(plain, make_options(skip_blocks="none"))
+
+    def run(model) -> torch.Tensor:
+        with ch.attention_backend("sdpa"):
+            return ch.sample(model, x.latent, x.positive, x.negative, steps=2, cfg=2.0)
+
+    eager = run(toma)
+    out = run(compiled(toma, "aot_eager"))
+    assert sent[-1]["layers_merged"] == sent[-1]["layers_total"] == 2
+    assert torch.equal(out, eager) and not torch.equal(out, run(plain))
     assert graph_breaks(dynamo_counters) == {}
 
 

@@ -168,6 +168,7 @@ DIT_ARGS = {"wan": _TWO_STREAM_ARGS, "kandinsky5": {}, "qwen": _TWO_STREAM_ARGS,
             "ltxv": _LTXV_ARGS, "ltx2": _LTX2_ARGS, "krea2": {},
             "longcat": _FLUX_ARGS, "mage_flow": _TWO_STREAM_ARGS, "anima": {}, "boogu": {},
             "ideogram4": {}, "omnigen2": {}, "joyimage": _TWO_STREAM_ARGS,
+            "ernie": {},
             "lens": {"double_block": {"img", "txt", "vec", "pe", "attn_mask",
                                       "transformer_options"}}}
 

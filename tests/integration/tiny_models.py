@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from comfy_harness import Conditioning, _patcher, _randn, ensure_comfy, shared_trees
+from comfy_harness import (
+    Conditioning,
+    _patcher,
+    _randn,
+    comfy_top_level_nodes,
+    ensure_comfy,
+    shared_trees,
+)
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
@@ -178,6 +185,21 @@ def _joyimage() -> dict[str, Any]:
     return {"image_model": "joyimage", "patch_size": [1, 2, 2], "in_channels": 16,
             "hidden_size": 64, "num_attention_heads": 4, "text_dim": TEXT_DIM, "num_layers": 2,
             "rope_dim_list": [4, 6, 6], "theta": 256}
+
+
+def _ernie() -> dict[str, Any]:
+    """ERNIE-Image: its 128-channel latent one token a pixel (patch 1), width 64 in 4 heads of
+    16 (RoPE axes 4+6+6), 2 blocks."""
+    return {"image_model": "ernie", "hidden_size": 64, "num_attention_heads": 4, "num_layers": 2,
+            "ffn_hidden_size": 128, "in_channels": 128, "out_channels": 128, "patch_size": 1,
+            "text_in_dim": TEXT_DIM, "rope_axes_dim": (4, 6, 6)}
+
+
+def _zero_negative(latent: torch.Tensor, mask: torch.Tensor | None, positive: Conditioning,
+                   negative: Conditioning, seed: int) -> tuple:
+    """The negative through ComfyUI's ConditioningZeroOut (a turbo template's)."""
+    zero_out = comfy_top_level_nodes().ConditioningZeroOut().zero_out
+    return latent, mask, positive, zero_out(negative)[0]
 
 
 def _ideogram4() -> dict[str, Any]:
@@ -807,6 +829,7 @@ _OMNIGEN2 = ("comfy.ldm.omnigen.omnigen2", "OmniGen2Transformer2DModel")
 _LENS = ("comfy.ldm.lens.model", "LensTransformer2DModel")
 _DANCER = ("comfy.ldm.wan.model_wandancer", "WanDancerModel")
 _JOYIMAGE = ("comfy.ldm.joyimage.model", "JoyImageTransformer3DModel")
+_ERNIE = ("comfy.ldm.ernie.model", "ErnieImageModel")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Wan 2.1 text-to-video; also the Wan 2.2 A14B text-to-video layout (16-ch latent).
@@ -980,6 +1003,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("joyimage", "JoyImage", _joyimage, _JOYIMAGE, frames_dim=True, own_sizes=True),
     Family("joyimage_edit", "JoyImage", _joyimage, _JOYIMAGE, frames_dim=True, own_sizes=True,
            extra_conds=_joyimage_edit),
+    # ERNIE-Image text-to-image (its blocks take no transformer_options), and its turbo
+    # template's negative (ConditioningZeroOut)
+    Family("ernie", "ErnieImage", _ernie, _ERNIE, patch=(1, 1, 1)),
+    Family("ernie_turbo", "ErnieImage", _ernie, _ERNIE, patch=(1, 1, 1), guides=_zero_negative),
 )}
 
 

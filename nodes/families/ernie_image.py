@@ -1,0 +1,33 @@
+"""ERNIE-Image (comfy/ldm/ernie, ComfyUI 0.33 and later): one kind of single-stream block on
+[image; text], which ComfyUI calls without replace patches and without transformer_options:
+ToMA patches each block's forward, which finds its model call as the one in flight on its
+thread. The text after the image never merges; the RoPE rows follow the merged image; the
+modulation is one row for every token."""
+
+from __future__ import annotations
+
+from ..contracts import Contract, Sets
+from ..dit_families import BlockKind, Family, TextAt, describe_plain
+
+MODELS = "ERNIE-Image"
+
+# ComfyUI's loop never hands its blocks an attention mask: one given would address fixed spans
+KINDS = (BlockKind("layer", "layers", "", TextAt.STREAM_AFTER, stream="x", txt=None,
+                   pe="rotary_pos_emb", opaque=("attention_mask",), hook="object",
+                   takes_options=False),)
+
+ERNIE = "comfy.ldm.ernie.model:ErnieImageModel"
+
+CONTRACT = Contract(
+    "ERNIE-Image",
+    models={ERNIE: (Sets(f"{ERNIE}.__init__", ("patch_size",), why="the size of its patches"),)},
+    kinds=KINDS,
+)
+
+
+def family(diffusion_model) -> Family:
+    """The Family of an ERNIE-Image model (families.family_of checked it): the (1, h, w) grid
+    of latent x [B, C, H, W]."""
+    size = int(diffusion_model.patch_size)
+    return Family("ernie", "ERNIE-Image", KINDS, (1, size, size),
+                  describe_plain((1, size, size)))
