@@ -1,21 +1,12 @@
-"""What ToMA needs from ComfyUI, stated per model family as data, and checked against the
-ComfyUI that runs when the node patches a model.
+"""What ToMA needs from ComfyUI, stated per model family as data (a `Contract`), and checked
+against the ComfyUI that runs when the node patches a model.
 
-A family states one `Contract`: the model classes it patches (each with what models of that
-class need besides), what every model of the family needs (`needs`), and the parameters its
-blocks' forwards take (`blocks`, read from the model's own blocks). A `Need` names a ComfyUI
-object by "module:qualname" and checks what ComfyUI does where a small call can show it, and
-otherwise the names ComfyUI's code uses (parameters, keys, attributes), never the text of a
-line: a re-spelling that keeps the behaviour (locals renamed, lines reformatted) meets every
-need. Each kind of need (Probe, Takes, Hands, Gives, Sets, Has, Equals, Mentions, JoinOrder)
-says what it checks.
-
-A need can apply only from a ComfyUI version on (`since`) or only where another need is met
-(`when`: a feature's marker). Where the object's code cannot be read (no source, another
-pack's replacement of it) a need is taken as met: the check reports what it can see changed.
-A probe that raises refuses its family only. tests/integration/test_contract_faults.py breaks
-each need of every contract on a copy of ComfyUI (one fault each) and re-spells every function
-the contracts name.
+A `Need` names a ComfyUI object by "module:qualname" (its `path`) and checks what ComfyUI does
+where a small call can show it, otherwise the names ComfyUI's code uses (parameters, keys,
+attributes), never the text of a line: a re-spelling that keeps the behaviour meets every need
+(tests/integration/test_contract_faults.py breaks each need on a copy of ComfyUI and re-spells
+every function the contracts name). Where the object's code cannot be read (no source, another
+pack's replacement of it) a need is taken as met.
 
 Classes are imported only here, each inside a guard: a class that fails to import fails only
 the models of that class (`claimed`). What was read is kept for the process: ComfyUI's code
@@ -139,8 +130,9 @@ def _strings(node: ast.AST | None) -> bool:
 # Needs ------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Need:
-    """One thing ToMA needs from ComfyUI. since: only from this ComfyUI version on; when: only
-    where that need is met; why: what ToMA reads it for (said with the mismatch)."""
+    """One thing ToMA needs from the ComfyUI object at `path` (each kind's first field). since:
+    only from this ComfyUI version on; when: only where that need is met (a feature's marker);
+    why: what ToMA reads it for (said with the mismatch)."""
 
     since: str | None = None
     when: Need | None = None
@@ -155,16 +147,19 @@ class Need:
         return self.when is None or not self.when.problems()
 
     def problems(self) -> list[str]:
-        """What this ComfyUI lacks of the need, each naming the object and what was expected."""
-        raise NotImplementedError
+        """What this ComfyUI lacks of the need, each naming the object and what was expected:
+        why the object is not there, or what it lacks."""
+        found, why = resolve(self.path)
+        return [why] if found is None else self.lacks(found)
 
-    def mismatches(self, version: str) -> tuple[str, ...]:
-        """problems(), with why, where the need applies."""
-        return _mismatches(self, version)
+    def lacks(self, found: object) -> list[str]:
+        """What `found`, the object at `path`, lacks of the need."""
+        raise NotImplementedError
 
 
 @functools.cache
-def _mismatches(need: Need, version: str) -> tuple[str, ...]:
+def need_mismatches(need: Need, version: str) -> tuple[str, ...]:
+    """need.problems(), with why, where the need applies."""
     if not need.applies(version):
         return ()
     return tuple(f"{problem} ({need.why})" if need.why else problem
@@ -173,16 +168,13 @@ def _mismatches(need: Need, version: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Takes(Need):
-    """`function` takes these parameters (by name)."""
+    """The function at `path` takes these parameters (by name)."""
 
-    function: str
+    path: str
     parameters: tuple[str, ...]
 
-    def problems(self) -> list[str]:
-        found, why = resolve(self.function)
-        if found is None:
-            return [why]
-        return missing_parameters(found, shown(self.function), self.parameters)
+    def lacks(self, found: object) -> list[str]:
+        return missing_parameters(found, shown(self.path), self.parameters)
 
 
 def missing_parameters(function: object, name: str, parameters: Iterable[str]) -> list[str]:
@@ -199,18 +191,15 @@ def missing_parameters(function: object, name: str, parameters: Iterable[str]) -
 
 @dataclass(frozen=True)
 class Hands(Need):
-    """The block loop of the model class at `model` (its own, or the nearest base class's that
+    """The block loop of the model class at `path` (its own, or the nearest base class's that
     has one) hands the replace patches under ("dit", (`key`, i)) a dict holding these
     arguments."""
 
-    model: str
+    path: str
     key: str
     arguments: tuple[str, ...]
 
-    def problems(self) -> list[str]:
-        found, why = resolve(self.model)
-        if found is None:
-            return [why]
+    def lacks(self, found: object) -> list[str]:
         for cls in inspect.getmro(found) if inspect.isclass(found) else (found,):
             if cls.__module__.split(".")[0] not in COMFY_PACKAGES:
                 continue        # torch's classes (the block loops are ComfyUI's)
@@ -221,12 +210,10 @@ class Hands(Need):
             if handed:
                 break
         else:
-            return [f"{shown(self.model)} calls no {self.key!r} replace patch"]
-        out = []
-        for keys in handed:
-            out += [f"{shown(self.model)} hands {self.key} patches no {name!r}"
-                    for name in self.arguments if name not in keys]
-        return list(dict.fromkeys(out))
+            return [f"{shown(self.path)} calls no {self.key!r} replace patch"]
+        return list(dict.fromkeys(f"{shown(self.path)} hands {self.key} patches no {name!r}"
+                                  for keys in handed for name in self.arguments
+                                  if name not in keys))
 
 
 def handed_dicts(tree: ast.AST, key: str) -> list[dict[str, ast.expr]]:
@@ -241,10 +228,8 @@ def handed_dicts(tree: ast.AST, key: str) -> list[dict[str, ast.expr]]:
                 and call.func.slice.elts[0].value == key and call.args):
             continue
         handed = call.args[0]
-        if isinstance(handed, ast.Name):
-            out.append(built(tree, handed.id))
-        else:
-            out.append(dict_items(handed) or {})
+        out.append(built(tree, handed.id) if isinstance(handed, ast.Name)
+                   else dict_items(handed) or {})
     return out
 
 
@@ -263,14 +248,12 @@ def built(tree: ast.AST, name: str) -> dict[str, ast.expr]:
     as dict literals or dict(...) calls, or stored one by one."""
     items: dict[str, ast.expr] = {}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)):
-            items |= dict_items(node.value) or {}
-        elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
-                        and target.value.id == name and _strings(target.slice)):
-                    items[target.slice.value] = node.value
+        for target in node.targets if isinstance(node, ast.Assign) else ():
+            if isinstance(target, ast.Name) and target.id == name:
+                items |= dict_items(node.value) or {}
+            elif (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                    and target.value.id == name and _strings(target.slice)):
+                items[target.slice.value] = node.value
     return items
 
 
@@ -292,14 +275,11 @@ def stored_keys(tree: ast.AST) -> set[str]:
     return keys
 
 
-def lacking(path: str, names: Iterable[str], has: Callable[[ast.AST], set[str]],
+def lacking(found: object, path: str, names: Iterable[str], has: Callable[[ast.AST], set[str]],
             says: Callable[[str], str]) -> list[str]:
-    """What the code of the object at `path` lacks of `names`: has(its syntax tree) -> the
-    names it holds; says(name) -> the problem. Where the object is not there, why; where its
-    code cannot be read, nothing (taken as met)."""
-    found, why = resolve(path)
-    if found is None:
-        return [why]
+    """What the code of `found` (the object at `path`) lacks of `names`: has(its syntax tree)
+    -> the names it holds; says(name) -> the problem. Where its code cannot be read, nothing
+    (taken as met)."""
     tree = tree_of(found)
     if tree is None:
         return []
@@ -309,27 +289,27 @@ def lacking(path: str, names: Iterable[str], has: Callable[[ast.AST], set[str]],
 
 @dataclass(frozen=True)
 class Gives(Need):
-    """`function` stores these keys in the dict it builds; what: what they are, for the
-    message ("conditioning", "transformer option")."""
+    """The function at `path` stores these keys in the dict it builds; what: what they are,
+    for the message ("conditioning", "transformer option")."""
 
-    function: str
+    path: str
     keys: tuple[str, ...]
     what: str = "key"
 
-    def problems(self) -> list[str]:
-        return lacking(self.function, self.keys, stored_keys,
+    def lacks(self, found: object) -> list[str]:
+        return lacking(found, self.path, self.keys, stored_keys,
                        lambda key: f"gives no {key!r} {self.what}")
 
 
 @dataclass(frozen=True)
 class Sets(Need):
-    """`function` (a constructor) sets these attributes on self."""
+    """The constructor at `path` sets these attributes on self."""
 
-    function: str
+    path: str
     attributes: tuple[str, ...]
 
-    def problems(self) -> list[str]:
-        return lacking(self.function, self.attributes, lambda tree: {
+    def lacks(self, found: object) -> list[str]:
+        return lacking(found, self.path, self.attributes, lambda tree: {
             node.attr for node in ast.walk(tree)
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
             and isinstance(node.value, ast.Name) and node.value.id == "self"},
@@ -343,10 +323,7 @@ class Has(Need):
     path: str
     names: tuple[str, ...]
 
-    def problems(self) -> list[str]:
-        found, why = resolve(self.path)
-        if found is None:
-            return [why]
+    def lacks(self, found: object) -> list[str]:
         known = {f.name for f in fields(found)} if is_dataclass(found) else set()
         return [f"{shown(self.path)} has no {name}" for name in self.names
                 if name not in known and not hasattr(found, name)]
@@ -359,10 +336,7 @@ class Equals(Need):
     path: str
     value: object
 
-    def problems(self) -> list[str]:
-        found, why = resolve(self.path)
-        if found is None:
-            return [why]
+    def lacks(self, found: object) -> list[str]:
         return [] if found == self.value else [
             f"{shown(self.path)} is {found!r}, not {self.value!r}"]
 
@@ -374,34 +348,31 @@ class Mentions(Need):
     path: str
     texts: tuple[str, ...]
 
-    def problems(self) -> list[str]:
-        return lacking(self.path, self.texts,
+    def lacks(self, found: object) -> list[str]:
+        return lacking(found, self.path, self.texts,
                        lambda tree: {node.value for node in ast.walk(tree) if _strings(node)},
                        lambda text: f"does not mention {text!r}")
 
 
 @dataclass(frozen=True)
 class JoinOrder(Need):
-    """`function` joins the two streams it hands the `streams` patches under the keys in
-    `order` into the one sequence it hands the `joined` patches under `target`
+    """The function at `path` joins the two streams it hands the double_block patches under
+    the keys in `order` into the one sequence it hands the single_block patches under `target`
     (`torch.cat((a, b), ...)` of those tensors, whatever its locals are called), in `order`,
     or in the reverse order where `model` builds its blocks with `flag=True`; ToMA reads the
     order from that flag on the blocks, which `block`'s constructor must then set."""
 
-    function: str
+    path: str
     target: str
     order: tuple[str, str]
     model: str
     flag: str
     block: str
-    streams: str = "double_block"
-    joined: str = "single_block"
 
-    def problems(self) -> list[str]:
-        found, why = resolve(self.function)
-        built_by, why_model = resolve(self.model)
-        if found is None or built_by is None:
-            return [why or why_model]
+    def lacks(self, found: object) -> list[str]:
+        built_by, why = resolve(self.model)
+        if built_by is None:
+            return [why]
         tree, model_tree = tree_of(found), tree_of(built_by)
         if tree is None or model_tree is None:
             return []
@@ -412,10 +383,10 @@ class JoinOrder(Need):
         flag = f"{shown(self.model)} {'sets' if flagged else 'does not set'} {self.flag}"
         joined = self.joins(tree)
         if not joined:
-            return [f"{shown(self.function)} no longer hands its {self.joined} patches' "
-                    f"{self.target!r} as {' and '.join(self.order)} of its {self.streams} "
+            return [f"{shown(self.path)} no longer hands its single_block patches' "
+                    f"{self.target!r} as {' and '.join(self.order)} of its double_block "
                     f"patches joined with torch.cat ({flag})"]
-        out = [f"{shown(self.function)} joins {self.target} as ({', '.join(order)}), where "
+        out = [f"{shown(self.path)} joins {self.target} as ({', '.join(order)}), where "
                f"ToMA expects ({', '.join(expected)}): {flag}"
                for order in dict.fromkeys(joined) if order != expected]
         if flagged:
@@ -425,9 +396,9 @@ class JoinOrder(Need):
     def joins(self, tree: ast.AST) -> list[tuple[str, ...]]:
         """The orders, as the streams' keys, of each torch.cat of the two streams' tensors
         into the tensor the joined patches get."""
-        streams = {_name(v): k for d in handed_dicts(tree, self.streams)
+        streams = {_name(v): k for d in handed_dicts(tree, "double_block")
                    for k, v in d.items() if k in self.order and _name(v)}
-        targets = {_name(d.get(self.target)) for d in handed_dicts(tree, self.joined)} - {None}
+        targets = {_name(d.get(self.target)) for d in handed_dicts(tree, "single_block")} - {None}
         out = []
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1
@@ -448,24 +419,22 @@ def _name(node: ast.AST | None) -> str | None:
 
 @dataclass(frozen=True)
 class Probe(Need):
-    """`function` does what ToMA reads from it: `check(function)` runs it on a small input
-    (a few tensor elements and a bare object for self, no model) and returns what it found
-    wrong. A check that raises is a problem too (its family is refused, not the others)."""
+    """The function at `path` does what ToMA reads from it: `check(function)` runs it on a
+    small input (a few tensor elements and a bare object for self, no model) and returns what
+    it found wrong. A check that raises is a problem too (its family is refused, not the
+    others)."""
 
-    function: str
+    path: str
     check: Callable[[object], list[str]]
 
-    def problems(self) -> list[str]:
-        found, why = resolve(self.function)
-        if found is None:
-            return [why]
+    def lacks(self, found: object) -> list[str]:
         if _own(found) is None:
             return []           # not ComfyUI's own function
         try:
             found_wrong = self.check(found)
         except Exception as error:
-            return [f"probing {shown(self.function)} failed ({type(error).__name__}: {error})"]
-        return [f"{shown(self.function)} {problem}" for problem in found_wrong]
+            return [f"probing {shown(self.path)} failed ({type(error).__name__}: {error})"]
+        return [f"{shown(self.path)} {problem}" for problem in found_wrong]
 
 
 def bare(cls: type, **attributes: object) -> object:
@@ -480,15 +449,13 @@ def bare(cls: type, **attributes: object) -> object:
 # Contracts --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Contract:
-    """What one model family needs from ComfyUI.
-
-    label: the family's name in messages; models: each model class it patches
-    ("module:qualname") -> what models of that class need besides; needs: what every model of
-    the family needs; blocks: the model's block lists (attribute path, as a BlockKind's
-    `modules`) -> the parameters their forwards take, checked on the model's own blocks when
-    the node patches it; kinds: the family's block kinds, from which the contract adds what
-    they read by name: each model class's block loop hands a "dit" kind's patches its
-    arguments, and an object-patched kind's forward takes them (and its opaque ones)."""
+    """What one model family needs from ComfyUI. label: the family's name in messages; models:
+    each model class it patches ("module:qualname") -> what models of that class need besides;
+    needs: what every model of the family needs; blocks: the model's block lists (attribute
+    path, as BlockKind.modules) -> the parameters their forwards take, read on the model's own
+    blocks; kinds: its block kinds, whose arguments (BlockKind.arguments) each model class's
+    block loop must hand a "dit" kind's patches, and an object-patched kind's forward take
+    (with its opaque ones)."""
 
     label: str
     models: dict[str, tuple[Need, ...]]
@@ -535,7 +502,7 @@ def mismatches(contract: Contract, model: str | None = None,
         why = resolve(model)[1]
         found += [why] if why else []
     for need in (*contract.needs, *(contract.models.get(model, ()) if model else ())):
-        found += need.mismatches(version)
+        found += need_mismatches(need, version)
     if diffusion_model is not None:
         found += block_mismatches(contract.blocks, diffusion_model)
     return list(dict.fromkeys(found))

@@ -81,13 +81,13 @@ def faults_of(need, tree: Path) -> list[tuple[dict, tuple]]:
 
     kind = type(need).__name__
     if kind in ("Probe", "JoinOrder"):
-        target, op, items = need.function, "swap_cats", [None]
+        target, op, items = need.path, "swap_cats", [None]
     elif kind == "Takes":
-        target, op, items = need.function, "rename_names", need.parameters
+        target, op, items = need.path, "rename_names", need.parameters
     elif kind == "Gives":
-        target, op, items = need.function, "rename_strings", need.keys
+        target, op, items = need.path, "rename_strings", need.keys
     elif kind == "Sets":
-        target, op, items = need.function, "unset_attribute", need.attributes
+        target, op, items = need.path, "unset_attribute", need.attributes
     elif kind == "Mentions":
         target, op, items = need.path, "rename_strings", need.texts
     elif kind == "Has":
@@ -98,7 +98,7 @@ def faults_of(need, tree: Path) -> list[tuple[dict, tuple]]:
         module, _, name = need.path.partition(":")
         target, op, items = module, "change_constant", [name]
     elif kind == "Hands":
-        model, _ = contracts.resolve(need.model)
+        model, _ = contracts.resolve(need.path)
         handing = next(cls for cls in inspect.getmro(model)
                        if (tree_of := contracts.tree_of(cls)) is not None
                        and contracts.handed_dicts(tree_of, need.key))
@@ -167,9 +167,8 @@ def readable(need) -> bool:
     """Whether the code the need reads is ComfyUI's own here (otherwise it is taken as met)."""
     from toma_pack.nodes import contracts
 
-    path = getattr(need, "function", None) or getattr(need, "path", None) or need.model
-    found, _ = contracts.resolve(path.partition(":")[0] if type(need).__name__ == "Equals"
-                                 else path)
+    found, _ = contracts.resolve(need.path.partition(":")[0] if type(need).__name__ == "Equals"
+                                 else need.path)
     return found is not None and contracts.tree_of(found) is not None
 
 
@@ -250,8 +249,9 @@ def respelled(combos, blocks: dict, tree: Path) -> list[dict]:
     for contract, model in combos:
         for need in needs_of(contract, model):
             if readable(need):
-                paths = [getattr(need, name, "") for name in ("function", "model", "block")]
-                if type(need).__name__ == "Mentions":
+                # a Has or Equals need reads a class's or module's names, not its code
+                paths = [getattr(need, name, "") for name in ("model", "block")]
+                if type(need).__name__ not in ("Has", "Equals"):
                     paths.append(need.path)
                 targets |= {place(p, tree) for p in paths if ":" in p}
         for classes in blocks.get(model, {}).values():
