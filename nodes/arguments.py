@@ -9,6 +9,7 @@ import types
 from collections.abc import Callable
 
 
+@functools.lru_cache(maxsize=64)
 def _positional(function: Callable) -> tuple[str, ...]:
     """Names of the parameters of `function` that can be passed by position, in order."""
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -16,21 +17,18 @@ def _positional(function: Callable) -> tuple[str, ...]:
                  if param.kind in kinds)
 
 
-_positional_of_function = functools.lru_cache(maxsize=64)(_positional)
-
-
 def positional(executor) -> tuple[str, ...]:
     """_positional of what `executor` wraps (executor.original; a bound method without its
     self), () where it has no signature. Plain functions (a bound method's included) are read
-    once; other callables each time, so that none is kept alive here."""
+    once; other callables each time (uncached), so that none is kept alive here."""
     original = executor.original
     function = getattr(original, "__func__", None)
     try:
         if isinstance(function, types.FunctionType):
-            return _positional_of_function(function)[1:]
+            return _positional(function)[1:]
         if isinstance(original, types.FunctionType):
-            return _positional_of_function(original)
-        return _positional(original)
+            return _positional(original)
+        return _positional.__wrapped__(original)
     except (TypeError, ValueError):
         return ()
 
@@ -47,7 +45,7 @@ def with_argument(executor, args: tuple, kwargs: dict, name: str,
     """(args, kwargs) of the same wrapped call with argument `name` set to `value`, where it was
     passed (by keyword when it was not passed at all)."""
     names = positional(executor)
-    if name not in kwargs and name in names and names.index(name) < len(args):
-        i = names.index(name)
+    i = names.index(name) if name in names else len(args)
+    if name not in kwargs and i < len(args):
         return (*args[:i], value, *args[i + 1:]), kwargs
     return args, {**kwargs, name: value}

@@ -6,19 +6,19 @@ from __future__ import annotations
 
 def unguarded_compile(model_options: dict) -> bool:
     """Whether the model runs through a torch.compile wrapper that drops dynamo's guards on
-    transformer_options (ComfyUI's TorchCompileModel from 0.8, KJNodes' compile nodes): what
-    ToMA decides per call and hands the blocks there would then be fixed in the graph by its
-    first trace. Such wrappers (comfy_api.torch_helpers and the ones modelled on it) leave
-    "torch_compile_kwargs" in the options; torch.compile takes the guard filter out of those,
-    so it is read from the compiled modules the APPLY_MODEL wrappers hold. Where none can be
-    found, a compile with options is taken as unguarded (ComfyUI's node passes its filter
+    transformer_options (ComfyUI's TorchCompileModel from 0.8, KJNodes' compile nodes), which
+    would fix what ToMA decides per call in the graph of its first trace. Such wrappers leave
+    "torch_compile_kwargs" in the options, without the guard filter (torch.compile takes it
+    out): it is read from the compiled modules the APPLY_MODEL wrappers hold. Where none can
+    be found, a compile with options is taken as unguarded (ComfyUI's node passes its filter
     there; v0.3.64's passes none and keeps every guard)."""
     kwargs = model_options.get("torch_compile_kwargs")
     if not isinstance(kwargs, dict):
         return False
     found = compiled_modules(model_options)
-    if found:
-        return any(guard_filter_of(module) is not None for module in found)
+    if found:   # each module's guard filter (None: every guard kept)
+        hooks = [getattr(getattr(module, "dynamo_ctx", None), "_hooks", None) for module in found]
+        return any(getattr(hook, "guard_filter_fn", None) is not None for hook in hooks)
     return kwargs.get("options") is not None
 
 
@@ -48,12 +48,6 @@ def compiled_modules(model_options: dict) -> list:
         for name in getattr(code, "co_names", ()):
             visit(names.get(name))
     return found
-
-
-def guard_filter_of(module: object) -> object:
-    """The guard filter a torch.compile'd module was compiled with (None: every guard kept)."""
-    hooks = getattr(getattr(module, "dynamo_ctx", None), "_hooks", None)
-    return getattr(hooks, "guard_filter_fn", None)
 
 
 # While a model compiled by torch.compile runs, (node key, device) -> what blocks read of the model

@@ -1,11 +1,8 @@
-"""What ToMA needs to know about each diffusion transformer family ComfyUI runs.
-
-A `Family` says which blocks get a patch and how (a "dit" replace patch where ComfyUI's block
-loop has them, an object patch on the block's forward where it does not), where the image grid
-sits in a block call's arguments (`BlockKind`), the patch size that turns the latent into the
-(t, h, w) token grid, the default tiles, and a `describe` hook that reads one model call's inputs
-(the latent, references, conditioning frames) into the ModelCall: grid, tokens in front of the
-grid that never merge, or no merging at all. dit_patch.py is the one patch that reads them.
+"""What ToMA needs to know about each diffusion transformer family ComfyUI runs (dit_patch.py
+is the one patch that reads it): which blocks get a patch and how, and where the image grid
+sits in a block call's arguments (`BlockKind`); the patch size that turns the latent into the
+(t, h, w) token grid, the default regions, and how one model call's inputs are read into the
+ModelCall (`Family.describe`).
 
 Token layout in a block call, per kind (stream = the tensor holding the image grid):
 
@@ -13,11 +10,11 @@ Token layout in a block call, per kind (stream = the tensor holding the image gr
 
 prefix: the text when it is in the stream and comes first (TextAt.STREAM_BEFORE), then tokens
 that never merge (reference latents put in front, image-to-video conditioning frames); suffix:
-everything after the grid (reference images, padding, text that comes last, guide
-frames). Positional rows (RoPE) and attention masks follow the attention sequence, which also
-holds the text when the block attends over [text; image] (BEFORE) or [image; text] (AFTER).
-Modulation rows (`rows`: per-token or per-frame timestep embeddings) are spread evenly over
-the stream: R rows of L / R tokens each, one row for all (R 1), one per token or one per frame.
+everything after the grid (reference images, padding, text that comes last, guide frames).
+Positional rows (RoPE) and attention masks follow the attention sequence, which also holds the
+text when the block attends over [text; image] (BEFORE) or [image; text] (AFTER). Modulation
+rows are spread evenly over the stream: R rows of L / R tokens each (one row for all, one per
+token or one per frame).
 """
 
 from __future__ import annotations
@@ -53,13 +50,11 @@ class TextAt(Enum):
 @dataclass(frozen=True)
 class ShardKind:
     """How raylight's sequence-parallel forward (sequence_parallel.py) hands one kind of block
-    its shard.
-
-    text_in_stream: the stream is a shard of [text; grid; ...], the text length the first item
-    of transformer_options["img_slice"] (the whole text's length on every rank) where raylight
-    sets it, else the one the family's describe read (ModelCall.txt_len); pe_item: the
-    positional-rows argument is a list whose item `pe_item` holds the stream's rows (as in
-    [image rows, text rows]), None: it is the stream's rows alone."""
+    its shard. text_in_stream: the stream is a shard of [text; grid; ...], the text length the
+    first item of transformer_options["img_slice"] (the whole text's on every rank) where
+    raylight sets it, else ModelCall.txt_len; pe_item: the positional-rows argument is a list
+    whose item `pe_item` holds the stream's rows ([image rows, text rows]), None: it is the
+    stream's rows alone."""
 
     text_in_stream: bool = False
     pe_item: int | None = None
@@ -67,58 +62,54 @@ class ShardKind:
 
 @dataclass(frozen=True)
 class BlockKind:
-    """One kind of block and how its call carries the tokens.
+    """One kind of block and how its call carries the tokens (argument names; None: none).
 
     key: the "dit" replace key ("double_block"/"single_block"); modules: the diffusion model's
     attribute holding these blocks; letter: its skip_blocks label ("" in one-kind families);
-    text: where the text is (see the module docstring); stream / txt / pe / mask:
-    argument names of the image stream, the separate text stream, the positional rows and the
-    attention mask (None: the block has none); mask_dims: the mask's token dims;
+    text: where the text is; stream / txt / pe / mask: the image stream, the separate text
+    stream, the positional rows and the attention mask; mask_dims: the mask's token dims;
     rows: arguments holding modulation rows along dim 1 (per-frame or per-token timestep
     embeddings), plain tensors or held in an object the family's `held_rows` reads;
     rows_dims: how many dims a plain tensor of rows has (None: 3 or more); one of other dims
     is one modulation for every token (an e0 [B, 6, C] that other packs' copies of a forward
     pass instead of ComfyUI's [B, F, 6, C]);
-    more_pe: other arguments holding positional rows over the same sequence (the video side
-    of an audio-video attention); a positional-rows argument is a tensor or a tuple whose
-    tensors are rows (a (rotation, split) pair);
-    stream_pe: arguments holding positional rows over the stream alone, for a block that also
-    attends over the stream without the text (an image self-attention beside a joint one);
-    pe_heads: the positional rows are [1, L, D] and the block broadcasts them over its
-    [B, H, L, D] queries and keys: merged per batch item they become
-    [B, 1, L', D], the head axis made explicit;
+    more_pe: other positional rows over the same sequence (the video side of an audio-video
+    attention); positional rows are a tensor or a tuple whose tensors are rows (a (rotation,
+    split) pair);
+    stream_pe: positional rows over the stream alone, for a block that also attends over the
+    stream without the text (an image self-attention beside a joint one);
+    pe_heads: the positional rows are [1, L, D], broadcast over the block's [B, H, L, D]
+    queries and keys: merged per batch item they become [B, 1, L', D];
     stream_item: the stream argument is a tuple ((video, audio)) whose item this is;
     opaque: arguments the patch cannot line up with a merged sequence (an attention mask
     addressing fixed token spans): a block call where one is set runs unmerged;
-    shortened: arguments over the sequence whose entries for every token up to the grid's end
-    are alike (an attention bias the same for each of those tokens), as (name, shorten) pairs:
-    shorten(value, end, removed) gives the argument for the sequence with `removed` of its
-    first `end` tokens merged away (those entries dropped, the ones after moved back), or None
-    where the value's alike entries do not end at `end` (the block then runs unmerged, as with
-    an opaque one); for kinds whose blocks merge their whole stream;
+    shortened: (name, shorten) pairs of arguments over the sequence whose entries are alike
+    for every token up to the grid's end (an attention bias): shorten(value, end, removed)
+    gives the argument with `removed` of its first `end` tokens merged away (those entries
+    dropped, the ones after moved back), or None where the alike entries do not end at `end`
+    (the block then runs unmerged); for kinds whose blocks merge their whole stream;
     batched: False where the stream argument is one item's tokens [L, C] without a batch axis;
     spans: arguments listing the stream's token spans as (start, stop, value...) tuples (one
-    modulation row per span): spans before the grid are kept, the grid's own span becomes the
-    merged grid's, spans after it move with it; a span cutting into the grid, or holding a
+    modulation row per span): spans before the grid are kept, the grid's own becomes the
+    merged grid's, those after it move with it; a span cutting into the grid, or holding a
     tensor of per-token values over it, makes the block run unmerged;
-    positions: arguments of the block's forward holding token positions in the stream, fixed
-    before the blocks run (where references get timestep zero's modulation: an index, or
-    (start, end, ...) spans): in a merged call those past the grid move back by the tokens
-    merged away (token_layout.moved_positions); with hook "dit" ComfyUI's block loop hands
-    them to the block's forward, not to the replace patch, and ToMA patches that forward too;
-    grid_axes: the stream argument is the grid alone laid out [B, T, H, W, C]: read as
-    [B, T*H*W, C], a merged one handed over as [B, 1, 1, M, C];
+    positions: arguments holding token positions in the stream, fixed before the blocks run
+    (where references get timestep zero's modulation: an index or (start, end, ...) spans),
+    moved back past the grid in a merged call (token_layout.moved_positions); with hook "dit"
+    ComfyUI's block loop hands them to the block's forward, which ToMA then patches too;
+    grid_axes: the stream argument is the grid alone, [B, T, H, W, C]: read as [B, T*H*W, C],
+    a merged one handed over as [B, 1, 1, M, C];
     hook: "dit" (replace patch) or "object" (patch of the block's forward);
     attention_scope: merge_scope "attention" merges only these blocks' image attention (the
     family's attention_hooks);
-    shard: how raylight's sequence-parallel forward hands these blocks their shard, for the
-    forwards read (in raylight 1.5.1); None: such blocks run unmerged under it;
+    shard: how raylight's sequence-parallel forward (read in raylight 1.5.1) hands these
+    blocks their shard; None: such blocks run unmerged under it;
     returns: for an object-patched block whose forward returns a tuple (image and text
     tokens), the argument names of its items; () when it returns the stream alone;
-    takes_options: False where the block's forward takes no transformer_options (its model
-    calls it without them; hook "object"): a merged call hands it none (its attention gets no
-    size bias), and a second ToMA node, which could not see the sequence flagged as merged,
-    leaves such blocks to the first.
+    takes_options: False where the block's forward takes no transformer_options (hook
+    "object"): a merged call hands it none (its attention gets no size bias), and a second
+    ToMA node, which could not see the sequence flagged as merged, leaves such blocks to the
+    first.
     """
 
     key: str
@@ -155,9 +146,8 @@ class BlockKind:
     def __post_init__(self) -> None:
         object.__setattr__(self, "bare", self.stream_item is None and self.batched
                            and not self.grid_axes)
-        names = (self.pe, *self.more_pe, *self.stream_pe) if self.pe else \
-            (*self.more_pe, *self.stream_pe)
-        object.__setattr__(self, "pe_names", names)
+        object.__setattr__(self, "pe_names", tuple(
+            name for name in (self.pe, *self.more_pe, *self.stream_pe) if name))
 
     @property
     def arguments(self) -> tuple[str, ...]:
@@ -172,9 +162,9 @@ class BlockKind:
 @dataclass(frozen=True)
 class HeldRows:
     """Modulation rows a family's blocks get inside an object rather than as a tensor
-    (compressed timesteps). read(value) -> (rows [B, R, C], tokens each row
-    covers), or None for a value it does not hold; write(value, rows, tokens) -> an object of
-    the same kind holding `rows`, each covering `tokens` tokens."""
+    (compressed timesteps). read(value) -> (rows [B, R, C], tokens each row covers), or None
+    for a value it does not hold; write(value, rows, tokens) -> an object of the same kind
+    holding `rows`, each covering `tokens` tokens."""
 
     read: Callable[[object], tuple[torch.Tensor, int] | None]
     write: Callable[[object, torch.Tensor, int], object]
@@ -190,15 +180,14 @@ class Family:
     name) into `call`; returns why the call cannot merge when the user should know, else None;
     held_rows: how its blocks hold modulation rows that are not plain tensors, if they do;
     prefix_cache: its one kind of block attends over a causal prompt first in the sequence,
-    whose keys and values ToMA keeps across steps (prefix_cache.py; describe puts the prompt's
-    length in call.prompt_length);
+    whose keys and values ToMA keeps across steps (prefix_cache.py; describe puts its length
+    in call.prompt_length);
     foreign_block(patch): why a block holding another node's "dit" replace patch `patch` must
-    not merge (that patch reads the block's whole sequence by a layout merging would break),
-    or None: such blocks run unmerged when ToMA wraps the patch, and the run says so where
-    the patch replaced ToMA's;
-    sequence_parallel_refusal: why ToMA does not merge this family under raylight's
-    sequence-parallel forward (it then leaves the model alone under raylight, saying so), or
-    None;
+    not merge (it reads the block's whole sequence by a layout merging would break), or None;
+    such blocks run unmerged when ToMA wraps the patch (the run says so where it replaced
+    ToMA's);
+    sequence_parallel_refusal: why ToMA leaves this family alone under raylight's
+    sequence-parallel forward (saying so), or None;
     attention_hooks: where merge_scope "attention" applies to some of its kinds
     (BlockKind.attention_scope), what makes the hooks of one node: `install(model, patches,
     indices)` puts them on those blocks, `run(index, plan, merged_args, run)` runs one block
@@ -223,9 +212,7 @@ class Family:
 def latent_grid(x: object, patch: tuple[int, int, int]) -> tuple[int, int, int] | None:
     """(t, h, w) tokens of a latent [B, C, H, W] or [B, C, T, H, W], each side padded up to
     the patch size (what every family here does); None for anything else."""
-    if not torch.is_tensor(x):
-        return None
-    return shape_grid(x.shape, patch)
+    return shape_grid(x.shape, patch) if torch.is_tensor(x) else None
 
 
 def shape_grid(shape: object, patch: tuple[int, int, int]) -> tuple[int, int, int] | None:
@@ -272,10 +259,7 @@ def host_read(call: ModelCall, key: tuple, read: Callable[[], object]) -> object
 def leading_true(flags: list[bool]) -> int:
     """How many of `flags` are true before the first false (leading frames a mask read on
     the host marks)."""
-    count = 0
-    while count < len(flags) and flags[count]:
-        count += 1
-    return count
+    return next((i for i, flag in enumerate(flags) if not flag), len(flags))
 
 
 def zero_timestep_frames(call: ModelCall, mask: object, frames: int) -> int:

@@ -1,11 +1,9 @@
-"""The pack's nodes as plain data: id, names, inputs, outputs.
-
-ComfyUI's V3 node classes (nodes/v3.py) are built from these definitions, and they need ComfyUI
-to import; the definitions do not, so the unit tests, the benchmarks and the README checks read
-the very inputs ComfyUI is given without a ComfyUI. Inputs are written in the notation of
-ComfyUI's V1 API and its /object_info: `name: (type, options)`, where the type is an io type
-name ("MODEL", "FLOAT", ...) or, for a dropdown, the list of its choices, and the options are
-the widget's settings (default, min, max, step, multiline, tooltip).
+"""The pack's nodes as plain data: id, names, inputs, outputs. The V3 node classes (nodes/v3.py),
+which need ComfyUI to import, are built from them; the unit tests, benchmarks and README checks
+read the very inputs ComfyUI is given without one. An input is written as in ComfyUI's V1 API
+and /object_info: `name: (type, options)`, the type an io type name ("MODEL", "FLOAT", ...) or a
+dropdown's list of choices, the options the widget's settings (default, min, max, step,
+multiline, tooltip).
 """
 
 from __future__ import annotations
