@@ -84,6 +84,7 @@ def module_tree(module: str) -> ast.Module | None:
         return None
 
 
+@functools.cache
 def tree_of(obj: object) -> ast.AST | None:
     """The syntax tree of a ComfyUI function, class or module; None where it cannot be read or
     the object is not ComfyUI's own. A function's own source is parsed (a few lines); a class
@@ -93,7 +94,10 @@ def tree_of(obj: object) -> ast.AST | None:
         return None
     target, module = own
     if inspect.isfunction(target):
-        return _function_tree(target)
+        try:
+            return ast.parse(textwrap.dedent(inspect.getsource(target))).body[0]
+        except (OSError, TypeError, SyntaxError, IndexError):
+            return None
     node: ast.AST | None = module_tree(module)
     if inspect.ismodule(target):
         return node
@@ -102,14 +106,6 @@ def tree_of(obj: object) -> ast.AST | None:
         found = [child for child in _definitions(getattr(node, "body", ())) if child.name == part]
         node = found[-1] if found else None
     return node
-
-
-@functools.cache
-def _function_tree(function: object) -> ast.AST | None:
-    try:
-        return ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
 
 
 def _definitions(body: Iterable[ast.stmt]) -> Iterator[ast.AST]:
@@ -139,8 +135,7 @@ class Need:
     why: str = ""
 
     def applies(self, version: str) -> bool:
-        """Whether the need is asked of this ComfyUI version (an unknown version: every need
-        is)."""
+        """Whether the need is asked of this ComfyUI version (of an unknown one: every need)."""
         running, since = version_numbers(version), self.since and version_numbers(self.since)
         if since and running is not None and running < since:
             return False
@@ -234,8 +229,7 @@ def handed_dicts(tree: ast.AST, key: str) -> list[dict[str, ast.expr]]:
 
 
 def dict_items(node: ast.AST) -> dict[str, ast.expr] | None:
-    """String keys -> value expressions of a dict literal or a dict(...) call; None for
-    anything else."""
+    """String keys -> value expressions of a dict literal or dict(...) call; None otherwise."""
     if isinstance(node, ast.Dict):
         return {k.value: v for k, v in zip(node.keys, node.values, strict=True) if _strings(k)}
     if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "dict":
@@ -421,8 +415,7 @@ def _name(node: ast.AST | None) -> str | None:
 class Probe(Need):
     """The function at `path` does what ToMA reads from it: `check(function)` runs it on a
     small input (a few tensor elements and a bare object for self, no model) and returns what
-    it found wrong. A check that raises is a problem too (its family is refused, not the
-    others)."""
+    it found wrong; a check that raises is a problem too (refusing its family alone)."""
 
     path: str
     check: Callable[[object], list[str]]
@@ -509,9 +502,8 @@ def mismatches(contract: Contract, model: str | None = None,
 
 
 def block_mismatches(blocks: dict[str, tuple[str, ...]], diffusion_model: object) -> list[str]:
-    """What a model's block lists lack: the list itself, or parameters of its blocks'
-    forwards (each kind of block in the list: compiled blocks are read through their
-    wrapper)."""
+    """What a model's block lists lack: the list itself, or parameters of its blocks' forwards
+    (each kind of block in the list; compiled blocks read through their wrapper)."""
     found: list[str] = []
     for path, parameters in blocks.items():
         try:
