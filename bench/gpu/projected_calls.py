@@ -1,8 +1,8 @@
 """Section gpu-model (ComfyUI only): one model call of SDXL, Flux.1 dev, Wan 2.1 14B and (ComfyUI
-0.33 and later) HiDream-O1 and Krea 2 projected on the project's GPU, an NVIDIA H200, unmerged
-and through the ToMA node, computing nothing.
+0.33 and later) HiDream-O1, Krea 2 and MiniMax H3 projected on the project's GPU, an NVIDIA H200,
+unmerged and through the ToMA node, computing nothing.
 
-    COMFYUI_PATH=/path/to/ComfyUI python -m bench --sections gpu-model [--out ...]
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench --sections gpu-model [--models a,b] [--out ...]
 
 Each model is ComfyUI's own class (comfy.supported_models) at its real configuration, bf16, its
 weights on the meta device (no memory, nothing computed). ComfyUI samples it (comfy.sample.sample,
@@ -118,12 +118,16 @@ COLUMNS = ("model", "setting", "ratio", "scope", "batch", "attn_len", "ms", "ms_
 
 
 # Models ------------------------------------------------------------------------------------------
+Shape = tuple[int, ...] | tuple[tuple[int, ...], ...]   # a latent, or its streams' latents
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One model at one generation size.
 
     config: class in comfy.supported_models; unet_config: what its detection reads from the
-    real checkpoint (comfy/model_detection.py); latent: one item's latent [1, C, (T,) H, W];
+    real checkpoint (comfy/model_detection.py); latent: one item's latent [1, C, (T,) H, W], or
+    the shapes of its streams (MiniMax H3: video and audio, one NestedTensor);
     cfg: > 1 batches cond and uncond into one call; text: one cond's text context [1, L, D];
     extra: (seed, text shape) -> the cond's other entries (pooled vectors, size, guidance,
     token ids); negative: the uncond's text shape where it is not the cond's (ComfyUI then runs
@@ -135,7 +139,7 @@ class ModelSpec:
     label: str
     config: str
     unet_config: dict[str, Any]
-    latent: tuple[int, ...]
+    latent: Shape
     cfg: float
     text: tuple[int, ...]
     extra: Callable[[int, tuple[int, ...]], dict[str, Any]] = field(
@@ -152,6 +156,17 @@ class ModelSpec:
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def latent_tensor(shape: Shape, seed: int, zero: bool = False):
+    """A seeded normal latent of `shape` (zero: zeros), a NestedTensor of one per stream when
+    `shape` holds several, as ComfyUI's latent nodes give a model of several streams."""
+    if isinstance(shape[0], tuple):
+        import comfy.nested_tensor
+
+        return comfy.nested_tensor.NestedTensor(tuple(
+            latent_tensor(s, seed + i, zero) for i, s in enumerate(shape)))
+    return torch.zeros(shape) if zero else _randn(*shape, seed=seed)
 
 
 # SDXL base and Flux.1 dev: bench/shared/model_configs.py; Wan 2.1 14B t2v: model_detection's
@@ -205,6 +220,19 @@ MODELS: dict[str, ModelSpec] = {
     # its 12 stacked Qwen3-VL layers (12 x 2560); its turbo templates sample at cfg 1
     "krea2": ModelSpec("krea2", "Krea 2 1024x1024", "Krea2", {"image_model": "krea2"},
                        (1, 16, 128, 128), 1.0, (1, 256, 12 * 2560)),
+    # MiniMax H3 as its text to video template (video_minimax_h3_t2v) samples: 864x480 (its
+    # ResolutionSelector, 16:9 at 0.4 MP), 5 s snapped to 124 frames (its ComfyMathExpression),
+    # as EmptyMiniMaxH3LatentAV sizes them: video [1, 24, 37, 30, 54] in 2x2 patches -> 37 x 15 x
+    # 27 = 14985 tokens, stereo audio [1, 32, 2, 207] -> 414 tokens; the template's prompt, 388
+    # tokens (MiniMaxH3Tokenizer), all tagged text as ComfyUI's MiniMax CLIP tags a prompt without
+    # images, its states at the model's width 5376 (extra_conds runs condition_proj and the token
+    # refiner once per sampling, before the calls, and hands the calls that); MiniMaxH3Model's
+    # defaults (56 heads of 128, 50 blocks); BasicGuider: cfg 1
+    "minimax_h3": ModelSpec("minimax_h3", "MiniMax H3 t2v 864x480x124", "MiniMaxH3",
+                            {"image_model": "minimax_h3"},
+                            ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0, (1, 388, 5376),
+                            lambda seed, text: {"minimax_token_tags": torch.ones(
+                                text[1], dtype=torch.long)}),
 }
 
 
@@ -245,11 +273,13 @@ SETTINGS: tuple[tuple[str, Setting], ...] = (
     ("wan", Setting("default", {"ratio": 0.5})),
     ("hidream_o1", Setting("default", {"ratio": 0.5})),
     ("krea2", Setting("default", {"ratio": 0.5})),
+    ("minimax_h3", Setting("default", {"ratio": 0.5})),
 )
 
 
 def present(spec: ModelSpec) -> bool:
-    """Whether this ComfyUI has spec's model (HiDream-O1 and Krea 2 came with 0.33)."""
+    """Whether this ComfyUI has spec's model (HiDream-O1, Krea 2 and MiniMax H3 came with
+    0.33)."""
     import comfy.supported_models
 
     return hasattr(comfy.supported_models, spec.config)
@@ -410,7 +440,7 @@ def as_on_gpu(patcher) -> Iterator[None]:
 
 
 def record_call(patcher, window: _Window, spec: ModelSpec, recorder: CallRecorder,
-                latent: tuple[int, ...] | None = None, text: tuple[int, ...] | None = None,
+                latent: Shape | None = None, text: tuple[int, ...] | None = None,
                 extra: Any = None, seed: int = 0) -> CallRecorder:
     """Sample with `patcher` (Euler, STEPS-step schedule) until its model call spec.call, which
     `recorder` records; latent / text override spec's sizes (validation runs).
@@ -418,13 +448,15 @@ def record_call(patcher, window: _Window, spec: ModelSpec, recorder: CallRecorde
     and uncond)."""
     import comfy.sample
 
-    noise = _randn(*(latent or spec.latent), seed=seed)
+    shape = latent or spec.latent
+    noise = latent_tensor(shape, seed)
     positive, negative = conditioning(spec, seed, text)
     window.recorder, window.extra, window.batch, window.skip = recorder, extra, 0, spec.call
     try:
         with as_on_gpu(patcher), torch.inference_mode():
             comfy.sample.sample(patcher, noise, STEPS, spec.cfg, "euler", "normal", positive,
-                                negative, torch.zeros_like(noise), disable_pbar=True, seed=seed)
+                                negative, latent_tensor(shape, seed, zero=True),
+                                disable_pbar=True, seed=seed)
     except _OneCall:
         pass
     finally:
@@ -542,7 +574,7 @@ def _plain(value: Any) -> Any:
 # regions are ragged (slabs of 3 and 2 frames), as the real Wan 14B grid's are; HiDream-O1's
 # Qwen3-VL at width 64 (2 layers, 4 query and 2 key/value heads of 16) on 4 x 5 patches, a
 # prompt of 8 ids (the negative keeps its 10: two calls a step, as at real size).
-SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
+SMALL: dict[str, tuple[dict[str, Any], Shape, tuple[int, ...], dict[str, Any]]] = {
     "sdxl": ({**SDXL_UNET, "model_channels": 32, "transformer_depth": [0, 0, 1, 1, 2, 2],
               "transformer_depth_middle": 2,
               "transformer_depth_output": [0, 0, 0, 1, 1, 1, 2, 2, 2], "context_dim": 2048,
@@ -567,6 +599,13 @@ SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[st
     "krea2": ({"image_model": "krea2", "features": 64, "heads": 4, "kvheads": 2, "layers": 2,
                "txtdim": 32, "txtlayers": 2, "txtheads": 2, "txtkvheads": 2},
               (1, 16, 32, 40), (1, 8, 64), {"skip_blocks": "none"}),
+    # 160x128 pixels, 22 frames: video [1, 24, 7, 8, 10] -> 7 x 4 x 5 tokens, audio 2 x 37
+    "minimax_h3": ({"image_model": "minimax_h3", "hidden_size": 64, "num_layers": 2,
+                    "token_refiner_num_layers": 1, "num_attention_heads": 4,
+                    "attention_head_dim": 16, "ffn_hidden_size": 128, "text_dim": 32,
+                    "timestep_input_dim": 32, "time_embed_hidden_size": 64,
+                    "time_embed_dim": 32, "rope_inv_freq_len": 2},
+                   ((1, 24, 7, 8, 10), (1, 32, 2, 37)), (1, 8, 64), {"skip_blocks": "none"}),
 }
 
 
@@ -583,12 +622,14 @@ def _signature(ops: list[Op]) -> list[tuple[str, tuple[int, ...], str, bool]]:
     device is a copy, on a CPU run there is nothing to move). A Python number written into a
     slice (`t[..., 0] = 1`) is one write either way: PyTorch's indexing fills a CPU tensor from
     a lifted 0-dim scalar (lift_fresh, fill_) and copies a scalar made on a device, as on the
-    GPU (scalar_tensor, its 0-dim view expanded, copy_)."""
+    GPU (scalar_tensor, its 0-dim view expanded, copy_). A tensor made from a Python list for a
+    device (`torch.tensor(values, device=...)`) is lifted where it is made (lift_fresh returns
+    its input: no kernel), on the CPU run only."""
     out: list[tuple[str, tuple[int, ...], str, bool]] = []
     for op in ops:
         name = op.name
-        if name in COPIES or (name in ("aten::lift_fresh", "aten::scalar_tensor")
-                              and op.shape == ()):
+        if name in COPIES or name == "aten::lift_fresh" or (name == "aten::scalar_tensor"
+                                                             and op.shape == ()):
             continue
         if name == "aten::expand" and out and out[-1][:2] == ("aten::view", ()):
             out.pop()
@@ -850,7 +891,10 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     timing: list[str] = []
     absent: list[str] = []
     failed: list[str] = []
-    for name in dict.fromkeys(n for n, _ in SETTINGS):
+    unknown = sorted(set(cfg.models) - set(MODELS))
+    if unknown:
+        raise ValueError(f"gpu-model: no model {unknown}; known: {', '.join(MODELS)}")
+    for name in dict.fromkeys(n for n, _ in SETTINGS if not cfg.models or n in cfg.models):
         spec = MODELS[name]
         if not present(spec):
             absent.append(spec.label)
