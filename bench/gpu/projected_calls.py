@@ -129,10 +129,11 @@ class ModelSpec:
     real checkpoint (comfy/model_detection.py); latent: one item's latent [1, C, (T,) H, W], or
     the shapes of its streams (MiniMax H3: video and audio, one NestedTensor);
     cfg: > 1 batches cond and uncond into one call; text: one cond's text context [1, L, D];
-    extra: (seed, text shape) -> the cond's other entries (pooled vectors, size, guidance,
-    token ids); negative: the uncond's text shape where it is not the cond's (ComfyUI then runs
-    cond and uncond as separate calls of one item); call: which model call of the run is
-    recorded (0: the first; later where the model keeps something from its first calls).
+    extra: (seed, text shape, latent shape) -> the cond's other entries (pooled vectors, size,
+    guidance, token ids, token tags, keyframes); negative: the uncond's text shape where it is
+    not the cond's (ComfyUI then runs cond and uncond as separate calls of one item); call:
+    which model call of the run is recorded (0: the first; later where the model keeps
+    something from its first calls).
     """
 
     name: str
@@ -142,8 +143,8 @@ class ModelSpec:
     latent: Shape
     cfg: float
     text: tuple[int, ...]
-    extra: Callable[[int, tuple[int, ...]], dict[str, Any]] = field(
-        default=lambda seed, text: {})
+    extra: Callable[[int, tuple[int, ...], Shape], dict[str, Any]] = field(
+        default=lambda seed, text, latent: {})
     negative: tuple[int, ...] | None = None
     call: int = 0
 
@@ -182,9 +183,37 @@ WAN21_14B: dict[str, Any] = {
 def sdxl_spec(name: str, side: int) -> ModelSpec:
     """SDXL base at side x side pixels, cond and uncond batched (CFG 7)."""
     return ModelSpec(name, f"SDXL base {side}x{side}", "SDXL", SDXL_UNET,
-                     (1, 4, side // 8, side // 8), 7.0, (1, 77, 2048), lambda seed, text: {
+                     (1, 4, side // 8, side // 8), 7.0, (1, 77, 2048),
+                     lambda seed, text, latent: {
                          "pooled_output": _randn(1, 1280, seed=seed), "width": side,
                          "height": side})
+
+
+H3_WIDTH = 5376     # MiniMaxH3Model's width
+
+
+def minimax_h3_conds(vision_at: int = 0, vision: int = 0) -> Callable[..., dict[str, Any]]:
+    """The cond entries ComfyUI's MiniMax H3 nodes give besides the text states: each token's
+    modality tag (`minimax_token_tags`: 1 text, 0 over a picture's vision block, tokens
+    vision_at to vision_at + vision) and, with a picture, it as the first frame's keyframe
+    (`minimax_keyframes`: its video latent [1, 24, 1, H, W] at the canvas' size).
+
+    The templates' prompts as MiniMaxH3Tokenizer tokenizes them: text to video 388 tokens; image
+    to video "<Picture 1>: " (6 tokens), the first frame's vision block (vision start, its 400
+    Qwen3-VL tokens at 640x640: 16-pixel patches merged 2x2, vision end) and 302 prompt tokens.
+    The text states at the model's width: extra_conds runs condition_proj and the token refiner
+    once per sampling, before the calls, and hands the calls their output."""
+    def extra(seed: int, text: tuple[int, ...], latent: Shape) -> dict[str, Any]:
+        tags = torch.ones(text[1], dtype=torch.long)
+        out: dict[str, Any] = {"minimax_token_tags": tags}
+        if vision:
+            tags[vision_at:vision_at + vision] = 0
+            video = latent[0]
+            out["minimax_keyframes"] = [{"resolved_frame_index": 0, "latent": _randn(
+                1, video[1], 1, *video[3:], seed=seed)}]
+        return out
+
+    return extra
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -201,7 +230,7 @@ MODELS: dict[str, ModelSpec] = {
     # 1024x1024: latent 128x128 -> 64x64 = 4096 image tokens; 512 T5 tokens; distilled guidance,
     # cfg 1 (one cond per call)
     "flux": ModelSpec("flux", "Flux.1 dev 1024x1024", "Flux", FLUX_DEV, (1, 16, 128, 128), 1.0,
-                      (1, 512, 4096), lambda seed, text: {
+                      (1, 512, 4096), lambda seed, text, latent: {
                           "pooled_output": _randn(1, 768, seed=seed), "guidance": 3.5}),
     # 832x480, 81 frames: latent 21 x 60 x 104 -> 21 x 30 x 52 = 32760 tokens; 512 umT5 tokens
     "wan": ModelSpec("wan", "Wan 2.1 14B t2v 832x480x81", "WAN21_T2V", WAN21_14B,
@@ -213,26 +242,28 @@ MODELS: dict[str, ModelSpec] = {
     # cache, which it uses from the second step on (ToMA's patches turn it off).
     "hidream_o1": ModelSpec("hidream_o1", "HiDream-O1 2048x2048", "HiDreamO1",
                             {"image_model": "hidream_o1"}, (1, 3, 2048, 2048), 5.0, (1, 32, 1),
-                            lambda seed, text: {"text_input_ids": hidream_o1_prompt_ids(text[1])},
+                            lambda seed, text, latent: {
+                                "text_input_ids": hidream_o1_prompt_ids(text[1])},
                             negative=(1, 10, 1), call=2),
     # 1024x1024 as Krea 2's templates (Wan 2.1's latent: 16 channels, 8x8 pixels) in 2x2 patches
     # -> 4096 image tokens; SingleStreamDiT's defaults (width 6144, 28 blocks); 256 tokens of
     # its 12 stacked Qwen3-VL layers (12 x 2560); its turbo templates sample at cfg 1
     "krea2": ModelSpec("krea2", "Krea 2 1024x1024", "Krea2", {"image_model": "krea2"},
                        (1, 16, 128, 128), 1.0, (1, 256, 12 * 2560)),
-    # MiniMax H3 as its text to video template (video_minimax_h3_t2v) samples: 864x480 (its
-    # ResolutionSelector, 16:9 at 0.4 MP), 5 s snapped to 124 frames (its ComfyMathExpression),
-    # as EmptyMiniMaxH3LatentAV sizes them: video [1, 24, 37, 30, 54] in 2x2 patches -> 37 x 15 x
-    # 27 = 14985 tokens, stereo audio [1, 32, 2, 207] -> 414 tokens; the template's prompt, 388
-    # tokens (MiniMaxH3Tokenizer), all tagged text as ComfyUI's MiniMax CLIP tags a prompt without
-    # images, its states at the model's width 5376 (extra_conds runs condition_proj and the token
-    # refiner once per sampling, before the calls, and hands the calls that); MiniMaxH3Model's
-    # defaults (56 heads of 128, 50 blocks); BasicGuider: cfg 1
+    # MiniMax H3 as its text and image to video templates sample (video_minimax_h3_t2v and _i2v):
+    # the size of their ResolutionSelector (16:9 and 1:1 at 0.4 MP: 864x480 and 640x640), 5 s
+    # snapped to 124 frames by their ComfyMathExpression, sized as MiniMaxH3ImageToVideo sizes
+    # them: video [1, 24, 37, H/16, W/16] in 2x2 patches -> 37 x 15 x 27 = 14985 and 37 x 20 x
+    # 20 = 14800 tokens, stereo audio [1, 32, 2, 207] -> 414 tokens; BasicGuider: cfg 1.
+    # MiniMaxH3Model's defaults (56 heads of 128, 50 blocks). See minimax_h3_conds.
     "minimax_h3": ModelSpec("minimax_h3", "MiniMax H3 t2v 864x480x124", "MiniMaxH3",
                             {"image_model": "minimax_h3"},
-                            ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0, (1, 388, 5376),
-                            lambda seed, text: {"minimax_token_tags": torch.ones(
-                                text[1], dtype=torch.long)}),
+                            ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0, (1, 388, H3_WIDTH),
+                            minimax_h3_conds()),
+    "minimax_h3_i2v": ModelSpec("minimax_h3_i2v", "MiniMax H3 i2v 640x640x124", "MiniMaxH3",
+                                {"image_model": "minimax_h3"},
+                                ((1, 24, 37, 40, 40), (1, 32, 2, 207)), 1.0,
+                                (1, 6 + 402 + 302, H3_WIDTH), minimax_h3_conds(6, 402)),
 }
 
 
@@ -274,6 +305,7 @@ SETTINGS: tuple[tuple[str, Setting], ...] = (
     ("hidream_o1", Setting("default", {"ratio": 0.5})),
     ("krea2", Setting("default", {"ratio": 0.5})),
     ("minimax_h3", Setting("default", {"ratio": 0.5})),
+    ("minimax_h3_i2v", Setting("default", {"ratio": 0.5})),
 )
 
 
@@ -316,12 +348,13 @@ def build_patcher(spec: ModelSpec, unet_config: dict[str, Any] | None = None, re
     return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
 
 
-def conditioning(spec: ModelSpec, seed: int = 0, text: tuple[int, ...] | None = None):
-    """(positive, negative) in ComfyUI's [[context, {extras}]] form, seeded; text overrides
-    the cond's text shape (the uncond keeps spec.negative where it has one)."""
+def conditioning(spec: ModelSpec, seed: int = 0, text: tuple[int, ...] | None = None,
+                 latent: Shape | None = None):
+    """(positive, negative) in ComfyUI's [[context, {extras}]] form, seeded; text and latent
+    override spec's sizes (the uncond keeps spec.negative where it has one)."""
     def cond(offset: int, shape: tuple[int, ...]):
         context = _randn(*shape, seed=seed + offset)
-        return [[context, spec.extra(seed + offset + 1, shape)]]
+        return [[context, spec.extra(seed + offset + 1, shape, latent or spec.latent)]]
 
     text = text or spec.text
     return cond(0, text), cond(100, spec.negative or text)
@@ -450,7 +483,7 @@ def record_call(patcher, window: _Window, spec: ModelSpec, recorder: CallRecorde
 
     shape = latent or spec.latent
     noise = latent_tensor(shape, seed)
-    positive, negative = conditioning(spec, seed, text)
+    positive, negative = conditioning(spec, seed, text, latent)
     window.recorder, window.extra, window.batch, window.skip = recorder, extra, 0, spec.call
     try:
         with as_on_gpu(patcher), torch.inference_mode():
@@ -609,8 +642,10 @@ SMALL: dict[str, tuple[dict[str, Any], Shape, tuple[int, ...], dict[str, Any]]] 
 }
 
 
-# the same classes at another size: the same small model
+# the same classes at another size: the same small model (MiniMax H3's image to video: its
+# first frame's keyframe, the vision block's tags over the small prompt's tokens 6 and 7)
 SMALL["sdxl_512"], SMALL["sd15_768"] = SMALL["sdxl"], SMALL["sd15"]
+SMALL["minimax_h3_i2v"] = SMALL["minimax_h3"]
 
 COPIES = ("aten::_to_copy", "aten::copy_")
 SCALAR_WRITE = "a Python number written into a tensor"
