@@ -107,7 +107,7 @@ def _quality(cfg: BenchConfig) -> dict[str, Any]:
 def _gpu_model(cfg: BenchConfig) -> dict[str, Any]:
     from .gpu import projected_calls as gpu_model
 
-    return gpu_model.run(cfg)
+    return gpu_model.run(cfg, cfg.models)
 
 
 def _gpu_sp(cfg: BenchConfig) -> dict[str, Any]:

@@ -917,8 +917,9 @@ def project_model(name: str, rows: list[dict[str, Any]], checks: list[dict[str, 
             f"{plain.seconds:.1f} s, " + ", ".join(per_setting) + ")")
 
 
-def run(cfg: BenchConfig) -> dict[str, Any]:
-    """The section: rows per model and setting, notes, targets (see the module docstring)."""
+def run(cfg: BenchConfig, models: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The section: rows per model and setting, notes, targets (see the module docstring);
+    models: only these of MODELS (empty: every one)."""
     cfg.apply_threads()
     load_pack()
     rows: list[dict[str, Any]] = []
@@ -926,10 +927,10 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     timing: list[str] = []
     absent: list[str] = []
     failed: list[str] = []
-    unknown = sorted(set(cfg.models) - set(MODELS))
+    unknown = sorted(set(models) - set(MODELS))
     if unknown:
         raise ValueError(f"gpu-model: no model {unknown}; known: {', '.join(MODELS)}")
-    for name in dict.fromkeys(n for n, _ in SETTINGS if not cfg.models or n in cfg.models):
+    for name in dict.fromkeys(n for n, _ in SETTINGS if not models or n in models):
         spec = MODELS[name]
         if not present(spec):
             absent.append(spec.label)
