@@ -31,6 +31,7 @@ Writes .cache/bench/<date>-<device>[-quick].json (ignored by git) or --out, the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import logging
 import os
@@ -106,7 +107,7 @@ def _quality(cfg: BenchConfig) -> dict[str, Any]:
 def _gpu_model(cfg: BenchConfig) -> dict[str, Any]:
     from .gpu import projected_calls as gpu_model
 
-    return gpu_model.run(cfg)
+    return gpu_model.run(cfg, cfg.models)
 
 
 def _gpu_sp(cfg: BenchConfig) -> dict[str, Any]:
@@ -208,8 +209,8 @@ SECTIONS: dict[str, Section] = {
                 "and with ToMA", comfy_only=True, quick=False),
     "gpu-model": Section(
         _gpu_model, "bench/gpu/projected_calls.py: one model call of SDXL, Flux.1 dev, Wan 2.1 "
-                    "14B, HiDream-O1 and Krea 2 at real size projected on an H200, unmerged "
-                    "and ToMA, computing nothing "
+                    "14B, HiDream-O1, Krea 2 and MiniMax H3 at real size projected on an "
+                    "H200, unmerged and ToMA, computing nothing (--models picks some) "
                     "(meta tensors; about 1.5 min on 2 cores, the same with --quick)",
         comfy_only=True),
     "gpu-sp": Section(
@@ -542,6 +543,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clock", choices=("wall", "cpu"), default=None,
                         help="wall time, or process CPU time (default: cpu on the CPU, with one "
                              "thread; wall on a GPU)")
+    parser.add_argument("--models", default=None,
+                        help="gpu-model: comma-separated models to project (bench/gpu/"
+                             "projected_calls.py MODELS; default: all)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -558,6 +562,8 @@ def main(argv: list[str] | None = None) -> None:
     threads = args.threads or (1 if on_cpu and clock == "cpu" else None)
     comfy = setup_comfy(device)
     cfg = default_config(args.quick, comfy, str(device), clock, threads)
+    if args.models:
+        cfg = dataclasses.replace(cfg, models=tuple(m.strip() for m in args.models.split(",")))
     cfg.apply_threads()
     skipped = []
     if args.quick and args.sections is None:

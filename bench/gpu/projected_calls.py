@@ -1,8 +1,8 @@
 """Section gpu-model (ComfyUI only): one model call of SDXL, Flux.1 dev, Wan 2.1 14B and (ComfyUI
-0.33 and later) HiDream-O1 and Krea 2 projected on the project's GPU, an NVIDIA H200, unmerged
-and through the ToMA node, computing nothing.
+0.33 and later) HiDream-O1, Krea 2 and MiniMax H3 projected on the project's GPU, an NVIDIA H200,
+unmerged and through the ToMA node, computing nothing.
 
-    COMFYUI_PATH=/path/to/ComfyUI python -m bench --sections gpu-model [--out ...]
+    COMFYUI_PATH=/path/to/ComfyUI python -m bench --sections gpu-model [--models a,b] [--out ...]
 
 Each model is ComfyUI's own class (comfy.supported_models) at its real configuration, bf16, its
 weights on the meta device (no memory, nothing computed). ComfyUI samples it (comfy.sample.sample,
@@ -118,28 +118,33 @@ COLUMNS = ("model", "setting", "ratio", "scope", "batch", "attn_len", "ms", "ms_
 
 
 # Models ------------------------------------------------------------------------------------------
+Shape = tuple[int, ...] | tuple[tuple[int, ...], ...]   # a latent, or its streams' latents
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One model at one generation size.
 
     config: class in comfy.supported_models; unet_config: what its detection reads from the
-    real checkpoint (comfy/model_detection.py); latent: one item's latent [1, C, (T,) H, W];
+    real checkpoint (comfy/model_detection.py); latent: one item's latent [1, C, (T,) H, W], or
+    the shapes of its streams (MiniMax H3: video and audio, one NestedTensor);
     cfg: > 1 batches cond and uncond into one call; text: one cond's text context [1, L, D];
-    extra: (seed, text shape) -> the cond's other entries (pooled vectors, size, guidance,
-    token ids); negative: the uncond's text shape where it is not the cond's (ComfyUI then runs
-    cond and uncond as separate calls of one item); call: which model call of the run is
-    recorded (0: the first; later where the model keeps something from its first calls).
+    extra: (seed, text shape, latent shape) -> the cond's other entries (pooled vectors, size,
+    guidance, token ids, token tags, keyframes); negative: the uncond's text shape where it is
+    not the cond's (ComfyUI then runs cond and uncond as separate calls of one item); call:
+    which model call of the run is recorded (0: the first; later where the model keeps
+    something from its first calls).
     """
 
     name: str
     label: str
     config: str
     unet_config: dict[str, Any]
-    latent: tuple[int, ...]
+    latent: Shape
     cfg: float
     text: tuple[int, ...]
-    extra: Callable[[int, tuple[int, ...]], dict[str, Any]] = field(
-        default=lambda seed, text: {})
+    extra: Callable[[int, tuple[int, ...], Shape], dict[str, Any]] = field(
+        default=lambda seed, text, latent: {})
     negative: tuple[int, ...] | None = None
     call: int = 0
 
@@ -152,6 +157,17 @@ class ModelSpec:
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def latent_tensor(shape: Shape, seed: int, zero: bool = False):
+    """A seeded normal latent of `shape` (zero: zeros), a NestedTensor of one per stream when
+    `shape` holds several, as ComfyUI's latent nodes give a model of several streams."""
+    if isinstance(shape[0], tuple):
+        import comfy.nested_tensor
+
+        return comfy.nested_tensor.NestedTensor(tuple(
+            latent_tensor(s, seed + i, zero) for i, s in enumerate(shape)))
+    return torch.zeros(shape) if zero else _randn(*shape, seed=seed)
 
 
 # SDXL base and Flux.1 dev: bench/shared/model_configs.py; Wan 2.1 14B t2v: model_detection's
@@ -167,9 +183,37 @@ WAN21_14B: dict[str, Any] = {
 def sdxl_spec(name: str, side: int) -> ModelSpec:
     """SDXL base at side x side pixels, cond and uncond batched (CFG 7)."""
     return ModelSpec(name, f"SDXL base {side}x{side}", "SDXL", SDXL_UNET,
-                     (1, 4, side // 8, side // 8), 7.0, (1, 77, 2048), lambda seed, text: {
+                     (1, 4, side // 8, side // 8), 7.0, (1, 77, 2048),
+                     lambda seed, text, latent: {
                          "pooled_output": _randn(1, 1280, seed=seed), "width": side,
                          "height": side})
+
+
+H3_WIDTH = 5376     # MiniMaxH3Model's width
+
+
+def minimax_h3_conds(vision_at: int = 0, vision: int = 0) -> Callable[..., dict[str, Any]]:
+    """The cond entries ComfyUI's MiniMax H3 nodes give besides the text states: each token's
+    modality tag (`minimax_token_tags`: 1 text, 0 over a picture's vision block, tokens
+    vision_at to vision_at + vision) and, with a picture, it as the first frame's keyframe
+    (`minimax_keyframes`: its video latent [1, 24, 1, H, W] at the canvas' size).
+
+    The templates' prompts as MiniMaxH3Tokenizer tokenizes them: text to video 388 tokens; image
+    to video "<Picture 1>: " (6 tokens), the first frame's vision block (vision start, its 400
+    Qwen3-VL tokens at 640x640: 16-pixel patches merged 2x2, vision end) and 302 prompt tokens.
+    The text states at the model's width: extra_conds runs condition_proj and the token refiner
+    once per sampling, before the calls, and hands the calls their output."""
+    def extra(seed: int, text: tuple[int, ...], latent: Shape) -> dict[str, Any]:
+        tags = torch.ones(text[1], dtype=torch.long)
+        out: dict[str, Any] = {"minimax_token_tags": tags}
+        if vision:
+            tags[vision_at:vision_at + vision] = 0
+            video = latent[0]
+            out["minimax_keyframes"] = [{"resolved_frame_index": 0, "latent": _randn(
+                1, video[1], 1, *video[3:], seed=seed)}]
+        return out
+
+    return extra
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -186,7 +230,7 @@ MODELS: dict[str, ModelSpec] = {
     # 1024x1024: latent 128x128 -> 64x64 = 4096 image tokens; 512 T5 tokens; distilled guidance,
     # cfg 1 (one cond per call)
     "flux": ModelSpec("flux", "Flux.1 dev 1024x1024", "Flux", FLUX_DEV, (1, 16, 128, 128), 1.0,
-                      (1, 512, 4096), lambda seed, text: {
+                      (1, 512, 4096), lambda seed, text, latent: {
                           "pooled_output": _randn(1, 768, seed=seed), "guidance": 3.5}),
     # 832x480, 81 frames: latent 21 x 60 x 104 -> 21 x 30 x 52 = 32760 tokens; 512 umT5 tokens
     "wan": ModelSpec("wan", "Wan 2.1 14B t2v 832x480x81", "WAN21_T2V", WAN21_14B,
@@ -198,13 +242,28 @@ MODELS: dict[str, ModelSpec] = {
     # cache, which it uses from the second step on (ToMA's patches turn it off).
     "hidream_o1": ModelSpec("hidream_o1", "HiDream-O1 2048x2048", "HiDreamO1",
                             {"image_model": "hidream_o1"}, (1, 3, 2048, 2048), 5.0, (1, 32, 1),
-                            lambda seed, text: {"text_input_ids": hidream_o1_prompt_ids(text[1])},
+                            lambda seed, text, latent: {
+                                "text_input_ids": hidream_o1_prompt_ids(text[1])},
                             negative=(1, 10, 1), call=2),
     # 1024x1024 as Krea 2's templates (Wan 2.1's latent: 16 channels, 8x8 pixels) in 2x2 patches
     # -> 4096 image tokens; SingleStreamDiT's defaults (width 6144, 28 blocks); 256 tokens of
     # its 12 stacked Qwen3-VL layers (12 x 2560); its turbo templates sample at cfg 1
     "krea2": ModelSpec("krea2", "Krea 2 1024x1024", "Krea2", {"image_model": "krea2"},
                        (1, 16, 128, 128), 1.0, (1, 256, 12 * 2560)),
+    # MiniMax H3 as its text and image to video templates sample (video_minimax_h3_t2v and _i2v):
+    # the size of their ResolutionSelector (16:9 and 1:1 at 0.4 MP: 864x480 and 640x640), 5 s
+    # snapped to 124 frames by their ComfyMathExpression, sized as MiniMaxH3ImageToVideo sizes
+    # them: video [1, 24, 37, H/16, W/16] in 2x2 patches -> 37 x 15 x 27 = 14985 and 37 x 20 x
+    # 20 = 14800 tokens, stereo audio [1, 32, 2, 207] -> 414 tokens; BasicGuider: cfg 1.
+    # MiniMaxH3Model's defaults (56 heads of 128, 50 blocks). See minimax_h3_conds.
+    "minimax_h3": ModelSpec("minimax_h3", "MiniMax H3 t2v 864x480x124", "MiniMaxH3",
+                            {"image_model": "minimax_h3"},
+                            ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0, (1, 388, H3_WIDTH),
+                            minimax_h3_conds()),
+    "minimax_h3_i2v": ModelSpec("minimax_h3_i2v", "MiniMax H3 i2v 640x640x124", "MiniMaxH3",
+                                {"image_model": "minimax_h3"},
+                                ((1, 24, 37, 40, 40), (1, 32, 2, 207)), 1.0,
+                                (1, 6 + 402 + 302, H3_WIDTH), minimax_h3_conds(6, 402)),
 }
 
 
@@ -245,11 +304,14 @@ SETTINGS: tuple[tuple[str, Setting], ...] = (
     ("wan", Setting("default", {"ratio": 0.5})),
     ("hidream_o1", Setting("default", {"ratio": 0.5})),
     ("krea2", Setting("default", {"ratio": 0.5})),
+    ("minimax_h3", Setting("default", {"ratio": 0.5})),
+    ("minimax_h3_i2v", Setting("default", {"ratio": 0.5})),
 )
 
 
 def present(spec: ModelSpec) -> bool:
-    """Whether this ComfyUI has spec's model (HiDream-O1 and Krea 2 came with 0.33)."""
+    """Whether this ComfyUI has spec's model (HiDream-O1, Krea 2 and MiniMax H3 came with
+    0.33)."""
     import comfy.supported_models
 
     return hasattr(comfy.supported_models, spec.config)
@@ -286,12 +348,13 @@ def build_patcher(spec: ModelSpec, unet_config: dict[str, Any] | None = None, re
     return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
 
 
-def conditioning(spec: ModelSpec, seed: int = 0, text: tuple[int, ...] | None = None):
-    """(positive, negative) in ComfyUI's [[context, {extras}]] form, seeded; text overrides
-    the cond's text shape (the uncond keeps spec.negative where it has one)."""
+def conditioning(spec: ModelSpec, seed: int = 0, text: tuple[int, ...] | None = None,
+                 latent: Shape | None = None):
+    """(positive, negative) in ComfyUI's [[context, {extras}]] form, seeded; text and latent
+    override spec's sizes (the uncond keeps spec.negative where it has one)."""
     def cond(offset: int, shape: tuple[int, ...]):
         context = _randn(*shape, seed=seed + offset)
-        return [[context, spec.extra(seed + offset + 1, shape)]]
+        return [[context, spec.extra(seed + offset + 1, shape, latent or spec.latent)]]
 
     text = text or spec.text
     return cond(0, text), cond(100, spec.negative or text)
@@ -410,7 +473,7 @@ def as_on_gpu(patcher) -> Iterator[None]:
 
 
 def record_call(patcher, window: _Window, spec: ModelSpec, recorder: CallRecorder,
-                latent: tuple[int, ...] | None = None, text: tuple[int, ...] | None = None,
+                latent: Shape | None = None, text: tuple[int, ...] | None = None,
                 extra: Any = None, seed: int = 0) -> CallRecorder:
     """Sample with `patcher` (Euler, STEPS-step schedule) until its model call spec.call, which
     `recorder` records; latent / text override spec's sizes (validation runs).
@@ -418,13 +481,15 @@ def record_call(patcher, window: _Window, spec: ModelSpec, recorder: CallRecorde
     and uncond)."""
     import comfy.sample
 
-    noise = _randn(*(latent or spec.latent), seed=seed)
-    positive, negative = conditioning(spec, seed, text)
+    shape = latent or spec.latent
+    noise = latent_tensor(shape, seed)
+    positive, negative = conditioning(spec, seed, text, latent)
     window.recorder, window.extra, window.batch, window.skip = recorder, extra, 0, spec.call
     try:
         with as_on_gpu(patcher), torch.inference_mode():
             comfy.sample.sample(patcher, noise, STEPS, spec.cfg, "euler", "normal", positive,
-                                negative, torch.zeros_like(noise), disable_pbar=True, seed=seed)
+                                negative, latent_tensor(shape, seed, zero=True),
+                                disable_pbar=True, seed=seed)
     except _OneCall:
         pass
     finally:
@@ -542,7 +607,7 @@ def _plain(value: Any) -> Any:
 # regions are ragged (slabs of 3 and 2 frames), as the real Wan 14B grid's are; HiDream-O1's
 # Qwen3-VL at width 64 (2 layers, 4 query and 2 key/value heads of 16) on 4 x 5 patches, a
 # prompt of 8 ids (the negative keeps its 10: two calls a step, as at real size).
-SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
+SMALL: dict[str, tuple[dict[str, Any], Shape, tuple[int, ...], dict[str, Any]]] = {
     "sdxl": ({**SDXL_UNET, "model_channels": 32, "transformer_depth": [0, 0, 1, 1, 2, 2],
               "transformer_depth_middle": 2,
               "transformer_depth_output": [0, 0, 0, 1, 1, 1, 2, 2, 2], "context_dim": 2048,
@@ -567,11 +632,20 @@ SMALL: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], dict[st
     "krea2": ({"image_model": "krea2", "features": 64, "heads": 4, "kvheads": 2, "layers": 2,
                "txtdim": 32, "txtlayers": 2, "txtheads": 2, "txtkvheads": 2},
               (1, 16, 32, 40), (1, 8, 64), {"skip_blocks": "none"}),
+    # 160x128 pixels, 22 frames: video [1, 24, 7, 8, 10] -> 7 x 4 x 5 tokens, audio 2 x 37
+    "minimax_h3": ({"image_model": "minimax_h3", "hidden_size": 64, "num_layers": 2,
+                    "token_refiner_num_layers": 1, "num_attention_heads": 4,
+                    "attention_head_dim": 16, "ffn_hidden_size": 128, "text_dim": 32,
+                    "timestep_input_dim": 32, "time_embed_hidden_size": 64,
+                    "time_embed_dim": 32, "rope_inv_freq_len": 2},
+                   ((1, 24, 7, 8, 10), (1, 32, 2, 37)), (1, 8, 64), {"skip_blocks": "none"}),
 }
 
 
-# the same classes at another size: the same small model
+# the same classes at another size: the same small model (MiniMax H3's image to video: its
+# first frame's keyframe, the vision block's tags over the small prompt's tokens 6 and 7)
 SMALL["sdxl_512"], SMALL["sd15_768"] = SMALL["sdxl"], SMALL["sd15"]
+SMALL["minimax_h3_i2v"] = SMALL["minimax_h3"]
 
 COPIES = ("aten::_to_copy", "aten::copy_")
 SCALAR_WRITE = "a Python number written into a tensor"
@@ -583,12 +657,14 @@ def _signature(ops: list[Op]) -> list[tuple[str, tuple[int, ...], str, bool]]:
     device is a copy, on a CPU run there is nothing to move). A Python number written into a
     slice (`t[..., 0] = 1`) is one write either way: PyTorch's indexing fills a CPU tensor from
     a lifted 0-dim scalar (lift_fresh, fill_) and copies a scalar made on a device, as on the
-    GPU (scalar_tensor, its 0-dim view expanded, copy_)."""
+    GPU (scalar_tensor, its 0-dim view expanded, copy_). A tensor made from a Python list for a
+    device (`torch.tensor(values, device=...)`) is lifted where it is made (lift_fresh returns
+    its input: no kernel), on the CPU run only."""
     out: list[tuple[str, tuple[int, ...], str, bool]] = []
     for op in ops:
         name = op.name
-        if name in COPIES or (name in ("aten::lift_fresh", "aten::scalar_tensor")
-                              and op.shape == ()):
+        if name in COPIES or name == "aten::lift_fresh" or (name == "aten::scalar_tensor"
+                                                             and op.shape == ()):
             continue
         if name == "aten::expand" and out and out[-1][:2] == ("aten::view", ()):
             out.pop()
@@ -841,8 +917,9 @@ def project_model(name: str, rows: list[dict[str, Any]], checks: list[dict[str, 
             f"{plain.seconds:.1f} s, " + ", ".join(per_setting) + ")")
 
 
-def run(cfg: BenchConfig) -> dict[str, Any]:
-    """The section: rows per model and setting, notes, targets (see the module docstring)."""
+def run(cfg: BenchConfig, models: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The section: rows per model and setting, notes, targets (see the module docstring);
+    models: only these of MODELS (empty: every one)."""
     cfg.apply_threads()
     load_pack()
     rows: list[dict[str, Any]] = []
@@ -850,7 +927,10 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     timing: list[str] = []
     absent: list[str] = []
     failed: list[str] = []
-    for name in dict.fromkeys(n for n, _ in SETTINGS):
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        raise ValueError(f"gpu-model: no model {unknown}; known: {', '.join(MODELS)}")
+    for name in dict.fromkeys(n for n, _ in SETTINGS if not models or n in models):
         spec = MODELS[name]
         if not present(spec):
             absent.append(spec.label)

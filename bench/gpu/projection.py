@@ -431,7 +431,8 @@ class CallRecorder(TorchDispatchMode):
     runs, where small models run for real to check the op list and the assumed answers).
     After the call, `close(output)` stops memory tracking and measures what stays alive.
     ops: the recorded ops in order (host ops included, flagged); peak_bytes: most device bytes
-    live at once; kept_bytes: device bytes still alive at close, the output's left out.
+    live at once (the call's inputs not counted, also those it copies from the host itself);
+    kept_bytes: device bytes still alive at close, the output's left out.
     """
 
     def __init__(self, owner_dirs: Sequence[str | Path], simulate: bool = True) -> None:
@@ -445,6 +446,7 @@ class CallRecorder(TorchDispatchMode):
         self._shadows: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._poisoned: set[int] = set()
         self._live: dict[int, int] = {}
+        self._host_made: set[int] = set()       # storages the call's host ops made
         self._finalizers: list[weakref.finalize] = []
         self._tracking = True
 
@@ -534,7 +536,9 @@ class CallRecorder(TorchDispatchMode):
                 real = func(src, **{**kwargs, "device": HOST})
                 twin = self._twin(real)
                 self._record_copy(func, src, twin, not kwargs.get("non_blocking", False))
-                self._allocated(twin)
+                if storage_key(src) in self._host_made:
+                    # a host tensor from before the call is one of its inputs (not counted)
+                    self._allocated(twin)
                 return twin
             if src.is_meta and target is not None and torch.device(target) != META:
                 real = self._known(src, func).to(**{k: v for k, v in kwargs.items()
@@ -742,6 +746,7 @@ class CallRecorder(TorchDispatchMode):
 
     def _record_host(self, func, ins: list[torch.Tensor], out: Any) -> None:
         outs = _tensors(out)
+        self._host_made.update(storage_key(o) for o in outs)
         first = ins[0] if ins else outs[0] if outs else None
         owned, where = self._frames.issuer()
         self.ops.append(Op(func.name(), "memory", toma=owned, host=True,

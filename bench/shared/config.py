@@ -25,7 +25,8 @@ class BenchConfig:
     timed calls per variant, interleaved across variants; comfy: ComfyUI's classes are in use;
     clock: "wall" (perf_counter) or "cpu" (this process's CPU time: steadier on a shared CPU
     machine when torch runs one thread; meaningless on CUDA); threads: torch CPU threads
-    (None: torch's default), set by `apply_threads`.
+    (None: torch's default), set by `apply_threads`; models: the models section gpu-model
+    projects (empty: every one).
     """
 
     device: torch.device
@@ -38,6 +39,7 @@ class BenchConfig:
     seed: int = 0
     clock: str = "wall"
     threads: int | None = None
+    models: tuple[str, ...] = ()    # gpu-model: only these models (empty: all)
 
     def now(self) -> float:
         """Seconds on the configured clock."""
