@@ -3,8 +3,7 @@ image model. ComfyUI calls the blocks without replace patches: ToMA patches each
 forward. The stream is the image grid alone, laid out [B, T, H, W, C]; the text reaches the
 blocks only as cross-attention context (after Anima's LLM adapter) and never merges. The RoPE
 rows (one per grid token) follow the merged tokens; the timestep modulation is one row per
-latent frame, and an image has one, which every merged token shares. A call of more than one
-latent frame runs unmerged: its frames' modulation rows address the grid by frame."""
+latent frame, and an image has one, which every merged token shares."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """HunyuanImage 2.1: ComfyUI builds it from HunyuanVideo's model class with 2-D patches over its
 64-channel image latent (supported_models.HunyuanImage21), so its blocks, token layout and
-contract are HunyuanVideo's: double blocks with text and image in two streams, then single
-blocks on one sequence of both (image first where the double blocks are built flipped). The
-text stream holds the refined Qwen2.5-VL states with the ByT5 glyph tokens appended: none of it
-merges. Its refiner has 3-D patches and is a HunyuanVideo model to ToMA
-(families/hunyuan_video.py)."""
+contract are HunyuanVideo's (families/hunyuan_video.py). The text stream (the refined
+Qwen2.5-VL states, then the ByT5 glyph tokens) never merges. Its refiner has 3-D patches and is
+a HunyuanVideo model to ToMA."""
 
 from __future__ import annotations
 

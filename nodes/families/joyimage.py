@@ -12,7 +12,6 @@ from . import patch_of, sets_patch
 
 MODELS = "JoyImage"
 
-# its RoPE rows cover the image stream only (the text's queries and keys get none)
 KINDS = (BlockKind("double_block", "double_blocks", "", TextAt.AFTER, pe=None,
                    stream_pe=("pe",)),)
 

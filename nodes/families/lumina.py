@@ -49,10 +49,9 @@ def family(diffusion_model) -> Family:
     patch = patch_of(diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> str | None:
-        """The (1, h, w) grid of latent x and the text length in front of it: the context,
-        padded to `pad_tokens_multiple` (Z-Image); a NextDiT without it keeps each item's own
-        text length (its attention mask), so a batch merges only when they agree. Z-Image Omni
-        references put other tokens around the image: those calls run unmerged."""
+        """The (1, h, w) grid of latent x and the text in front of it (text_length; a batch
+        whose items' lengths differ runs unmerged). Z-Image Omni references put other tokens
+        around the image: those calls run unmerged."""
         set_grid(call, latent_grid(arguments.get("x"), patch))
         context = arguments.get("c_crossattn")
         if len(arguments.get("ref_latents") or ()) > 0:
