@@ -4,10 +4,9 @@ patch is dit_patch.py). Each module gives:
 - MODELS: the models of the family, as the node's error and the README name them;
 - CONTRACT (contracts.py): the model classes it patches and what it needs from ComfyUI;
 - family(diffusion_model): the Family of a model of those classes, once family_of checked it;
-- description(...): its Family without a model (benchmarks call blocks without a model call
-  to describe);
-- where it has them, claims(diffusion_model) (two families of one class told apart) and
-  NOT_MERGED (classes by name that share its blocks but are left alone, and why).
+- where it has them, description(...) (its Family without a model, for the benchmarks),
+  claims(diffusion_model) (two families of one class told apart) and NOT_MERGED (classes by
+  name that share its blocks but are left alone, and why).
 
 Classes are matched exactly, not by isinstance: ComfyUI subclasses these models for variants
 with other token layouts, which must get the "not supported" error rather than a wrong merge.
@@ -19,11 +18,64 @@ family is adding its module here: the registry finds it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
+import math
 import pkgutil
 
-from ..contracts import block_mismatches, claimed, mismatches, refusal
-from ..dit_families import Family
+import torch
+
+from ..contracts import Gives, Sets, block_mismatches, claimed, mismatches, refusal
+from ..dit_families import BlockKind, Family, latent_grid
+from ..model_call import ModelCall
+
+
+# Helpers the family modules share (defined before the modules below import them) -------------
+def patch_of(size: object) -> tuple[int, int, int]:
+    """A model's (t, h, w) patch from its patch_size: one side (square image patches), (h, w)
+    or (t, h, w)."""
+    sides = tuple(int(s) for s in size) if isinstance(size, (tuple, list)) else (int(size),) * 2
+    return (1,) * (3 - len(sides)) + sides
+
+
+def sets_patch(model: str, names: tuple[str, ...] = ("patch_size",)) -> Sets:
+    """The need that model class `model`'s constructor sets the patch size family() reads."""
+    return Sets(f"{model}.__init__", names, why="the size of its patches")
+
+
+def conditioning(model: str, keys: tuple[str, ...], since: str | None = None) -> Gives:
+    """The need that model_base's class `model` gives these conditioning keys (extra_conds)."""
+    return Gives(f"comfy.model_base:{model}.extra_conds", keys, what="conditioning", since=since)
+
+
+def unmerged(call: ModelCall, why: str | None = None, sep: str = ";") -> str | None:
+    """What describe returns for a call that runs unmerged (marked so): `why`, told the user as
+    such, or None where the user need not know."""
+    call.mergeable = False
+    return why and f"{why}{sep} those model calls run unmerged"
+
+
+def latent_tokens(latent: object, patch: tuple[int, int, int]) -> int:
+    """Tokens of a latent's grid (latent_grid), 0 where it is none."""
+    grid = latent_grid(latent, patch)
+    return math.prod(grid) if grid else 0
+
+
+def context_length(arguments: dict) -> int | None:
+    """Tokens of the call's text context (c_crossattn [B, L, C]), None without one."""
+    context = arguments.get("c_crossattn")
+    return int(context.shape[1]) if torch.is_tensor(context) else None
+
+
+def positions_taken(kinds: tuple[BlockKind, ...], forward: object,
+                    parameter: str) -> tuple[BlockKind, ...]:
+    """`kinds`, less their token positions to move where the blocks' `forward` takes no
+    `parameter` (a ComfyUI that modulates no references on their own)."""
+    if parameter in inspect.signature(forward).parameters:
+        return kinds
+    return tuple(dataclasses.replace(kind, positions=()) for kind in kinds)
+
 
 # every module of this package is a family, tried in name order (a model two modules' classes
 # share goes to the one whose `claims` takes it)

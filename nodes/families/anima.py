@@ -3,13 +3,13 @@ image model. ComfyUI calls the blocks without replace patches: ToMA patches each
 forward. The stream is the image grid alone, laid out [B, T, H, W, C]; the text reaches the
 blocks only as cross-attention context (after Anima's LLM adapter) and never merges. The RoPE
 rows (one per grid token) follow the merged tokens; the timestep modulation is one row per
-latent frame, and an image has one, which every merged token shares. A call of more than one
-latent frame runs unmerged: its frames' modulation rows address the grid by frame."""
+latent frame, and an image has one, which every merged token shares."""
 
 from __future__ import annotations
 
-from ..contracts import Contract, Sets
+from ..contracts import Contract
 from ..dit_families import BlockKind, Family, ShardKind, TextAt, latent_grid, set_grid
+from . import sets_patch, unmerged
 
 MODELS = "Anima"
 
@@ -25,25 +25,21 @@ COSMOS = "comfy.ldm.cosmos.predict2:MiniTrainDIT"
 
 CONTRACT = Contract(
     "Anima",
-    models={ANIMA: (Sets(f"{COSMOS}.__init__", ("patch_spatial", "patch_temporal"),
-                         why="the size of its patches"),)},
+    models={ANIMA: (sets_patch(COSMOS, ("patch_spatial", "patch_temporal")),)},
     kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
     size = int(diffusion_model.patch_spatial)
-    return description((int(diffusion_model.patch_temporal), size, size))
+    patch = (int(diffusion_model.patch_temporal), size, size)
 
-
-def description(patch: tuple[int, int, int] = (1, 2, 2)) -> Family:
     def describe(call, base_model, arguments: dict) -> str | None:
         """The (1, h, w) grid of latent x [B, C, 1, H, W]."""
         grid = latent_grid(arguments.get("x"), patch)
         if grid is not None and grid[0] != 1:
-            call.mergeable = False
-            return (f"an Anima call of {grid[0]} latent frames (its blocks modulate each "
-                    f"frame's tokens by the frame's row); those model calls run unmerged")
+            return unmerged(call, f"an Anima call of {grid[0]} latent frames (its blocks "
+                                  f"modulate each frame's tokens by the frame's row)")
         set_grid(call, grid)
         return None
 

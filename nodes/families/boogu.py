@@ -8,10 +8,9 @@ the merged image. The refiners before these stages run unmerged."""
 
 from __future__ import annotations
 
-import torch
-
-from ..contracts import Contract, Gives, Sets
+from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
+from . import conditioning, context_length, latent_tokens, patch_of, sets_patch
 
 MODELS = "Boogu-Image"
 
@@ -30,32 +29,21 @@ BOOGU = "comfy.ldm.boogu.model:BooguTransformer2DModel"
 
 CONTRACT = Contract(
     "Boogu-Image",
-    models={BOOGU: (Sets(f"{BOOGU}.__init__", ("patch_size",), why="the size of its patches"),)},
-    needs=(Gives("comfy.model_base:Omnigen2.extra_conds", ("c_crossattn", "ref_latents"),
-                 what="conditioning"),),
+    models={BOOGU: (sets_patch(BOOGU),)},
+    needs=(conditioning("Omnigen2", ("c_crossattn", "ref_latents")),),
     kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    size = int(diffusion_model.patch_size)
-    patch = (1, size, size)
+    patch = patch_of(diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> None:
         """The (1, h, w) grid of latent x [B, C, H, W], after the reference latents' tokens
         (each [1, C, h, w] padded to the patch size) and the text (context c_crossattn)."""
         references = arguments.get("ref_latents") or ()
-        prefix = 0
-        for reference in references:
-            _, h, w = latent_grid(reference, patch)
-            prefix += h * w
-        set_grid(call, latent_grid(arguments.get("x"), patch), prefix=prefix)
-        context = arguments.get("c_crossattn")
-        if torch.is_tensor(context):
-            call.txt_len = context.shape[1]
+        set_grid(call, latent_grid(arguments.get("x"), patch),
+                 prefix=sum(latent_tokens(reference, patch) for reference in references))
+        call.txt_len = context_length(arguments)
 
-    return description(patch, describe)
-
-
-def description(patch: tuple[int, int, int] = (1, 2, 2), describe=None) -> Family:
     return Family("boogu", "Boogu-Image", KINDS, patch, describe)

@@ -6,8 +6,9 @@ modulation is one row for every token."""
 
 from __future__ import annotations
 
-from ..contracts import Contract, Sets
+from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt, describe_plain
+from . import patch_of, sets_patch
 
 MODELS = "ERNIE-Image"
 
@@ -20,14 +21,12 @@ ERNIE = "comfy.ldm.ernie.model:ErnieImageModel"
 
 CONTRACT = Contract(
     "ERNIE-Image",
-    models={ERNIE: (Sets(f"{ERNIE}.__init__", ("patch_size",), why="the size of its patches"),)},
+    models={ERNIE: (sets_patch(ERNIE),)},
     kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of an ERNIE-Image model (families.family_of checked it): the (1, h, w) grid
-    of latent x [B, C, H, W]."""
-    size = int(diffusion_model.patch_size)
-    return Family("ernie", "ERNIE-Image", KINDS, (1, size, size),
-                  describe_plain((1, size, size)))
+    """The (1, h, w) grid of latent x [B, C, H, W]."""
+    patch = patch_of(diffusion_model.patch_size)
+    return Family("ernie", "ERNIE-Image", KINDS, patch, describe_plain(patch))

@@ -18,17 +18,16 @@ block error like a merged single block's (docs/benchmarks.md, Flux blocks); henc
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ...toma_core import MergePlan
-from ..contracts import Contract, Gives, Mentions, Takes
+from ..contracts import Contract, Mentions, Takes
 from ..dit_families import BlockKind, Family, ShardKind, TextAt, describe_plain
 from ..forward_patches import ForwardPatches
+from . import conditioning, patch_of, positions_taken
 
 MODELS = ("Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma, "
           "Chroma Radiance")
@@ -59,7 +58,7 @@ CONTRACT = Contract(
         CHROMA: (),
         CHROMA_RADIANCE: (),
     },
-    needs=(Gives("comfy.model_base:Flux.extra_conds", ("ref_latents",), what="conditioning"),),
+    needs=(conditioning("Flux", ("ref_latents",)),),
     blocks={"double_blocks": ("img", "txt", "vec", "pe", "attn_mask"),
             "single_blocks": ("x", "vec", "pe", "attn_mask")},
     kinds=KINDS,
@@ -69,14 +68,13 @@ CONTRACT = Contract(
 def family(diffusion_model) -> Family:
     """The (1, h, w) grid of latent x; the modulation spans to move where this ComfyUI's model
     modulates "index_timestep_zero" references on their own."""
-    patch = (1, int(diffusion_model.patch_size), int(diffusion_model.patch_size))
-    spans = TIMESTEP_ZERO in inspect.signature(type(diffusion_model).forward_orig).parameters
-    return description(patch, describe_plain(patch), KINDS if spans else tuple(
-        dataclasses.replace(kind, positions=()) for kind in KINDS))
+    return description(patch_of(diffusion_model.patch_size),
+                       positions_taken(KINDS, type(diffusion_model).forward_orig, TIMESTEP_ZERO))
 
 
-def description(patch: tuple[int, int, int], describe=None, kinds=KINDS) -> Family:
-    return Family("flux", "Flux", kinds, patch, describe, attention_hooks=AttentionScope)
+def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = KINDS) -> Family:
+    return Family("flux", "Flux", kinds, patch, describe_plain(patch),
+                  attention_hooks=AttentionScope)
 
 
 @dataclass

@@ -8,8 +8,9 @@ again after the block. The MoE feed-forward routes each merged token like any ot
 
 from __future__ import annotations
 
-from ..contracts import Contract, Gives
+from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
+from . import conditioning, patch_of, unmerged
 
 # image_tokens_masks (a key mask over the image tokens, only for a list of latents of other
 # sizes, which ComfyUI's forward never builds) lines up with fixed token spans: opaque.
@@ -28,28 +29,24 @@ HIDREAM = "comfy.ldm.hidream.model:HiDreamImageTransformer2DModel"
 CONTRACT = Contract(
     "HiDream",
     models={HIDREAM: ()},
-    needs=(Gives("comfy.model_base:HiDream.extra_conds", ("image_cond",), what="conditioning"),),
+    needs=(conditioning("HiDream", ("image_cond",)),),
     kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    size = int(diffusion_model.patch_size)
-    patch = (1, size, size)
+    return description(patch_of(diffusion_model.patch_size))
 
+
+def description(patch: tuple[int, int, int]) -> Family:
     def describe(call, base_model, arguments: dict) -> str | None:
         """The (1, h, w) grid of latent x [B, C, H, W]. HiDream-E1's edit image (image_cond) is
         put beside the latent along the width before patching, so its tokens sit inside every
         row of the token grid: those calls run unmerged rather than merge it."""
         if arguments.get("image_cond") is not None:
-            call.mergeable = False
-            return ("HiDream-E1's edit image shares every row of the token grid with the image; "
-                    "those model calls run unmerged")
+            return unmerged(call, "HiDream-E1's edit image shares every row of the token "
+                                  "grid with the image")
         set_grid(call, latent_grid(arguments.get("x"), patch))
         return None
 
-    return description(patch, describe)
-
-
-def description(patch: tuple[int, int, int], describe=None) -> Family:
     return Family("hidream", "HiDream", KINDS, patch, describe)

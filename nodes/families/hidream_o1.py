@@ -3,14 +3,9 @@
 ComfyUI's forward hands to "dit" replace patches ("double_block"). Only the image merges: the
 prompt (with an edit's ViT tokens spliced in) stays in front, the reference patches behind.
 
-Unpatched, ComfyUI keeps the prompt's keys and values across steps only while no block is
-replaced, so with ToMA's block patches it would recompute the prompt at every step (9-10% of a
-step at 2048x2048 with 128- and 512-token prompts: bench/speed/hidream_o1_cache.py); ToMA keeps
-them itself while its patches are in place (prefix_cache.py), so from a prompt's second call
-the layers run on the tokens after the prompt, merged or not. The forward opens no "Comfy
-model compiler" malloc graph in v0.33.0 nor in the newest copy the code index holds
-(Comfy-Org/ComfyUI 69460731): there prefix_cache's pause is a no-op
-(docs/comfyui-updates.md).
+ComfyUI keeps the prompt's keys and values across steps only while no block is replaced, so
+ToMA keeps them itself while its patches are in place (prefix_cache.py): from a prompt's second
+call the layers run on the tokens after the prompt, merged or not.
 """
 
 from __future__ import annotations
@@ -19,14 +14,13 @@ import torch
 
 from ..contracts import Contract, Gives
 from ..dit_families import BlockKind, Family, TextAt, set_grid
+from . import unmerged
 
 MODELS = "HiDream-O1"
 
 KINDS = (BlockKind("double_block", "language_model.layers", "", TextAt.STREAM_BEFORE, stream="x",
                    txt=None, pe="freqs_cis", mask="attention_mask", pe_heads=True),)
 PATCH = (1, 32, 32)
-
-
 HIDREAM_O1 = "comfy.ldm.hidream_o1.model:HiDreamO1Transformer"
 
 CONTRACT = Contract(
@@ -41,27 +35,28 @@ CONTRACT = Contract(
 )
 
 
-def family(diffusion_model) -> Family:
-    def describe(call, base_model, arguments: dict) -> None:
-        """The (1, h, w) grid of pixels x [B, 3, H, W] in 32-pixel patches (the model cuts
-        H // 32 x W // 32), the prompt's length in front of it (input_ids [B, L]) and the causal
-        part of that whose keys and values can be kept (ar_len, a host int)."""
-        x, ids = arguments.get("x"), arguments.get("input_ids")
-        if not torch.is_tensor(ids) or not torch.is_tensor(x) or x.dim() != 4:
-            call.mergeable = False
-            return
-        set_grid(call, (1, x.shape[-2] // PATCH[1], x.shape[-1] // PATCH[2]))
-        call.txt_len = ids.shape[1]
-        length = arguments.get("ar_len")
-        call.prompt_length = length if isinstance(length, int) else None
-
-    return description(describe)
-
-
 RAYLIGHT_REFUSAL = ("raylight's HiDream-O1 forward puts the whole prompt in front of every GPU's "
                     "share of the image tokens, a split ToMA's shard plans do not describe")
 
 
-def description(describe=None) -> Family:
+def family(diffusion_model) -> Family:
+    return description()
+
+
+def description() -> Family:
     return Family("hidream_o1", "HiDream-O1", KINDS, PATCH, describe, prefix_cache=True,
                   sequence_parallel_refusal=RAYLIGHT_REFUSAL)
+
+
+def describe(call, base_model, arguments: dict) -> str | None:
+    """The (1, h, w) grid of pixels x [B, 3, H, W] in 32-pixel patches (the model cuts
+    H // 32 x W // 32), the prompt's length in front of it (input_ids [B, L]) and the causal
+    part of that whose keys and values can be kept (ar_len, a host int)."""
+    x, ids = arguments.get("x"), arguments.get("input_ids")
+    if not torch.is_tensor(ids) or not torch.is_tensor(x) or x.dim() != 4:
+        return unmerged(call)
+    set_grid(call, (1, x.shape[-2] // PATCH[1], x.shape[-1] // PATCH[2]))
+    call.txt_len = ids.shape[1]
+    length = arguments.get("ar_len")
+    call.prompt_length = length if isinstance(length, int) else None
+    return None

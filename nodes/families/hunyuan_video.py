@@ -5,10 +5,9 @@ and the image-to-video "replace" mode modulates the first frame on its own: neit
 
 from __future__ import annotations
 
-import math
-
-from ..contracts import Contract, Gives, JoinOrder
+from ..contracts import Contract, JoinOrder
 from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, latent_grid, set_grid
+from . import conditioning, latent_tokens, patch_of
 from .flux import CONTRACT as FLUX_CONTRACT
 
 MODELS = "HunyuanVideo 1.0/1.5"
@@ -38,8 +37,7 @@ CONTRACT = Contract(
                   f"{HUNYUAN_VIDEO}.__init__", FLIPPED,
                   "comfy.ldm.flux.layers:DoubleStreamBlock.__init__"),
     )},
-    needs=(Gives("comfy.model_base:HunyuanVideo.extra_conds", ("ref_latent", "guiding_frame_index"),
-                 what="conditioning"),),
+    needs=(conditioning("HunyuanVideo", ("ref_latent", "guiding_frame_index")),),
     blocks=FLUX_CONTRACT.blocks,        # Flux's block classes
     kinds=kinds(False),
 )
@@ -56,15 +54,15 @@ def flipped(diffusion_model) -> bool:
 
 
 def family(diffusion_model) -> Family:
-    patch = tuple(int(p) for p in diffusion_model.patch_size)
+    patch = patch_of(diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> None:
         """The (t, h, w) grid of latent x; reference latent tokens in front, and the first frame
         when a guiding frame gets its own modulation, never merge."""
-        ref = latent_grid(arguments.get("ref_latent"), patch)
         guided = arguments.get("guiding_frame_index") is not None
         set_grid(call, latent_grid(arguments.get("x"), patch),
-                 prefix=math.prod(ref) if ref else 0, protect_frames=1 if guided else 0)
+                 prefix=latent_tokens(arguments.get("ref_latent"), patch),
+                 protect_frames=1 if guided else 0)
 
     return Family("hunyuan_video", "HunyuanVideo", kinds(flipped(diffusion_model)), patch,
                   describe, frames_per_region=VIDEO_REGION_FRAMES,

@@ -7,10 +7,9 @@ for every token."""
 
 from __future__ import annotations
 
-import torch
-
-from ..contracts import Contract, Gives
+from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
+from . import conditioning, context_length
 
 MODELS = "Ideogram 4"
 
@@ -22,22 +21,16 @@ IDEOGRAM4 = "comfy.ldm.ideogram4.model:Ideogram4Transformer2DModel"
 CONTRACT = Contract(
     "Ideogram 4",
     models={IDEOGRAM4: ()},
-    needs=(Gives("comfy.model_base:Ideogram4.extra_conds", ("c_crossattn", "attention_mask"),
-                 what="conditioning"),),
+    needs=(conditioning("Ideogram4", ("c_crossattn", "attention_mask")),),
     kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    return description()
-
-
-def description(patch: tuple[int, int, int] = (1, 1, 1)) -> Family:
     def describe(call, base_model, arguments: dict) -> None:
         """The (1, h, w) grid of latent x [B, C, H, W] and the text in front of it: the
         context's length (none where the call has no context)."""
-        set_grid(call, latent_grid(arguments.get("x"), patch))
-        context = arguments.get("c_crossattn")
-        call.txt_len = context.shape[1] if torch.is_tensor(context) else 0
+        set_grid(call, latent_grid(arguments.get("x"), (1, 1, 1)))
+        call.txt_len = context_length(arguments) or 0
 
-    return Family("ideogram4", "Ideogram 4", KINDS, patch, describe)
+    return Family("ideogram4", "Ideogram 4", KINDS, (1, 1, 1), describe)

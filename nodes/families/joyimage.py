@@ -6,12 +6,12 @@ merged image; the modulation is one row for every token."""
 
 from __future__ import annotations
 
-from ..contracts import Contract, Sets
+from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt, describe_plain
+from . import patch_of, sets_patch
 
 MODELS = "JoyImage"
 
-# its RoPE rows cover the image stream only (the text's queries and keys get none)
 KINDS = (BlockKind("double_block", "double_blocks", "", TextAt.AFTER, pe=None,
                    stream_pe=("pe",)),)
 
@@ -19,16 +19,13 @@ JOYIMAGE = "comfy.ldm.joyimage.model:JoyImageTransformer3DModel"
 
 CONTRACT = Contract(
     "JoyImage",
-    models={JOYIMAGE: (
-        Sets(f"{JOYIMAGE}.__init__", ("patch_size",), why="the size of its patches"),
-    )},
+    models={JOYIMAGE: (sets_patch(JOYIMAGE),)},
     blocks={KINDS[0].modules: ()},
     kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a JoyImage model (families.family_of checked it): the (t, h, w) grid of
-    latent x [B, C, T, H, W]."""
-    patch = tuple(int(p) for p in diffusion_model.patch_size)
+    """The (t, h, w) grid of latent x [B, C, T, H, W]."""
+    patch = patch_of(diffusion_model.patch_size)
     return Family("joyimage", "JoyImage", KINDS, patch, describe_plain(patch))

@@ -7,8 +7,9 @@ is one frame's."""
 
 from __future__ import annotations
 
-from ..contracts import Contract, Gives, Sets
+from ..contracts import Contract, Gives
 from ..dit_families import BlockKind, Family, TextAt, set_grid, shape_grid
+from . import patch_of, sets_patch
 
 MODELS = "Krea 2"
 
@@ -19,7 +20,7 @@ KREA2 = "comfy.ldm.krea2.model:SingleStreamDiT"
 
 CONTRACT = Contract(
     "Krea 2",
-    models={KREA2: (Sets(f"{KREA2}.__init__", ("patch",), why="the size of its patches"),
+    models={KREA2: (sets_patch(KREA2, ("patch",)),
                     Gives(f"{KREA2}._forward", ("img_slice",), what="transformer option",
                           why="how long the text in front of the image is"))},
     kinds=KINDS,
@@ -27,9 +28,10 @@ CONTRACT = Contract(
 
 
 def family(diffusion_model) -> Family:
-    size = int(diffusion_model.patch)
-    patch = (1, size, size)
+    return description(patch_of(diffusion_model.patch))
 
+
+def description(patch: tuple[int, int, int]) -> Family:
     def describe(call, base_model, arguments: dict) -> None:
         """The (1, h, w) grid of latent x [B, C, H, W] or [B, C, T, H, W] (T frames each a
         batch item of their own)."""
@@ -37,8 +39,4 @@ def family(diffusion_model) -> Family:
         shape = None if x is None else (*x.shape[:2], *x.shape[-2:])
         set_grid(call, shape_grid(shape, patch))
 
-    return description(patch, describe)
-
-
-def description(patch: tuple[int, int, int], describe=None) -> Family:
     return Family("krea2", "Krea 2", KINDS, patch, describe)

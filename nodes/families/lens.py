@@ -24,6 +24,5 @@ CONTRACT = Contract(
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a Lens model (families.family_of checked it): the (1, h, w) grid of latent
-    x [B, C, H, W], one token a latent pixel."""
+    """The (1, h, w) grid of latent x [B, C, H, W], one token a latent pixel."""
     return Family("lens", "Lens", KINDS, (1, 1, 1), describe_plain((1, 1, 1)))

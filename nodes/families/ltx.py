@@ -10,10 +10,8 @@ cross-attention context.
   their `v_prompt_timestep` modulates the text, one row a call, and passes as it came.
 - Guide frames (LTXVAddGuide) are appended to the latent after the video, their token
   positions in `keyframe_idxs`: their tokens are the stream's suffix and never merge. A guide
-  at strength other than 1 gets the blocks a guide attention mask (`self_attention_mask`, a
-  GuideAttentionMask, ComfyUI 0.33): an additive bias between the video tokens and the guide
-  tokens from `guide_start` on, the same for every video token; merged, the mask loses as many
-  of its leading video columns as the grid loses tokens and `guide_start` moves back with them.
+  at strength other than 1 gets the blocks a guide attention mask (`self_attention_mask`,
+  ComfyUI 0.33), which the merged video shortens (shortened_guide_mask).
 - Image-to-video and in-place guide frames are the leading frames the denoise mask does not
   leave all to the sampler (LTXVImgToVideo: 1 - strength on the image's frames): their tokens
   get other timesteps and never merge. Timesteps come per token (LTX-Video, LTX-2 before
@@ -26,7 +24,7 @@ import functools
 
 import torch
 
-from ..contracts import Contract, Gives, Hands, Has, Sets, Takes, claimed, resolve
+from ..contracts import Contract, Hands, Has, Sets, Takes, claimed, resolve
 from ..dit_families import (
     VIDEO_REGION_FRAMES,
     BlockKind,
@@ -37,16 +35,18 @@ from ..dit_families import (
     set_grid,
     shape_grid,
 )
+from . import conditioning, patch_of, unmerged
 
 MODELS = "LTX-Video, LTX-2"
 
 
 def shortened_guide_mask(mask, end: int, removed: int):
-    """ComfyUI's guide attention mask (GuideAttentionMask) for the sequence with `removed` of
-    its first `end` tokens merged away, or None where the guide tokens do not start at `end`.
-    Its bias is the same for every token before `guide_start`: their queries share one row
-    (noisy_mask [1, 1, 1, L]), and each guide token's row (tracked_mask [1, 1, G, L]) holds one
-    value over their keys; so dropping `removed` of those columns is the merged tokens' mask."""
+    """ComfyUI's GuideAttentionMask (an additive bias between the video and the guide tokens
+    from `guide_start` on) for the sequence with `removed` of its first `end` tokens merged
+    away, or None where the guide tokens do not start at `end`. The bias is the same for every
+    token before `guide_start` (their queries share one row of noisy_mask [1, 1, 1, L]; each
+    guide token's row of tracked_mask [1, 1, G, L] holds one value over their keys), so
+    dropping `removed` of those columns is the merged tokens' mask."""
     if mask.guide_start != end:
         return None
     if not removed:
@@ -87,23 +87,19 @@ CONTRACT = Contract(
                Hands(LTXV, VIDEO.key, GUIDE_MASK_ARGUMENTS, since=GUIDE_MASKS)),
         LTXAV: (Hands(LTXAV, AUDIO_VIDEO.key, AUDIO_VIDEO.arguments),
                 Hands(LTXAV, AUDIO_VIDEO.key, GUIDE_MASK_ARGUMENTS, since=GUIDE_MASKS),
-                Gives("comfy.model_base:LTXAV.extra_conds",
-                      ("latent_shapes", "denoise_mask", "keyframe_idxs"), what="conditioning"),
-                Gives("comfy.model_base:LTXAV.extra_conds", ("generated_keyframes",),
-                      what="conditioning", since=GUIDE_MASKS),
+                conditioning("LTXAV", ("latent_shapes", "denoise_mask", "keyframe_idxs")),
+                conditioning("LTXAV", ("generated_keyframes",), since=GUIDE_MASKS),
                 Has(AV_MODEL, ("CompressedTimestep",), since=GUIDE_MASKS),
                 Takes(f"{COMPRESSED}.__init__", ("patches_per_frame", "per_frame"),
                       since=GUIDE_MASKS),
                 Sets(f"{COMPRESSED}.__init__", ("data", "patches_per_frame"),
                      since=GUIDE_MASKS, why="LTX-2's per-frame timestep rows")),
     },
-    needs=(Gives("comfy.model_base:LTXV.extra_conds", ("denoise_mask", "keyframe_idxs"),
-                 what="conditioning"),
+    needs=(conditioning("LTXV", ("denoise_mask", "keyframe_idxs")),
            Sets(f"{GUIDE_MASK_CLASS}.__init__",
                 ("guide_start", "tracked_count", "noisy_mask", "tracked_mask"),
                 since=GUIDE_MASKS, why="the guide attention mask ToMA shortens"),
-           Gives("comfy.model_base:LTXV.extra_conds", ("generated_keyframes",),
-                 what="conditioning", since=GUIDE_MASKS)),
+           conditioning("LTXV", ("generated_keyframes",), since=GUIDE_MASKS)),
     blocks={"transformer_blocks": ()},
 )
 
@@ -113,7 +109,7 @@ def family(diffusion_model) -> Family:
         kinds, label, av_model = (AUDIO_VIDEO,), "LTX-2", resolve(AV_MODEL)[0]
     else:
         kinds, label, av_model = (VIDEO,), "LTX-Video", None
-    patch = tuple(int(p) for p in diffusion_model.patchifier.patch_size)
+    patch = patch_of(diffusion_model.patchifier.patch_size)
     return description(patch, kinds, label, functools.partial(describe, patch),
                        held_rows(av_model))
 
@@ -137,25 +133,20 @@ def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> 
     shape = shapes[0] if shapes else getattr(arguments.get("x"), "shape", None)
     grid = shape_grid(shape, patch)
     if grid is None or len(shape) != 5:
-        call.mergeable = False
-        return None
+        return unmerged(call)
     total, h, w = grid
     if arguments.get("generated_keyframes") is not None:
-        call.mergeable = False
-        return ("LTX keyframe slots (generated_keyframes) mark frames inside the video; those "
-                "model calls run unmerged")
+        return unmerged(call, "LTX keyframe slots (generated_keyframes) mark frames inside the "
+                              "video")
     keyframes = arguments.get("keyframe_idxs")
     guides = int(keyframes.shape[2]) if torch.is_tensor(keyframes) else 0
     if guides % (h * w):
-        call.mergeable = False
-        return (f"LTX guide tokens ({guides}) are not whole {h}x{w} frames; those model calls run "
-                "unmerged")
+        return unmerged(call, f"LTX guide tokens ({guides}) are not whole {h}x{w} frames")
     frames = total - guides // (h * w)
     kept = conditioned_frames(call, arguments.get("denoise_mask"), frames, total)
     if kept is None:
-        call.mergeable = False
-        return ("the LTX denoise mask keeps tokens inside the video (not only leading frames), "
-                "which merged tokens cannot keep apart; those model calls run unmerged")
+        return unmerged(call, "the LTX denoise mask keeps tokens inside the video (not only "
+                              "leading frames), which merged tokens cannot keep apart")
     set_grid(call, (frames, h, w), protect_frames=kept)
     return None
 

@@ -7,9 +7,10 @@ import math
 
 import torch
 
-from ..contracts import Contract, Gives, Sets, Takes
+from ..contracts import Contract, Sets, Takes
 from ..dit_families import BlockKind, Family, ShardKind, TextAt, host_read, latent_grid, set_grid
 from ..model_call import ModelCall
+from . import conditioning, patch_of, unmerged
 
 MODELS = "Lumina 2, Z-Image"
 
@@ -28,10 +29,8 @@ CONTRACT = Contract(
     models={NEXT_DIT: (Sets(f"{NEXT_DIT}.__init__", (PAD,), since="0.8.0",
                             why="how long the text in front of the image is"),)},
     needs=(Takes("comfy.model_base:BaseModel._apply_model", ("c_crossattn",)),
-           Gives("comfy.model_base:Lumina2.extra_conds",
-                 ("c_crossattn", "attention_mask", "num_tokens"), what="conditioning"),
-           Gives("comfy.model_base:Lumina2.extra_conds", ("ref_latents",), what="conditioning",
-                 since="0.33.0")),
+           conditioning("Lumina2", ("c_crossattn", "attention_mask", "num_tokens")),
+           conditioning("Lumina2", ("ref_latents",), since="0.33.0")),
     kinds=KINDS,
 )
 
@@ -47,32 +46,26 @@ def _given(value: object) -> bool:
 
 
 def family(diffusion_model) -> Family:
-    size = int(diffusion_model.patch_size)
-    patch = (1, size, size)
+    patch = patch_of(diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> str | None:
-        """The (1, h, w) grid of latent x and the text length in front of it: the context,
-        padded to `pad_tokens_multiple` (Z-Image); a NextDiT without it keeps each item's own
-        text length (its attention mask), so a batch merges only when they agree. Z-Image Omni
-        references put other tokens around the image: those calls run unmerged."""
+        """The (1, h, w) grid of latent x and the text in front of it (text_length; a batch
+        whose items' lengths differ runs unmerged). Z-Image Omni references put other tokens
+        around the image: those calls run unmerged."""
         set_grid(call, latent_grid(arguments.get("x"), patch))
         context = arguments.get("c_crossattn")
         if len(arguments.get("ref_latents") or ()) > 0:
-            call.mergeable = False
-            return "Z-Image Omni references: those model calls run unmerged"
+            return unmerged(call, "Z-Image Omni references", sep=":")
         extra = [name for name in EXTRA_TOKENS if _given(arguments.get(name))]
         if extra:
-            call.mergeable = False
-            return (f"{' and '.join(extra)} add tokens of their own around the text and image "
-                    f"(MingImage): those model calls run unmerged")
+            return unmerged(call, f"{' and '.join(extra)} add tokens of their own around the "
+                                  f"text and image (MingImage)", sep=":")
         if not torch.is_tensor(context):
-            call.mergeable = False
-            return None
+            return unmerged(call)
         text = text_length(call, context, arguments, diffusion_model)
         if text is None:
-            call.mergeable = False
-            return ("the items of a batch have texts of different lengths (ComfyUI before 0.8 "
-                    "lays them out one by one): those model calls run unmerged")
+            return unmerged(call, "the items of a batch have texts of different lengths "
+                                  "(ComfyUI before 0.8 lays them out one by one)", sep=":")
         call.txt_len = text
         return None
 

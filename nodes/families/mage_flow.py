@@ -5,8 +5,9 @@ and never merge; the RoPE rows of the image follow its merged tokens."""
 
 from __future__ import annotations
 
-from ..contracts import Contract, Sets
+from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt, describe_plain
+from . import patch_of, sets_patch
 
 MODELS = "Mage-Flow (and Edit)"
 
@@ -19,8 +20,7 @@ RAYLIGHT_REFUSAL = ("raylight runs its Qwen-Image forward on Mage-Flow, whose ti
 
 CONTRACT = Contract(
     "Mage-Flow",
-    models={MAGE_FLOW: (Sets(f"{MAGE_FLOW}.__init__", ("patch_size",),
-                             why="the size of its patches"),)},
+    models={MAGE_FLOW: (sets_patch(MAGE_FLOW),)},
     blocks={KINDS[0].modules: ()},
     kinds=KINDS,
 )
@@ -28,10 +28,6 @@ CONTRACT = Contract(
 
 def family(diffusion_model) -> Family:
     """The (1, h, w) grid of latent x [B, C, H, W]."""
-    size = int(diffusion_model.patch_size)
-    return description((1, size, size))
-
-
-def description(patch: tuple[int, int, int] = (1, 1, 1)) -> Family:
+    patch = patch_of(diffusion_model.patch_size)
     return Family("mage_flow", "Mage-Flow", KINDS, patch, describe_plain(patch),
                   sequence_parallel_refusal=RAYLIGHT_REFUSAL)

@@ -9,11 +9,8 @@ generated audio before it never do. Each block modulates its tokens by segment (
 (start, stop, timestep row) over the packed sequence): the video's span follows the merged
 video. A denoise mask that gives video tokens timesteps of their own makes that row a tensor
 of one row per token, and those blocks run unmerged. The fused RoPE table (`rope_freqs`
-[1, L, 1, D/2, 2, 2]) takes the rows of the merged tokens' destinations.
-
-ComfyUI's BlockSparseAttention node patches H3's blocks to run their attention by the packed
-layout (video cubes for VSA, exact rows for the conditioning), which a merged sequence no
-longer has: ToMA leaves those blocks unmerged and says so, applied before or after it."""
+[1, L, 1, D/2, 2, 2]) takes the rows of the merged tokens' destinations. Blocks that ComfyUI's
+BlockSparseAttention node patches run unmerged (foreign_block), applied before or after ToMA."""
 
 from __future__ import annotations
 
@@ -22,6 +19,7 @@ import math
 
 from ..contracts import Contract, Gives, Sets
 from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, set_grid, shape_grid
+from . import patch_of, unmerged
 
 MODELS = "MiniMax H3"
 
@@ -30,8 +28,7 @@ BLOCK = BlockKind("double_block", "blocks", "", TextAt.NONE, txt=None, pe="rope_
 MODEL = "comfy.ldm.minimax.model:MiniMaxH3Model"
 BASE = "comfy.model_base:MiniMaxH3"
 LAYOUT = "comfy.ldm.minimax.model:PackedLayout"
-# the module of ComfyUI's BlockSparseAttention node, whose H3 block patches read the packed
-# layout
+# the module of ComfyUI's BlockSparseAttention node
 SPARSE_MODULE = "nodes_sparse_attention"
 
 CONTRACT = Contract(
@@ -48,7 +45,7 @@ CONTRACT = Contract(
 
 
 def family(diffusion_model) -> Family:
-    return description(tuple(int(p) for p in diffusion_model.patch_size))
+    return description(patch_of(diffusion_model.patch_size))
 
 
 def description(patch: tuple[int, int, int] = (1, 2, 2)) -> Family:
@@ -65,17 +62,14 @@ def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> 
     context = arguments.get("c_crossattn")
     grid = shape_grid(shapes[0], patch) if shapes and len(shapes) > 1 else None
     if grid is None or layout is None or context is None:
-        call.mergeable = False
-        return ("a MiniMax H3 call without its video and audio latents or its packed layout; "
-                "those model calls run unmerged")
+        return unmerged(call, "a MiniMax H3 call without its video and audio latents or its "
+                              "packed layout")
     t, h, w = grid
     video = [(a, b) for a, b, kind in layout.segments if kind == "video"]
     signature = (int(context.shape[1]), t, h * patch[1], w * patch[2], int(shapes[1][-1]))
     if (len(video) != 1 or video[0][1] - video[0][0] != math.prod(grid)
             or video[0][1] != layout.seq_len or tuple(layout.signature) != signature):
-        call.mergeable = False
-        return ("MiniMax H3's packed layout does not end with this call's video; those model "
-                "calls run unmerged")
+        return unmerged(call, "MiniMax H3's packed layout does not end with this call's video")
     set_grid(call, grid, prefix=video[0][0])
     return None
 

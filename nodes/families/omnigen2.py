@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..contracts import Contract, Gives, Sets
+from ..contracts import Contract
 from ..dit_families import Family
-from . import boogu
+from . import boogu, conditioning, sets_patch
 
 MODELS = "OmniGen2"
 
@@ -19,15 +19,12 @@ OMNIGEN2 = "comfy.ldm.omnigen.omnigen2:OmniGen2Transformer2DModel"
 
 CONTRACT = Contract(
     "OmniGen2",
-    models={OMNIGEN2: (Sets(f"{OMNIGEN2}.__init__", ("patch_size",),
-                            why="the size of its patches"),)},
-    needs=(Gives("comfy.model_base:Omnigen2.extra_conds", ("c_crossattn", "ref_latents"),
-                 what="conditioning"),),
+    models={OMNIGEN2: (sets_patch(OMNIGEN2),)},
+    needs=(conditioning("Omnigen2", ("c_crossattn", "ref_latents")),),
     kinds=KINDS,
 )
 
 
 def family(diffusion_model) -> Family:
-    """The Family of an OmniGen2 model (families.family_of checked it)."""
     return dataclasses.replace(boogu.family(diffusion_model), name="omnigen2",
                                label="OmniGen2", kinds=KINDS)

@@ -6,11 +6,9 @@ block beside the replace patch's arguments: ToMA moves it with the merged image.
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-
-from ..contracts import Contract, Gives, Mentions, Takes
+from ..contracts import Contract, Mentions, Takes
 from ..dit_families import BlockKind, Family, ShardKind, TextAt, describe_plain
+from . import conditioning, patch_of, positions_taken
 
 MODELS = "Qwen-Image (and Edit)"
 
@@ -31,8 +29,7 @@ CONTRACT = Contract(
               when=_SEPARATE_MODULATION,
               why="where 'index_timestep_zero' references start, which ToMA moves"),
     )},
-    needs=(Gives("comfy.model_base:QwenImage.extra_conds", ("ref_latents",),
-                 what="conditioning"),),
+    needs=(conditioning("QwenImage", ("ref_latents",)),),
     blocks={"transformer_blocks": ("hidden_states", "encoder_hidden_states", "temb",
                                    "image_rotary_emb")},
     kinds=KINDS,
@@ -42,12 +39,10 @@ CONTRACT = Contract(
 def family(diffusion_model) -> Family:
     """The (t, h, w) grid of latent x [B, C, T, H, W] (T: 1, or the layers of Qwen-Image Layered,
     each a frame); reference positions to move where its blocks take them."""
-    patch = (1, int(diffusion_model.patch_size), int(diffusion_model.patch_size))
-    takes = TIMESTEP_ZERO in inspect.signature(
-        type(diffusion_model.transformer_blocks[0]).forward).parameters
-    return description(patch, describe_plain(patch), KINDS if takes else tuple(
-        dataclasses.replace(kind, positions=()) for kind in KINDS))
+    block = type(diffusion_model.transformer_blocks[0])
+    return description(patch_of(diffusion_model.patch_size),
+                       positions_taken(KINDS, block.forward, TIMESTEP_ZERO))
 
 
-def description(patch: tuple[int, int, int], describe=None, kinds=KINDS) -> Family:
-    return Family("qwen_image", "Qwen-Image", kinds, patch, describe)
+def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = KINDS) -> Family:
+    return Family("qwen_image", "Qwen-Image", kinds, patch, describe_plain(patch))

@@ -8,10 +8,9 @@ the references never merge; the RoPE rows follow the merged image."""
 
 from __future__ import annotations
 
-import torch
-
 from ..contracts import Contract, Hands
 from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
+from . import context_length
 
 MODELS = "Qwen-Image 2.1"
 
@@ -27,14 +26,11 @@ CONTRACT = Contract(
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a Qwen-Image 2.1 model (families.family_of checked it)."""
-
     def describe(call, base_model, arguments: dict) -> None:
         """The (1, h, w) grid of latent x [B, C, H, W] after the text (context c_crossattn)
         and the reference latents' tokens (ref_latents, each [1, C, h, w])."""
         set_grid(call, latent_grid(arguments.get("x"), (1, 1, 1)),
                  prefix=sum(r.shape[-2] * r.shape[-1] for r in arguments.get("ref_latents") or ()))
-        context = arguments.get("c_crossattn")
-        call.txt_len = context.shape[1] if torch.is_tensor(context) else 0
+        call.txt_len = context_length(arguments) or 0
 
     return Family("qwen_image21", "Qwen-Image 2.1", KINDS, (1, 1, 1), describe)

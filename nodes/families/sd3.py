@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt, describe_plain
+from . import patch_of
 
 MODELS = "SD3/SD3.5"
 
@@ -21,9 +22,8 @@ CONTRACT = Contract(
 
 
 def family(diffusion_model) -> Family:
-    patch = (1, int(diffusion_model.patch_size), int(diffusion_model.patch_size))
-    return description(patch, describe_plain(patch))
+    return description(patch_of(diffusion_model.patch_size))
 
 
-def description(patch: tuple[int, int, int], describe=None) -> Family:
-    return Family("sd3", "SD3", KINDS, patch, describe)
+def description(patch: tuple[int, int, int]) -> Family:
+    return Family("sd3", "SD3", KINDS, patch, describe_plain(patch))

@@ -1,44 +1,23 @@
-"""Wan 2.1 / 2.2 (text- and image-to-video, 14B and 5B) and Wan VACE: one kind of block;
-self-attention over the video tokens only (the text is cross-attention context); per-frame
-modulation rows when the model gives each latent frame its own timestep (Wan 2.2 5B
-image-to-video).
+"""Wan 2.1 / 2.2 (text- and image-to-video, 14B and 5B) and its variants on Wan's blocks: one
+kind of block, self-attention over the video tokens only (the text is cross-attention context),
+per-frame modulation rows where each latent frame has its own timestep (Wan 2.2 5B
+image-to-video), one row for every token on VACE and camera control.
 
-VACE (VaceWanModel, WanVaceToVideo): the VACE context runs through its own blocks, which ComfyUI
-calls directly after certain main blocks (no "dit" patch: ToMA never merges them), on the whole
-VACE token stream with the whole RoPE rows; their hint is added to the main stream after the
-main block's patch has returned, when ToMA has already put the stream back to full length. So
-the main blocks merge as Wan's do, and the hint meets every token unmerged. The leading frames
-whose VACE mask is all 0 never merge: WanVaceToVideo's reference image frames (the latent gets
-one in front, the VACE mask 0 there) and frames a control mask keeps whole.
+Given frames never merge: merged with generated ones, their tokens blur what the video takes
+from them (test_dit_families.py's test_start_image_dependence holds the output's dependence on
+the start image and on VACE's reference frame to the unmerged model's). They are the leading
+frames the denoise mask keeps (Wan 2.2 5B's start frame), those the concatenated mask gives
+(Wan 2.1 / 2.2 A14B image-to-video, first and last frame, Camera 2.2, Animate's reference image
+and a continued chunk's motion frames), those a mask-less concatenated image latent fills
+(Camera 2.1, Fun control 2.1: image_frames) and VACE's frames whose VACE mask is all 0
+(WanVaceToVideo's reference images, frames a control mask keeps whole).
 
-Wan Fun camera control (CameraWanModel, WanCameraImageToVideo): Wan's blocks, one modulation for
-every token as VACE's; the camera embedding is added to the patch embeddings before the blocks,
-so every token carries its own share of it into the blocks and merges with it. The start image
-never merges: Camera 2.2 (36 input channels) concatenates the mask as Wan's image-to-video
-does; Camera 2.1 (32) concatenates the image latent alone (WAN21.concat_cond adds no mask when
-the extra channels are the image's), so its given frames are the leading ones whose
-concatenated latent is not all 0 (the node's empty frames are process_out(0), which
-process_latent_in turns back into exact zeros). A Camera 2.1 call whose every frame carries an
-image runs unmerged and says so.
-
-Wan 2.1 Fun control (48 input channels, WanFunControlToVideo): the control video's latent, then
-the start image's, concatenated without a mask as Camera 2.1's: its start image frames are the
-leading ones whose image half is not all 0, and never merge either.
-
-Wan 2.2 Animate (AnimateWanModel, WanAnimateToVideo): Wan 2.1 image-to-video's blocks and
-rows. The reference image is the latent's first frame, given by the concatenated mask as a
-start image is (and so are the frames a continued chunk's motion fills after it); the pose
-latents are added to the patch embeddings before the blocks, so every token carries its own
-share into the blocks and merges with it, as the camera embedding does. The face adapter
-blocks ComfyUI runs after every fifth main block split the video's queries frame by frame;
-they run outside the block patches, on the full-length video ToMA has put back.
-
-Image-to-video frames never merge: the start frame the denoise mask keeps (Wan 2.2 5B) and the
-frames the concatenated mask marks as given (Wan 2.1 and Wan 2.2 A14B image-to-video, first and
-last frame: the leading ones). Merging the given start frame's tokens with generated ones blurs
-what the video takes from the start image (tests/integration/test_dit_families.py,
-test_start_image_dependence, holds the output's dependence on the start image, and on VACE's
-reference frame, to the unmerged model's)."""
+Embeddings added to the patch embeddings before the blocks (Fun camera control's camera,
+Animate's pose latents) travel inside every token and merge with it. The blocks ComfyUI calls
+outside the "dit" patches run on the full-length stream ToMA has put back: VACE's context
+blocks (on the whole VACE stream and RoPE rows; their hint is added after the main block's
+patch returned) and Animate's face adapter blocks (every fifth block, queries split frame by
+frame)."""
 
 from __future__ import annotations
 
@@ -46,7 +25,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..contracts import Contract, Gives, Probe, Sets, Takes, bare, claimed, resolve
+from ..contracts import Contract, Probe, Sets, Takes, bare, claimed, resolve
 from ..dit_families import (
     VIDEO_REGION_FRAMES,
     BlockKind,
@@ -60,6 +39,7 @@ from ..dit_families import (
     set_grid,
     zero_timestep_frames,
 )
+from . import conditioning
 
 MODELS = "Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate)"
 
@@ -73,8 +53,6 @@ UNIFORM_KINDS = (BlockKind("double_block", "blocks", "", TextAt.NONE, shard=Shar
 # control mask folded into 8 x 8 = 64 channels (one per pixel of a latent cell).
 VACE_MASK_CHANNELS = 64
 
-# Models of these classes share Wan's blocks but are left alone, and the error says why
-# (classes by name: some exist only in some ComfyUI versions).
 NOT_MERGED = {
     "WanAnimate2Model": "Wan Animate 2's self-attention splits the video's queries frame by "
                         "frame, each frame attending its own pose frame, with one length "
@@ -99,8 +77,7 @@ CONTRACT = Contract(
     "Wan",
     models={
         WAN: (),
-        VACE: (Gives("comfy.model_base:WAN21_Vace.extra_conds", ("vace_context",),
-                     what="conditioning"),
+        VACE: (conditioning("WAN21_Vace", ("vace_context",)),
                Probe("comfy.model_base:WAN21_Vace.extra_conds", lambda f: probe_vace(f),
                      why="the VACE mask ToMA reads kept frames from")),
         CAMERA: (),
@@ -108,10 +85,9 @@ CONTRACT = Contract(
     },
     needs=(
         Takes("comfy.model_base:BaseModel._apply_model", ("c_concat",)),
-        Gives("comfy.model_base:BaseModel.extra_conds", ("c_concat",), what="conditioning"),
-        Gives("comfy.model_base:WAN21.extra_conds", ("time_dim_concat", "reference_latent"),
-              what="conditioning"),
-        Gives("comfy.model_base:WAN22.extra_conds", ("denoise_mask",), what="conditioning"),
+        conditioning("BaseModel", ("c_concat",)),
+        conditioning("WAN21", ("time_dim_concat", "reference_latent")),
+        conditioning("WAN22", ("denoise_mask",)),
         Probe("comfy.model_base:WAN21.concat_cond", lambda f: probe_concat(f),
               why="the concatenated mask or image ToMA reads given frames from"),
         Sets("comfy.ldm.wan.model:WanModel.__init__", ("patch_size", "ref_conv")),
@@ -125,12 +101,9 @@ def family(diffusion_model) -> Family:
     patch = tuple(int(p) for p in diffusion_model.patch_size)
 
     def describe(call, base_model, arguments: dict) -> str | None:
-        """The (t, h, w) grid of latent x (plus frames appended by time_dim_concat); a Wan Fun
-        reference frame in front (ref_conv) and the leading frames a Wan 2.2 denoise mask keeps
-        (the image-to-video start frame, timestep 0), the leading frames the concatenated
-        mask gives, VACE's reference frames (vace_kept_frames) and the leading frames a
-        mask-less concatenated image fills (image_frames: Camera 2.1, Fun control 2.1) never
-        merge. Returns why a call whose every frame is given runs unmerged."""
+        """The video's (t, h, w) grid; a Wan Fun reference frame in front (ref_conv) and the
+        given frames (the module's docstring) never merge; why a call whose every frame is
+        given runs unmerged."""
         grid = video_grid(arguments, patch)
         ref = (diffusion_model.ref_conv is not None
                and arguments.get("reference_latent") is not None and grid is not None)
@@ -158,10 +131,9 @@ def video_grid(arguments: dict, patch: tuple[int, int, int]) -> tuple[int, int, 
 
 
 def concat_mask(c_concat: object, x: object) -> object:
-    """The mask channels [B, 4, T, H, W] of Wan's concatenated image-to-video input, or None.
-    ComfyUI's WAN21.concat_cond puts 4 mask channels before the image latent (C + 4 channels
-    for a C-channel latent), or after a control latent (Fun control: 2C + 4, concat_mask_index
-    C); other layouts have no mask."""
+    """The mask channels [B, 4, T, H, W] of Wan's concatenated image-to-video input
+    (WAN21.concat_cond: before the C-channel image latent, or after a control latent: 2C + 4),
+    or None."""
     if not torch.is_tensor(c_concat) or not torch.is_tensor(x) or c_concat.dim() != 5:
         return None
     latent = int(x.shape[1])
@@ -170,11 +142,10 @@ def concat_mask(c_concat: object, x: object) -> object:
 
 
 def image_frames(call, c_concat: object, x: object) -> int:
-    """Leading latent frames of a mask-less concatenated image latent that are not all 0 in
-    some batch item: the frames the model is given an image for. The image is c_concat
-    [B, C, T, H, W] itself when it has the latent x's C channels (Wan Camera 2.1), its last C
-    channels when it has 2C (Wan 2.1 Fun control: the control latent first). 0 for other
-    layouts (host_read)."""
+    """Leading latent frames of a mask-less concatenated image latent not all 0 in some batch
+    item (the node's empty frames are exact zeros after process_latent_in): c_concat
+    [B, C, T, H, W] itself (Camera 2.1) or its last C of 2C channels (Fun control 2.1, the
+    control latent first). 0 for other layouts (host_read)."""
     if not torch.is_tensor(c_concat) or not torch.is_tensor(x) or c_concat.dim() != 5:
         return 0
     latent = int(x.shape[1])
@@ -185,9 +156,8 @@ def image_frames(call, c_concat: object, x: object) -> int:
 
 
 def vace_kept_frames(call, vace_context: object, frames: int) -> int:
-    """Leading latent frames whose VACE mask is all 0 in some VACE input of a VACE context
-    [B, inputs, 32 + 64, T, H, W] (WAN21_Vace.extra_conds: latents, then mask channels): the
-    most any input has. 0 without VACE context or for another length (host_read)."""
+    """The most leading latent frames whose VACE mask is all 0 in one VACE input of a context
+    [B, inputs, 32 + 64, T, H, W] (latents, then mask channels). 0 without one (host_read)."""
     if (not torch.is_tensor(vace_context) or vace_context.dim() != 6
             or vace_context.shape[3] != frames):
         return 0
@@ -212,7 +182,7 @@ def _first_frame(channels: int, value: float, rest: float) -> torch.Tensor:
 
 
 def _probe_call() -> SimpleNamespace:
-    """The little of a ModelCall the frame readers use (their host-read memo)."""
+    """The frame readers' host-read memo, as a ModelCall holds it."""
     return SimpleNamespace(identity=None, run=SimpleNamespace(host_reads={}))
 
 
@@ -229,10 +199,9 @@ def _bare_model(path: str, in_dim: int) -> object:
 
 
 def probe_concat(concat_cond) -> list[str]:
-    """WAN21.concat_cond run on every layout ToMA reads given frames from: a start image (0.5
-    on frame 0) with its mask (concat_mask 0 there) read by concat_mask and given_frames, with
-    a control latent in front (concat_mask_index), and both without a mask, read by
-    image_frames. What reads another count than the one given frame."""
+    """WAN21.concat_cond on every layout ToMA reads given frames from (a start image, 0.5 on
+    frame 0, with or without its mask and a control latent in front): what reads another
+    count than the one given frame."""
     noise, image, control = (torch.zeros(1, _C, _FRAMES, 2, 2), _first_frame(_C, 0.5, 0.0),
                              torch.ones(1, _C, _FRAMES, 2, 2))
     mask, both = _first_frame(1, 0.0, 1.0), torch.cat((control, image), dim=1)
@@ -261,9 +230,8 @@ def probe_concat(concat_cond) -> list[str]:
 
 
 def probe_vace(extra_conds) -> list[str]:
-    """WAN21_Vace.extra_conds run on one VACE input whose mask is 0 on frame 0 (a reference
-    frame), its latents 0.5: what vace_kept_frames reads from the vace_context it gives, if
-    not that frame."""
+    """WAN21_Vace.extra_conds on one VACE input whose mask is 0 on frame 0: what
+    vace_kept_frames reads from its vace_context, if not that one frame."""
     noise = torch.zeros(1, _C, _FRAMES, 2, 2)
     model = _bare_model("comfy.model_base:WAN21_Vace", _C)
     conds = extra_conds(model, noise=noise, device=noise.device,

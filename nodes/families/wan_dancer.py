@@ -28,6 +28,5 @@ CONTRACT = Contract(
 
 
 def family(diffusion_model) -> Family:
-    """The Family of a WanDancer model (families.family_of checked it)."""
     return dataclasses.replace(wan.family(diffusion_model), name="wan_dancer", label="WanDancer",
                                kinds=KINDS)
