@@ -35,10 +35,9 @@ log = logging.getLogger("ToMA")
 
 PACK_DIR = str(Path(__file__).resolve().parents[1])
 PACKAGE = __name__.rsplit(".", 2)[0]        # the name the pack was imported under
-# raylight's actor methods that sample with the actor's ModelPatcher (RayWorker, raylight 1.5.1);
-# a method whose name holds "sampl" is taken for one too
-SAMPLING = ("common_ksampler", "custom_sampler", "custom_sampler_advanced")
-# raylight 1.5.1's other RayWorker methods (none samples), and Ray's own on every actor
+# raylight 1.5.1's RayWorker methods that do not sample, and Ray's own on every actor; the
+# ones that sample with the actor's ModelPatcher (common_ksampler, custom_sampler,
+# custom_sampler_advanced) and any other whose name holds "sampl" go through ToMA
 OTHER_METHODS = frozenset((
     "get_meta_model", "set_meta_model", "clear_sampling_vram", "check_model_loaded",
     "set_state_dict", "get_compute_capability", "get_parallel_dict", "get_exec_group_info",
@@ -192,7 +191,7 @@ class RayWorkerWithToMA:
             if self._group.removals and not self._group.waiting:    # every actor sampled
                 self._group.settle()
             return getattr(self._actor, name)
-        if name in SAMPLING or "sampl" in name:
+        if "sampl" in name:
             return SamplingWithToMA(self._group, self._index, getattr(self._actor, name))
         raise RuntimeError(
             f"ToMA Token Merge (Ray) does not know raylight's GPU method {name!r} (it knows "

@@ -71,8 +71,7 @@ class _TokenMergeNode(_PackNode):
     @classmethod
     def validate_inputs(cls, skip_blocks: str | None = None,
                         ratio: float | None = None) -> bool | str:
-        """Refuse an unreadable skip_blocks and a NaN ratio when the workflow is queued (see
-        toma_node.check_inputs)."""
+        """toma_node.check_inputs, when the workflow is queued."""
         return check_inputs(skip_blocks, ratio)
 
 
