@@ -22,9 +22,8 @@ WEB_DIRECTORY = "./web"
 
 
 async def comfy_entrypoint() -> ComfyExtension:
-    """The pack's nodes, for ComfyUI. The V3 classes are imported here, not at the top: they
-    need ComfyUI's comfy_api, and the package must import without ComfyUI (unit tests,
-    benchmarks)."""
+    """The pack's nodes, for ComfyUI (nodes.v3 needs ComfyUI's comfy_api, so it is imported
+    here: the package imports without ComfyUI)."""
     from .nodes.v3 import ToMAExtension
 
     return ToMAExtension()

@@ -2,8 +2,7 @@
 
 The picture stands in for the model's features: each token is a cell of `px` x `px` pixels,
 described by its downsampled pixels minus the image mean (so cosine similarity reflects colour
-and texture differences, not overall brightness). The overlay shows tile borders (white), the
-chosen destination tokens (dark cells) and every token tinted with its destination's colour.
+and texture differences, not overall brightness). PREVIEW's description says what is drawn.
 """
 
 from __future__ import annotations

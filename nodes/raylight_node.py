@@ -1,22 +1,18 @@
 """ToMA Token Merge (Ray): ToMA on every GPU of a raylight graph.
 
 raylight's nodes pass RAY_ACTORS (one Ray actor per GPU, each holding its own ComfyUI
-ModelPatcher), not MODEL, so a patch on a graph's MODEL never reaches its GPUs. This node takes
-RAY_ACTORS and, once the first GPU's model has been checked (a model ToMA cannot patch is
-refused as the ToMA node refuses it), returns them with each actor wrapped
-(RayWorkerWithToMA): when a sampler of the graph after it samples, ToMA is first installed on
-every actor's ModelPatcher (through raylight's own `model_function_runner`, as its "(Ray)" nodes
-do) and the node waits for all of them: a failure on any GPU is raised to the user, with ToMA
-taken off the others, before anything samples (ToMAOnActors). Each actor samples, and then puts
-its ModelPatcher back as it was; a failure there is raised once the sampling returns. Nothing
-stays on the actors: running the graph again installs ToMA once again for that sampling, and a
-graph without the node (or ratio 0, which returns the actors as they came) samples unmerged. A
+ModelPatcher), not MODEL, so a patch on a graph's MODEL never reaches its GPUs. This node checks
+the first GPU's model (refused as the ToMA node refuses it) and returns the actors each wrapped
+(RayWorkerWithToMA): before a sampler after it samples, ToMA is installed on every actor's
+ModelPatcher through raylight's own `model_function_runner`, as its "(Ray)" nodes do; a failure
+on any GPU is raised, with ToMA taken off the others, before anything samples (ToMAOnActors).
+After sampling, each actor puts its ModelPatcher back (a failure there is raised once the
+sampling returns), so nothing stays on the actors. Ratio 0 returns the actors as they came. A
 method of the actors that ToMA does not know is refused rather than let it sample unmerged.
 
-The function an actor runs arrives in another process, which never imported this pack and may
-run on another machine, by pickle: a closure holding the pack's sources (pack_sources), which
-uses only the standard library to import the pack from them there (by the same package name),
-and then calls `install_on` / `remove_from` below.
+The function an actor runs reaches a process that never imported this pack, maybe on another
+machine, by pickle: a closure holding the pack's sources, which imports the pack from them there
+under the same package name with the standard library alone (shipped).
 """
 
 from __future__ import annotations
@@ -33,16 +29,15 @@ from typing import Any
 
 from .node_spec import NodeSpec
 from .options import make_options
-from .toma_node import BASIC_INPUTS, CATEGORY, DESCRIPTION
+from .toma_node import BASIC_INPUTS, CATEGORY, DESCRIPTION, patch_model
 
 log = logging.getLogger("ToMA")
 
 PACK_DIR = str(Path(__file__).resolve().parents[1])
 PACKAGE = __name__.rsplit(".", 2)[0]        # the name the pack was imported under
-# raylight's actor methods that sample with the actor's ModelPatcher (RayWorker, raylight 1.5.1);
-# a method whose name holds "sampl" is taken for one too
-SAMPLING = ("common_ksampler", "custom_sampler", "custom_sampler_advanced")
-# raylight 1.5.1's other RayWorker methods (none samples), and Ray's own on every actor
+# raylight 1.5.1's RayWorker methods that do not sample, and Ray's own on every actor; the
+# ones that sample with the actor's ModelPatcher (common_ksampler, custom_sampler,
+# custom_sampler_advanced) and any other whose name holds "sampl" go through ToMA
 OTHER_METHODS = frozenset((
     "get_meta_model", "set_meta_model", "clear_sampling_vram", "check_model_loaded",
     "set_state_dict", "get_compute_capability", "get_parallel_dict", "get_exec_group_info",
@@ -83,9 +78,7 @@ def raylight_installed() -> bool:
         return False
     if importlib.util.find_spec("raylight") is not None:
         return True
-    folders = Path(PACK_DIR).parent
-    return any((folder / "src" / "raylight").is_dir() for folder in folders.iterdir()
-               if folder.is_dir())
+    return any(path.is_dir() for path in Path(PACK_DIR).parent.glob("*/src/raylight"))
 
 
 def patch_ray_actors(ray_actors: Any, ratio: float, tile_count: int, skip_blocks: str,
@@ -103,8 +96,7 @@ def patch_ray_actors(ray_actors: Any, ratio: float, tile_count: int, skip_blocks
 
     # the model lives on the GPUs: the first one says whether ToMA can patch it (at every
     # ratio, as the ToMA node refuses a model it cannot patch)
-    refusal = ray.get(workers[0].model_function_runner_get_values.remote(
-        shipped("check_on", settings)))
+    refusal = ray.get(workers[0].model_function_runner_get_values.remote(shipped("check_on")))
     if refusal is not None:
         raise ValueError(refusal)
     if ratio == 0:
@@ -114,11 +106,11 @@ def patch_ray_actors(ray_actors: Any, ratio: float, tile_count: int, skip_blocks
 
 
 class ToMAOnActors:
-    """The GPU actors of one node's output, which get ToMA together (the module docstring says
-    how). Each actor's removal is sent right after its sampling call (Ray runs one caller's
-    calls on an actor in order), and waited for on the next call through a wrapped actor once
-    every actor has been sent its sampling (raylight's samplers call get_parallel_dict after
-    sampling) or on the next sampling."""
+    """The GPU actors of one node's output, which get ToMA together. Each actor's removal is
+    sent right after its sampling call (Ray runs one caller's calls on an actor in order), and
+    waited for on the next call through a wrapped actor once every actor has been sent its
+    sampling (raylight's samplers call get_parallel_dict after sampling) or on the next
+    sampling."""
 
     def __init__(self, actors: list, install: Callable, remove: Callable) -> None:
         self.actors, self.install, self.remove = actors, install, remove
@@ -141,21 +133,17 @@ class ToMAOnActors:
             [(i, self.actors[i].model_function_runner.remote(self.install)) for i in targets])
         self.waiting |= set(targets) - {i for i, _ in failures}
         if failures:
-            undone = self.take_off(sorted(self.waiting))
+            installed = sorted(self.waiting)
+            self.waiting.clear()
+            failed = failed_calls([(i, self.actors[i].model_function_runner.remote(self.remove))
+                                   for i in installed])
+            undone = "; ".join(f"GPU {i + 1}: {cause(error)}" for i, error in failed)
             i, error = failures[0]
             raise RuntimeError(
                 f"ToMA Token Merge (Ray): installing ToMA failed on GPU {i + 1} of "
                 f"{len(self.actors)}{f' (and {len(failures) - 1} more)' if failures[1:] else ''}"
                 f": {cause(error)}. Nothing sampled; ToMA was taken off the other GPUs"
-                f"{undone}.") from error
-
-    def take_off(self, indices: list[int]) -> str:
-        """Remove ToMA from the actors `indices` now; '' or what failed there."""
-        self.waiting.clear()
-        failed = failed_calls(
-            [(i, self.actors[i].model_function_runner.remote(self.remove)) for i in indices])
-        return (f" (except {'; '.join(f'GPU {i + 1}: {cause(error)}' for i, error in failed)})"
-                if failed else "")
+                f"{f' (except {undone})' if failed else ''}.") from error
 
     def settle(self) -> None:
         """Wait for the removals sent after sampling; raise the first that failed."""
@@ -166,12 +154,6 @@ class ToMAOnActors:
             raise RuntimeError(f"ToMA Token Merge (Ray): taking ToMA off GPU {i + 1} of "
                                f"{len(self.actors)} after sampling failed: "
                                f"{cause(error)}") from error
-
-    def passing(self) -> None:
-        """A call other than sampling through a wrapped actor: once every actor has been sent
-        its sampling, the removals are waited for here."""
-        if self.removals and not self.waiting:
-            self.settle()
 
 
 def failed_calls(sent: list[tuple[int, Any]]) -> list[tuple[int, BaseException]]:
@@ -206,9 +188,10 @@ class RayWorkerWithToMA:
         if name.startswith("_") and name not in RAY_METHODS:
             raise AttributeError(name)
         if name in OTHER_METHODS or name in RAY_METHODS:    # clear_sampling_vram among them
-            self._group.passing()
+            if self._group.removals and not self._group.waiting:    # every actor sampled
+                self._group.settle()
             return getattr(self._actor, name)
-        if name in SAMPLING or "sampl" in name:
+        if "sampl" in name:
             return SamplingWithToMA(self._group, self._index, getattr(self._actor, name))
         raise RuntimeError(
             f"ToMA Token Merge (Ray) does not know raylight's GPU method {name!r} (it knows "
@@ -248,11 +231,9 @@ def pack_sources() -> bytes:
 
 
 def shipped(function: str, *args: Any) -> Callable:
-    """fn(model) -> model for an actor's model_function_runner: imports this pack in the
-    actor's process under PACKAGE (once) from its sources, which travel with the function (the
-    actor's machine need not hold the pack: a Ray cluster of several machines), then runs
-    `function`(model, *args) of this module there. Only the standard library and plain values
-    travel with it."""
+    """fn(model) -> model for an actor's model_function_runner: imports this pack under PACKAGE
+    in the actor's process (once) from the sources that travel with it, then runs
+    `function`(model, *args) of this module there."""
     package, sources = PACKAGE, pack_sources()
 
     def run(model: Any) -> Any:
@@ -266,25 +247,14 @@ def shipped(function: str, *args: Any) -> Callable:
         if package not in system.modules:
             code = json_module.loads(zlib_module.decompress(sources))
 
-            class Listing:
-                """A shipped package's modules, as pkgutil.iter_modules lists a folder's (the
+            class ShippedPack(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+                """The pack's modules from the shipped sources: first on the meta path (so that
+                the actor runs the driver's code), and each shipped package's path entry, where
+                it lists the package's modules as pkgutil.iter_modules lists a folder's (the
                 family registry lists its package so)."""
 
-                def __init__(self, below):
+                def __init__(self, below=""):
                     self.start = f"{below}." if below else ""
-
-                def find_spec(self, name, target=None):
-                    return None
-
-                def iter_modules(self, prefix=""):
-                    for name, (is_package, _, _) in code.items():
-                        rest = name[len(self.start):]
-                        if name.startswith(self.start) and rest and "." not in rest:
-                            yield prefix + rest, is_package
-
-            class ShippedPack(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-                """The pack's modules from the shipped sources (first on the meta path, so
-                that the actor runs the driver's code)."""
 
                 def find_spec(self, name, path=None, target=None):
                     below = "" if name == package else name[len(package) + 1:]
@@ -304,8 +274,14 @@ def shipped(function: str, *args: Any) -> Callable:
                     module.__file__ = origin
                     if is_package:
                         module.__path__ = [f"{origin}:shipped"]
-                        system.path_importer_cache[module.__path__[0]] = Listing(below)
+                        system.path_importer_cache[module.__path__[0]] = ShippedPack(below)
                     exec(compile(source, origin, "exec"), module.__dict__)
+
+                def iter_modules(self, prefix=""):
+                    for name, (is_package, _, _) in code.items():
+                        rest = name[len(self.start):]
+                        if name.startswith(self.start) and rest and "." not in rest:
+                            yield prefix + rest, is_package
 
             system.meta_path.insert(0, ShippedPack())
             importlib.import_module(package)
@@ -316,13 +292,12 @@ def shipped(function: str, *args: Any) -> Callable:
 
 
 # In the GPU actor's process -------------------------------------------------------------------
-def check_on(model: Any, settings: dict) -> str | None:
+def check_on(model: Any) -> str | None:
     """Why ToMA cannot patch the actor's ModelPatcher (the ToMA node's error), or None."""
     from .apply import model_family
 
     try:
         model_family(model)
-        make_options(**settings)
     except ValueError as error:
         return str(error)
     return None
@@ -332,7 +307,6 @@ def install_on(model: Any, settings: dict) -> Any:
     """ToMA on the actor's ModelPatcher (a clone: `model` stays as it is, and comes back with
     remove_from); the model itself where ToMA must leave it alone under raylight. A model
     still holding ToMA (its removal failed, and said so) is put back first."""
-    from .apply import apply_toma
     from .sequence_parallel import install_refusal
 
     model = getattr(model, BASE, model)
@@ -340,32 +314,24 @@ def install_on(model: Any, settings: dict) -> Any:
     if refusal is not None:
         log.warning("ToMA: %s", refusal)
         return model
-    patched = apply_toma(model, make_options(**settings))
+    patched = patch_model(model, **settings)
     setattr(patched, BASE, model)
     return patched
 
 
 def remove_from(model: Any) -> Any:
-    """The ModelPatcher install_on was given, after saying on this GPU's output what ToMA did
-    in its run (raylight's workers print to the console ComfyUI runs in)."""
+    """The ModelPatcher install_on was given, after printing this GPU's line (raylight's
+    workers print to the console ComfyUI runs in): its rank, the ratio asked, the tokens of its
+    shard's grid and what they merged to, and ToMA's notes (under sequence parallelism they say
+    what all GPUs dropped of the whole grid)."""
+    from .speed_check import state_of
+
     base = getattr(model, BASE, None)
     if base is None:
         return model
-    say(model)
-    return base
-
-
-def say(model: Any) -> None:
-    """One line per GPU: its rank, the ratio asked, the tokens of its shard's grid and what
-    they merged to (the share of them dropped), and ToMA's notes (under sequence parallelism
-    they say what all GPUs dropped of the whole grid)."""
-    from comfy.patcher_extension import WrappersMP
-
-    wrappers = model.get_wrappers(WrappersMP.OUTER_SAMPLE, "toma")
-    stats = getattr(wrappers[-1], "toma_state", None) if wrappers else None
-    stats = getattr(stats, "last_stats", None)
+    stats = getattr(state_of(model), "last_stats", None)
     if not stats:
-        return
+        return base
     rank = "GPU"
     state = sys.modules.get("xfuser.core.distributed")
     try:
@@ -381,3 +347,4 @@ def say(model: Any) -> None:
     print(f"[ToMA] {rank}: ratio {stats['ratio']} asked; {levels}; "
           f"{stats['layers_merged']}/{stats['layers_total']} layers "
           f"and {stats['steps_merged']}/{stats['steps_total']} steps merged{note}", flush=True)
+    return base

@@ -4,9 +4,7 @@ one generation runs on several GPUs, each holding one shard of the token sequenc
 raylight (komikndr/raylight) replaces a diffusion transformer's forward with its own that pads
 the token sequence to a multiple of the GPU count P, splits it into P equal shards before the
 block loop (positional rows sliced alike) and gathers it after; ComfyUI's "dit" replace patches
-still run, each on its own GPU's shard. ToMA merges that shard: the full grid's regions clipped to
-the shard (toma_core.shards), every GPU dropping the same number of tokens (the attention's
-all-to-all needs equal lengths), decided from the shard geometry alone, with no communication.
+still run, each on its own GPU's shard, and ToMA merges that shard (toma_core.shards says how).
 
 What raylight hands a block's patch differs per family (its own forwards); a family's block kinds
 say it (BlockKind.shard) where its sequence-parallel forward was read and tested. A kind without
@@ -20,9 +18,6 @@ from dataclasses import dataclass
 
 # Who splits the sequence: raylight's forwards live in modules under this package.
 RAYLIGHT = "raylight"
-RAYLIGHT_PACKAGE = f"{RAYLIGHT}."
-USP_PREFIX = "usp_"
-XFUSER_STATE = "xfuser.core.distributed"
 
 
 @dataclass(frozen=True)
@@ -35,23 +30,19 @@ class Shard:
     forward: str
 
 
-def raylight_forward(diffusion_model: object) -> str | None:
-    """The name of raylight's sequence-parallel forward that this diffusion model runs (raylight
-    sets it on the model object when the model loads), or None."""
+def sequence_shard(diffusion_model: object) -> Shard | None:
+    """This process's Shard of a call of `diffusion_model`, None outside sequence parallelism
+    (no raylight forward on the model, or a sequence-parallel group of one). The forward is one
+    of raylight's usp_ functions, which raylight sets on the model object when the model loads;
+    xfuser is read only where raylight already imported it."""
+    forward = None
     for value in vars(diffusion_model).values() if hasattr(diffusion_model, "__dict__") else ():
         function = getattr(value, "__func__", None)
         module = getattr(function, "__module__", "") or ""
-        if module.startswith(RAYLIGHT_PACKAGE) and function.__name__.startswith(USP_PREFIX):
-            return f"{module}.{function.__name__}"
-    return None
-
-
-def sequence_shard(diffusion_model: object) -> Shard | None:
-    """This process's Shard of a call of `diffusion_model`, None outside sequence parallelism
-    (no raylight forward on the model, or a sequence-parallel group of one). xfuser is read only
-    where raylight already imported it."""
-    forward = raylight_forward(diffusion_model)
-    state = sys.modules.get(XFUSER_STATE)
+        if module.startswith(f"{RAYLIGHT}.") and function.__name__.startswith("usp_"):
+            forward = f"{module}.{function.__name__}"
+            break
+    state = sys.modules.get("xfuser.core.distributed")
     if forward is None or state is None:
         return None
     world = int(state.get_sequence_parallel_world_size())
@@ -62,10 +53,14 @@ def sequence_shard(diffusion_model: object) -> Shard | None:
 
 def install_refusal(model) -> str | None:
     """Why ToMA must not patch this ModelPatcher, whose model raylight will run sequence
-    parallel (raylight's load callback is on it), or None."""
+    parallel (raylight's RayUNETLoader puts its injection among the ModelPatcher's callbacks,
+    call type -> key -> functions, on every GPU's model), or None."""
     from .families import family_of
 
-    if not uses_raylight(model):
+    functions = [function for by_key in (getattr(model, "callbacks", None) or {}).values()
+                 for listed in by_key.values() for function in listed]
+    if not any((getattr(function, "__module__", "") or "").startswith(f"{RAYLIGHT}.")
+               for function in functions):
         return None
     family = family_of(model.get_model_object("diffusion_model"))
     reason = family.sequence_parallel_refusal if family is not None else None
@@ -73,14 +68,3 @@ def install_refusal(model) -> str | None:
         return None
     return (f"ToMA leaves {family.label} alone under raylight's sequence parallelism: "
             f"{reason}; it runs unmerged")
-
-
-def uses_raylight(model) -> bool:
-    """Whether raylight's sequence-parallel injection is among the ModelPatcher's callbacks
-    (call type -> key -> functions; raylight's RayUNETLoader adds it on every GPU's model)."""
-    for by_key in (getattr(model, "callbacks", None) or {}).values():
-        for functions in by_key.values():
-            for function in functions:
-                if (getattr(function, "__module__", "") or "").startswith(RAYLIGHT_PACKAGE):
-                    return True
-    return False

@@ -1,12 +1,6 @@
-"""ToMASpeedCheck: what ToMA gives on the artist's own machine, model and resolution.
-
-The node times a few model calls of the connected model unmerged, with ToMA at the connected
-settings (those of the ToMA node the model comes from, or the defaults when it comes from no
-ToMA node) and at a few other ratios, on whatever device ComfyUI runs the model, and shows a
-line per variant on the node (speed-up, time per call, layers merged, how far the first model
-call's output moved from the unmerged one) with a bar chart as its IMAGE output
-(time_variants says how each is timed).
-"""
+"""ToMASpeedCheck: what ToMA gives on the artist's own machine, model and resolution, on
+whatever device ComfyUI runs the model (SPEED_CHECK's description says what the node shows,
+time_variants how each variant is timed)."""
 
 from __future__ import annotations
 
@@ -85,15 +79,12 @@ def parse_ratios(text: str) -> list[float]:
 
 
 def state_of(model: Any) -> Any:
-    """The ToMAState of the last ToMA node that patched ModelPatcher `model` (found through its
-    OUTER_SAMPLE wrapper), or None."""
+    """The ToMAState of the last ToMA node that patched ModelPatcher `model` (apply_toma keeps
+    it on its OUTER_SAMPLE wrapper), or None."""
     from comfy.patcher_extension import WrappersMP
 
-    for wrapper in reversed(model.get_wrappers(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY)):
-        state = getattr(wrapper, "toma_state", None)
-        if state is not None and state.source is not None:
-            return state
-    return None
+    wrappers = model.get_wrappers(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY)
+    return wrappers[-1].toma_state if wrappers else None
 
 
 def toma_of(model: Any) -> tuple[Any, ToMAOptions | None]:
@@ -192,13 +183,13 @@ def format_results(rows: list[Timing]) -> str:
     return LINE_BREAK.join(lines + notes)
 
 
-def chart(rows: list[Timing], width: int = 512) -> torch.Tensor:
+def chart(rows: list[Timing]) -> torch.Tensor:
     """A bar chart of the speed-ups [1, H, W, 3] in [0, 1]: one bar a variant, 1x marked."""
     from PIL import Image, ImageDraw
 
     base = rows[0].seconds
     speedups = [base / row.seconds for row in rows]
-    bar, gap, left = 22, 8, 200
+    bar, gap, left, width = 22, 8, 200, 512
     height = gap + len(rows) * (bar + gap)
     top = max(max(speedups), 1.0) * 1.1
     image = Image.new("RGB", (width, height), (255, 255, 255))

@@ -28,19 +28,11 @@ from .unet_patch import AUTO_MIN_TOKENS, TOKENS_PER_TILE
 
 CATEGORY = "model_patches/ToMA"
 
-# Pixels per token at SDXL's two attention levels (latent / 2 and latent / 4).
-SDXL_OUTER_PX, SDXL_INNER_PX = 16, 32
-
-
-def sdxl_tokens(side: int, pixels_per_token: int) -> int:
-    """Tokens of an SDXL attention level for a side x side image."""
-    return (side // pixels_per_token) ** 2
-
-
+# SDXL's two attention levels have a token per 16 and per 32 pixels (latent / 2 and / 4).
 TILE_DEFAULTS = (
     f"UNet models use tiles of about {TOKENS_PER_TILE} tokens at every level "
-    f"({sdxl_tokens(1024, SDXL_OUTER_PX) // TOKENS_PER_TILE} tiles at SDXL's outer level at "
-    f"1024x1024, {sdxl_tokens(1024, SDXL_INNER_PX) // TOKENS_PER_TILE} at its inner level), "
+    f"({(1024 // 16) ** 2 // TOKENS_PER_TILE} tiles at SDXL's outer level at "
+    f"1024x1024, {(1024 // 32) ** 2 // TOKENS_PER_TILE} at its inner level), "
     f"transformer models (Flux and the others) regions of about {REGION_TOKENS} tokens "
     f"({VIDEO_REGION_FRAMES} frames deep on video)")
 
@@ -143,16 +135,13 @@ TOMA_ADVANCED = NodeSpec(
 
 def check_inputs(skip_blocks: str | None = None, ratio: float | None = None) -> bool | str:
     """ComfyUI's check before the graph runs (the nodes' validate_inputs): an unreadable
-    skip_blocks fails the queueing on every model (UNet models do not use the value, and a typo
-    should not wait for a transformer to surface), and so does a ratio that is NaN (NaN compares
-    false with both bounds, so ComfyUI's own range check lets it through; it also leaves the
-    range check of the inputs a node validates to the node). None: the value comes through a
-    link and is known only when the node runs, where make_options checks it.
+    skip_blocks fails the queueing on every model (a typo should not wait for a transformer to
+    surface), and so does a NaN ratio (it compares false with both bounds, and ComfyUI leaves
+    the range check of the inputs a node validates to the node). None: the value comes through
+    a link, and make_options checks it when the node runs.
 
-    True, or a message that names the widget at fault within its text: ComfyUI shows the one
-    message under the name of every input validate_inputs takes ("skip_blocks - ...",
-    "ratio - ..."), so it cannot start with the widget's name (the skip_blocks entry read
-    "skip_blocks - skip_blocks: ...")."""
+    True, or a message naming the widget within its text: ComfyUI shows it under the name of
+    every input validate_inputs takes ("ratio - ..."), so it cannot start with the name."""
     try:
         if ratio is not None:
             check_number("ratio", ratio, 0.0, MAX_RATIO)

@@ -41,15 +41,27 @@ def format_stats(stats: dict) -> str:
     then the run's note on a third line, if any. `stats` is run_state's summary; fields that
     are missing or malformed are left out rather than shown wrong.
     """
-    summary = [part for part in (
-        _ratio_part(stats.get("ratio")),
-        _fraction_part(stats.get("layers_merged"), stats.get("layers_total"), "layers"),
-        _fraction_part(stats.get("steps_merged"), stats.get("steps_total"), "steps"),
-        _planning_part(stats.get("planning_s"), stats.get("sampling_s")),
-    ) if part]
-    levels = [_level_part(level) for level in stats.get("levels") or ()]
-    lines = [SEPARATOR.join(summary), SEPARATOR.join(part for part in levels if part),
-             _note_part(stats.get("note"))]
+    summary, levels = [], []
+    ratio = stats.get("ratio")
+    if _finite(ratio) and 0 <= ratio <= 1:
+        summary.append(f"{format_percent(ratio)} merged")
+    for unit in ("layers", "steps"):
+        done, total = _count(stats.get(f"{unit}_merged")), _count(stats.get(f"{unit}_total"))
+        if done is not None:
+            summary.append(f"{done}/{total} {unit}" if total else f"{done} {unit}")
+    planning_s, sampling_s = stats.get("planning_s"), stats.get("sampling_s")
+    if _finite(planning_s) and _finite(sampling_s) and planning_s >= 0 and sampling_s > 0:
+        summary.append(f"planning {format_percent(planning_s / sampling_s)} of step time")
+    for level in stats.get("levels") or ():
+        if isinstance(level, dict):
+            tokens, merged = _count(level.get("tokens")), _count(level.get("merged_tokens"))
+            if tokens is not None and merged is not None:
+                levels.append(f"{level.get('name') or '?'}: {tokens} → {merged} tokens")
+    note = stats.get("note")
+    note = " ".join(note.split()) if isinstance(note, str) else ""
+    if len(note) > MAX_NOTE_CHARS:
+        note = note[:MAX_NOTE_CHARS - 1] + "…"
+    lines = [SEPARATOR.join(summary), SEPARATOR.join(levels), note]
     return LINE_BREAK.join(line for line in lines if line)
 
 
@@ -83,38 +95,3 @@ def _finite(value: object) -> bool:
 
 def _count(value: object) -> int | None:
     return round(value) if _finite(value) and value >= 0 else None
-
-
-def _ratio_part(ratio: object) -> str | None:
-    if not _finite(ratio) or not 0 <= ratio <= 1:
-        return None
-    return f"{format_percent(ratio)} merged"
-
-
-def _fraction_part(done: object, total: object, unit: str) -> str | None:
-    done, total = _count(done), _count(total)
-    if done is None:
-        return None
-    return f"{done}/{total} {unit}" if total else f"{done} {unit}"
-
-
-def _planning_part(planning_s: object, sampling_s: object) -> str | None:
-    if not (_finite(planning_s) and _finite(sampling_s)) or planning_s < 0 or sampling_s <= 0:
-        return None
-    return f"planning {format_percent(planning_s / sampling_s)} of step time"
-
-
-def _level_part(level: object) -> str | None:
-    if not isinstance(level, dict):
-        return None
-    tokens, merged = _count(level.get("tokens")), _count(level.get("merged_tokens"))
-    if tokens is None or merged is None:
-        return None
-    return f"{level.get('name') or '?'}: {tokens} → {merged} tokens"
-
-
-def _note_part(note: object) -> str | None:
-    if not isinstance(note, str):
-        return None
-    note = " ".join(note.split())
-    return note if len(note) <= MAX_NOTE_CHARS else note[:MAX_NOTE_CHARS - 1] + "…"

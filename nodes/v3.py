@@ -1,16 +1,14 @@
 """The pack's nodes in ComfyUI's V3 node API (comfy_api.latest), built from their plain
-definitions (node_spec.NodeSpec in toma_node.py and preview_node.py).
+definitions (node_spec.NodeSpec).
 
-This module needs ComfyUI to import: the pack's __init__.py imports it from comfy_entrypoint,
-which only ComfyUI calls, so the rest of the pack imports without ComfyUI. It uses only what
-ComfyUI v0.3.64, the oldest version the pack supports, has in comfy_api.latest: Schema's
-node_id, display_name, category, description, inputs, outputs and hidden; Model, Image, Float,
-Int, String, Boolean, Conditioning, Latent and Combo inputs with default, min, max, step,
-multiline, options and tooltip; Hidden.unique_id; NodeOutput; ComfyExtension.get_node_list.
+This module needs ComfyUI to import: only the pack's comfy_entrypoint, which only ComfyUI calls,
+imports it. It uses only what comfy_api.latest has in ComfyUI v0.3.64, the oldest version the
+pack supports.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from comfy_api.latest import ComfyExtension, io
@@ -36,46 +34,45 @@ def schema(spec: NodeSpec) -> io.Schema:
         display_name=spec.display_name,
         category=spec.category,
         description=spec.description,
-        inputs=[schema_input(name, kind, options) for name, (kind, options) in spec.inputs.items()],
+        # a list of choices is a dropdown
+        inputs=[io.Combo.Input(name, options=list(kind), **options) if isinstance(kind, list)
+                else IO_TYPES[kind].Input(name, **options)
+                for name, (kind, options) in spec.inputs.items()],
         outputs=[IO_TYPES[kind].Output() for kind in spec.outputs],
         hidden=[io.Hidden[name] for name in spec.hidden],
     )
 
 
-def schema_input(name: str, kind: str | list[str], options: dict[str, Any]) -> io.Input:
-    """One input: a dropdown for a list of choices, else the io type of that name."""
-    if isinstance(kind, list):
-        return io.Combo.Input(name, options=list(kind), **options)
-    return IO_TYPES[kind].Input(name, **options)
-
-
 class _PackNode(io.ComfyNode):
-    """A node whose schema comes from its definition. Never registered itself: ComfyUI caches
-    schema fields on the class it is asked about, and a registered parent would hand its
-    cache to its subclasses."""
+    """A node whose schema comes from its definition (SPEC), and which runs RUN with its inputs
+    by name and the hidden values SPEC names. Never registered itself: ComfyUI caches schema
+    fields on the class it is asked about, and a registered parent would hand its cache to its
+    subclasses."""
 
     SPEC: ClassVar[NodeSpec]
+    RUN: ClassVar[Callable[..., Any]]
 
     @classmethod
     def define_schema(cls) -> io.Schema:
         return schema(cls.SPEC)
 
+    @classmethod
+    def execute(cls, **inputs: Any) -> io.NodeOutput:
+        hidden = {name: getattr(cls.hidden, name) for name in cls.SPEC.hidden}
+        return io.NodeOutput(cls.RUN(**inputs, **hidden))
+
 
 class _TokenMergeNode(_PackNode):
-    """ToMA and ToMAAdvanced: one implementation, two sets of widgets."""
+    """ToMA and ToMAAdvanced (and ToMARay, which runs its own): the same widgets checked at
+    queue time, one implementation."""
+
+    RUN = staticmethod(patch_model)
 
     @classmethod
     def validate_inputs(cls, skip_blocks: str | None = None,
                         ratio: float | None = None) -> bool | str:
-        """Refuse an unreadable skip_blocks and a NaN ratio when the workflow is queued (see
-        toma_node.check_inputs)."""
+        """toma_node.check_inputs, when the workflow is queued."""
         return check_inputs(skip_blocks, ratio)
-
-    @classmethod
-    def execute(cls, model: Any, ratio: float, tile_count: int, skip_blocks: str,
-                recompute_every: int, **advanced: Any) -> io.NodeOutput:
-        return io.NodeOutput(patch_model(model, ratio, tile_count, skip_blocks, recompute_every,
-                                         cls.hidden.unique_id, **advanced))
 
 
 class ToMA(_TokenMergeNode):
@@ -94,10 +91,7 @@ class ToMAPreview(_PackNode):
     """Preview of tiles, destinations and assignments over an image."""
 
     SPEC = PREVIEW
-
-    @classmethod
-    def execute(cls, image: Any, ratio: float, tile_count: int, level: str) -> io.NodeOutput:
-        return io.NodeOutput(render_preview(image, ratio, tile_count, level))
+    RUN = staticmethod(render_preview)
 
 
 class ToMASpeedCheck(_PackNode):
@@ -106,23 +100,16 @@ class ToMASpeedCheck(_PackNode):
     SPEC = SPEED_CHECK
 
     @classmethod
-    def execute(cls, model: Any, positive: Any, latent: dict, ratios: str,
-                calls: int) -> io.NodeOutput:
-        _, chart = speed_check(model, positive, latent, ratios, calls, cls.hidden.unique_id)
+    def execute(cls, **inputs: Any) -> io.NodeOutput:
+        _, chart = speed_check(**inputs, node_id=cls.hidden.unique_id)
         return io.NodeOutput(chart)
 
 
-class ToMARay(_PackNode):
+class ToMARay(_TokenMergeNode):
     """ToMA on every GPU of a raylight graph (RAY_ACTORS in and out)."""
 
     SPEC = TOMA_RAY
-    validate_inputs = _TokenMergeNode.validate_inputs
-
-    @classmethod
-    def execute(cls, ray_actors: Any, ratio: float, tile_count: int, skip_blocks: str,
-                recompute_every: int) -> io.NodeOutput:
-        return io.NodeOutput(patch_ray_actors(ray_actors, ratio, tile_count, skip_blocks,
-                                              recompute_every))
+    RUN = staticmethod(patch_ray_actors)
 
 
 class ToMAExtension(ComfyExtension):
