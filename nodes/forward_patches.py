@@ -17,12 +17,9 @@ from ..toma_core.regions import compiling
 
 
 def plain_function(method: Callable) -> Callable:
-    """`method` behind a plain function.
-
-    ComfyUI before 0.20 deep-copies model_options on clone; a deep copy of a bound method copies
-    its object, which would split one ToMA node's state between clones. Functions are copied by
-    reference, so every clone keeps talking to the same state.
-    """
+    """`method` behind a plain function: ComfyUI before 0.20 deep-copies model_options on clone,
+    and a deep copy of a bound method copies its object (one node's state split between clones);
+    a function is copied by reference, so every clone keeps talking to the same state."""
 
     def call(*args, **kwargs):
         return method(*args, **kwargs)

@@ -71,9 +71,7 @@ OWNER = "_toma_unet"
 
 UNET_MODEL = "comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel"
 _ATTENTION = "comfy.ldm.modules.attention"
-# What the UNet patch reads of ComfyUI's UNet: its transformer blocks and the forward it
-# patches, the options the UNet hands them (the token grid, which block), the attn1 patch
-# kinds the attention scope appends to, and the video transformer it refuses.
+# What the UNet patch reads of ComfyUI's UNet (SpatialVideoTransformer: what it refuses).
 CONTRACT = Contract(
     "UNet (SDXL, SD1.5, SD2)",
     models={UNET_MODEL: ()},
@@ -141,11 +139,10 @@ class UNetToMA:
             # the note made on each such call: a kept text would be a dict torch.compile
             # guards on, and recompiles for
             level = f"the {h}x{w} level ({x.shape[-1]} channels)"
-            call.note(f"unet_levels auto: {level} is left unmerged on a GPU, where a level "
-                      f"this small merges at a loss ({GPU_FIGURE}); unet_levels all merges it"
-                      if levels == "auto" else
-                      f"unet_levels {levels}: {level} merges, though on a GPU a level this "
-                      f"small merges at a loss ({GPU_FIGURE})")
+            loss = f"a level this small merges at a loss ({GPU_FIGURE})"
+            call.note(f"unet_levels auto: {level} is left unmerged on a GPU, where {loss}; "
+                      f"unet_levels all merges it" if levels == "auto" else
+                      f"unet_levels {levels}: {level} merges, though on a GPU {loss}")
             return levels != "auto"
         return merges
 
@@ -208,12 +205,11 @@ class UNetToMA:
             return None
         layer = (tuple(options.get("block") or ()), options.get("block_index", 0))
         h, w = int(shape[-2]), int(shape[-1])
-        level = f"{h}x{w}"
         latent = options.get("original_shape") or shape
         if (call is None or not call.active or features is None or x.shape[1] != h * w
                 or not self.merges_level(h, w, int(latent[-1]), x, call)):
             if call is not None:
-                call.record(layer, level, h * w, None)
+                call.record(layer, f"{h}x{w}", h * w, None)
             return None
         o = self.state.options
 
@@ -225,7 +221,7 @@ class UNetToMA:
                               tables=call.tables(regions, x.device))
 
         plan = call.plan(("unet", h, w, x.shape[0], call.pass_of(layer)), build)
-        call.record(layer, level, h * w, plan)
+        call.record(layer, f"{h}x{w}", h * w, plan)
         return plan
 
     # Scope "attention": a fresh attn1 patch pair per block call ----------------------------------
@@ -262,11 +258,10 @@ class UNetToMA:
 
     def with_sized_attention(self, options: dict, plans: list[MergePlan] | tuple[MergePlan]
                              ) -> dict:
-        """A copy of a block call's transformer_options with size-weighted attention as every
-        block's attn1 replace (self.attn1: under every key, so that a compile without guards
-        on transformer_options, whose code looks up the key of the block it traced, finds it
-        whichever block replays it) and `plans` for it. Unchanged where the UNet names no
-        block, SIZE_WEIGHTED is off, or a ToMA that ran first (and merged) put its own there."""
+        """A copy of a block call's transformer_options with `plans` and size-weighted attention
+        as the attn1 replace under every block's key (a compile without guards replays one
+        block's code for all). Unchanged where the UNet names no block, SIZE_WEIGHTED is off,
+        or a ToMA that ran first (and merged) put its own there."""
         block = options.get("block")
         if block is None or not SIZE_WEIGHTED:
             return options
@@ -428,8 +423,8 @@ def largest_level_downsample(diffusion_model: torch.nn.Module) -> int:
 
 
 def patch_unet(model, state: ToMAState, scope: str, patches: ForwardPatches) -> None:
-    """Install ToMA on a cloned UNet ModelPatcher `model` (changes only that clone's options).
-    scope: the merge_scope widget ("auto", "block" or "attention")."""
+    """Install ToMA on a cloned UNet ModelPatcher `model` (changes only that clone's options),
+    in `scope` (the merge_scope widget)."""
     diffusion_model = model.get_model_object("diffusion_model")
     blocks = transformer_blocks(diffusion_model)
     if not blocks:
