@@ -1,9 +1,7 @@
 """What one ToMA node reads of a diffusion transformer: once, when the node patches the model
-(its blocks, which of them merge and in which groups, whose prompt keys and values it may keep:
-`read_model`), and on the host before every model call (`DiTReading`, the per-call hook the
-node's state is built with: the family's reading of the call's inputs, what other nodes do to
-the blocks, whether this call keeps the prompt). dit_patch.py installs and runs the blocks'
-patches on what these decided."""
+(its blocks, which of them merge and in which groups: `read_model`), and on the host before
+every model call (`DiTReading`, the per-call hook the node's state is built with). dit_patch.py
+installs and runs the blocks' patches on what these decided."""
 
 from __future__ import annotations
 
@@ -34,42 +32,41 @@ def group_starts(depth: int, skipped: frozenset[int] | set[int]) -> dict[int, in
     return groups
 
 
-def existing_replace(model, block_kind: str, index: int) -> Callable | None:
-    """Another pack's "dit" replace patch for (block_kind, index) on this ModelPatcher, if any."""
-    to = model.model_options.get("transformer_options", {})
-    return to.get("patches_replace", {}).get("dit", {}).get((block_kind, index))
-
-
 def dit_patches(arguments: dict) -> dict:
-    """The "dit" replace patches in a model call's transformer_options."""
+    """The "dit" replace patches in the transformer_options of a model call's arguments (or of
+    a ModelPatcher's model_options)."""
     return ((arguments.get("transformer_options") or {}).get("patches_replace")
             or {}).get("dit") or {}
+
+
+def existing_replace(model, block_kind: str, index: int) -> Callable | None:
+    """Another pack's "dit" replace patch for (block_kind, index) on this ModelPatcher, if any."""
+    return dit_patches(model.model_options).get((block_kind, index))
 
 
 @dataclass
 class DiTReading:
     """One ToMA node's reading of a diffusion transformer, and its per-call hook (__call__).
 
-    depths: kind key -> its blocks; groups: (kind key, block index) -> first index of its group,
-    for merged blocks only; blocks: kind key -> (depth, block class) when the node ran (what
-    `neighbours` checks); prefix_layers: the layers whose prompt keys and values the node keeps
-    (family.prefix_cache), None where another pack's patch is in the way; patches: the node's
-    own "dit" replace patch of each block (filled when the patches are installed); aside: why
-    blocks whose other patch ToMA wraps run unmerged (family.foreign_block)."""
+    depths: kind key -> its number of blocks; groups: (kind key, block index) -> first index of
+    its group, for merged blocks only; block_types: kind key -> its block class when the node
+    ran (what `neighbours` checks); prefix_layers: the layers whose prompt keys and values the
+    node keeps (family.prefix_cache), None where another pack's patch is in the way; patches:
+    the node's own "dit" replace patch of each block (filled when the patches are installed);
+    aside: why blocks whose other patch ToMA wraps run unmerged (family.foreign_block)."""
 
     family: Family
     depths: dict[str, int]
     groups: dict[tuple[str, int], int]
-    blocks: dict[str, tuple[int, type]]
+    block_types: dict[str, type]
     prefix_layers: list[torch.nn.Module] | None = None
     patches: dict[tuple[str, int], Callable] = field(default_factory=dict)
     aside: tuple[str, ...] = ()
 
     def __call__(self, call: ModelCall, base_model, arguments: dict) -> list[str]:
         """The family's describe, then what other nodes do to the blocks (dit_neighbours), then
-        (families with a prompt cache) whether this call keeps the prompt's keys and values:
-        only while the node's patch is still in every layer. Returns what the run's notes
-        should say."""
+        (families with a prompt cache) whether this call keeps the prompt's keys and values.
+        Returns what the run's notes should say."""
         family = self.family
         why = family.describe(call, base_model, arguments) if family.describe else None
         replaced, patched = self.neighbours(call, getattr(base_model, "diffusion_model", None))
@@ -91,9 +88,8 @@ class DiTReading:
         displaced = self.displaced(call, arguments) if family.foreign_block else None
         if displaced:
             notes.append(displaced)
-        if family.prefix_cache:
-            why_not = self.keeps_prompt(call, arguments)
-            why = why or why_not
+        why_not = self.keeps_prompt(call, arguments) if family.prefix_cache else None
+        why = why or why_not
         return [*notes, why] if why else notes
 
     def keeps_prompt(self, call: ModelCall, arguments: dict) -> str | None:
@@ -140,10 +136,10 @@ class DiTReading:
         if found is None:
             found = (None, {})
             if diffusion_model is not None:
-                for kind in (k for k in self.family.kinds if k.key in self.blocks):
-                    depth, block_type = self.blocks[kind.key]
+                for kind in self.family.kinds:
                     blocks = module_at(diffusion_model, kind.modules)
-                    replaced = replaced_blocks(blocks, depth, block_type)
+                    replaced = replaced_blocks(blocks, self.depths[kind.key],
+                                               self.block_types[kind.key])
                     if replaced:
                         found = (replaced, {})
                         break
@@ -170,9 +166,9 @@ def read_model(model, options: ToMAOptions, family: Family) -> DiTReading:
                for kind, skip in zip(family.kinds, skipped, strict=True)]
     groups = {(kind.key, i): g for kind, skip in zip(family.kinds, skipped, strict=True)
               for i, g in group_starts(depths[kind.key], skip).items()}
-    blocks = {key: (len(found), type(unwrapped(found[0])) if found else type(None))
-              for key, found in lists.items()}
-    reading = DiTReading(family, depths, groups, blocks,
+    block_types = {key: type(unwrapped(found[0])) if found else type(None)
+                   for key, found in lists.items()}
+    reading = DiTReading(family, depths, groups, block_types,
                          aside=tuple(dict.fromkeys(aside.values())))
     if family.prefix_cache:
         kind = family.kinds[0]

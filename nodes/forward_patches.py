@@ -17,12 +17,9 @@ from ..toma_core.regions import compiling
 
 
 def plain_function(method: Callable) -> Callable:
-    """`method` behind a plain function.
-
-    ComfyUI before 0.20 deep-copies model_options on clone; a deep copy of a bound method copies
-    its object, which would split one ToMA node's state between clones. Functions are copied by
-    reference, so every clone keeps talking to the same state.
-    """
+    """`method` behind a plain function: ComfyUI before 0.20 deep-copies model_options on clone,
+    and a deep copy of a bound method copies its object (one node's state split between clones);
+    a function is copied by reference, so every clone keeps talking to the same state."""
 
     def call(*args, **kwargs):
         return method(*args, **kwargs)
@@ -32,15 +29,13 @@ def plain_function(method: Callable) -> Callable:
 
 def kept_allocations() -> contextlib.AbstractContextManager:
     """The context to allocate a tensor in that outlives the block making it (kept for later
-    blocks or steps), inside a model's forward. ComfyUI 0.34 and later have
-    comfy.model_prefetch.pause_malloc_graph: the "Comfy model compiler" records the
-    allocations of a forward that opens its malloc graph (CUDA, comfy-aimdo) scope by scope, a
-    block each, to plan them, and a tensor kept past its scope is a "rogue" to it
-    (model_prefetch counts them); paused, allocations bypass the graph. A no-op context on older
-    versions (no such function), while no graph is active in this thread (ComfyUI's own check
-    inside the pause), and while dynamo traces (the pause calls into comfy_aimdo's C library,
-    which dynamo cannot trace). Looked up in sys.modules, never imported: ComfyUI loads
-    comfy.model_prefetch itself wherever it exists."""
+    blocks or steps), inside a model's forward.
+
+    ComfyUI 0.34+'s "Comfy model compiler" plans a forward's allocations scope by scope (a
+    block each) in its malloc graph, where a tensor kept past its scope is a "rogue";
+    comfy.model_prefetch.pause_malloc_graph lets allocations bypass the graph. A no-op on older
+    versions, while dynamo traces (the pause calls a C library dynamo cannot trace), and where
+    ComfyUI has not loaded comfy.model_prefetch itself (looked up, never imported)."""
     if compiling():
         return contextlib.nullcontext()
     pause = getattr(sys.modules.get("comfy.model_prefetch"), "pause_malloc_graph", None)
@@ -48,16 +43,14 @@ def kept_allocations() -> contextlib.AbstractContextManager:
 
 
 class ForwardPatches:
-    """ToMA's object patches of module forwards on one patched ModelPatcher, kept so that they
-    can be made again for another copy of the diffusion model: ComfyUI's multi-GPU clones
-    (v0.33: MultiGPU CFG Split, Select Model Device) each run a model object of their own with
-    the first one's object patches, and a patch bound to the first copy's modules would run
-    those modules (another device's weights) from every device's thread.
+    """ToMA's object patches of module forwards on one patched ModelPatcher, kept to be made
+    again for each copy of the diffusion model: ComfyUI's multi-GPU clones (v0.33: MultiGPU CFG
+    Split, Select Model Device) each run their own model object with the first one's object
+    patches, and a patch bound to the first copy's modules would run another device's weights.
 
     make(module, original[, after]) -> the patched forward of `module`; `original` is another
-    pack's object patch of that forward where there was one (it keeps running, inside ToMA's),
-    else the module's own forward; `after`, where the patch was added with one, the module at
-    that path in the same copy of the model (the block that runs next)."""
+    pack's object patch of that forward (it keeps running, inside ToMA's), else the module's own
+    forward; `after`: the module at that path in the same copy (the block that runs next)."""
 
     def __init__(self) -> None:
         self.entries: list[tuple[str, Callable | None, Callable, str | None]] = []
@@ -65,29 +58,24 @@ class ForwardPatches:
     def add(self, model, path: str, make: Callable[..., Callable],
             after: str | None = None) -> None:
         """Patch the forward of diffusion_model.<path> on ModelPatcher `model`."""
-        key = f"diffusion_model.{path}.forward"
-        previous = model.object_patches.get(key)
+        previous = model.object_patches.get(f"diffusion_model.{path}.forward")
         self.entries.append((path, previous, make, after))
-        model.add_object_patch(key, self._made(model.model.diffusion_model, path, previous,
-                                               make, after))
+        self._install(model, path, previous, make, after)
 
     @staticmethod
-    def _made(root: torch.nn.Module, path: str, previous: Callable | None, make: Callable,
-              after: str | None) -> Callable:
+    def _install(model, path: str, previous: Callable | None, make: Callable,
+                 after: str | None) -> None:
+        root = model.model.diffusion_model
         module = module_at(root, path)
         extra = () if after is None else (module_at(root, after),)
-        return make(module, previous or types.MethodType(type(module).forward, module), *extra)
+        model.add_object_patch(f"diffusion_model.{path}.forward", make(
+            module, previous or types.MethodType(type(module).forward, module), *extra))
 
     def rebind(self, source, clone) -> None:
-        """ComfyUI's multi-GPU callback (ON_MATCH_MULTIGPU_CLONES, ON_DEEPCLONE_MULTIGPU):
-        `clone` runs its own model object; its patches are made again for that object's
-        modules."""
-        if clone.model is source.model:
-            return
-        for path, previous, make, after in self.entries:
-            clone.add_object_patch(f"diffusion_model.{path}.forward",
-                                   self._made(clone.model.diffusion_model, path, previous, make,
-                                              after))
+        """ComfyUI's multi-GPU callback: the patches made again for `clone`'s own model object."""
+        if clone.model is not source.model:
+            for entry in self.entries:
+                self._install(clone, *entry)
 
     def install_callbacks(self, model) -> None:
         """Have ComfyUI rebind these patches on each multi-GPU copy of `model` (callback kinds

@@ -1,29 +1,24 @@
 """Other nodes' patches that look inside a UNet transformer block, seen at the block's call.
 
 ComfyUI hands every BasicTransformerBlock its patches in `transformer_options`; ToMA reads them
-there on each call, so patches added by nodes after ToMA, or only for one model call (PAG adds
-its self-attention replacement inside its own guidance call), are seen too.
-
-What ToMA does about each kind (unet_patch.py acts on it):
+there on each call, so patches added after ToMA, or for one model call only (PAG's
+self-attention replacement inside its guidance call), are seen too. What unet_patch.py does:
 
 - attn1/attn2 patches, attn1/attn2 output patches, middle_patch, attn2 replacements, and another
-  pack's patch of the block's forward: they see the block's tokens. `block` scope would hand
-  them merged tokens, which breaks patches that read the token grid from the sequence length
+  pack's patch of the block's forward see the block's tokens. `block` scope would hand them
+  merged tokens, which breaks patches that read the token grid from the sequence length
   (masked IPAdapter, regional prompting, attention couple). `auto` uses attention scope for such
   blocks (ToMA merges after every other attn1 patch and unmerges before every attn1 output patch,
-  so they all see the full grid); an explicit `block` keeps block scope and says that they see
-  merged tokens.
+  so they all see the full grid); an explicit `block` keeps block scope and says so.
 - An attn1 replacement (SelfAttentionGuidance records its attention map there, PAG swaps
-  self-attention) receives the projected queries, keys and values: ToMA leaves that block
-  unmerged in every scope.
+  self-attention) receives the projected queries, keys and values: that block runs unmerged.
 - ComfyUI's TomePatchModel merges queries itself at full latent resolution and derives its grid
-  from the sequence length: ToMA leaves that level to it in every scope.
+  from the sequence length: ToMA leaves that level to it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 # The patch lists ComfyUI runs inside BasicTransformerBlock.forward (in this order of use).
 IN_BLOCK_PATCHES = ("attn1_patch", "attn1_output_patch", "middle_patch", "attn2_patch",
@@ -68,49 +63,7 @@ def in_block_patches(options: dict, kinds_run: tuple[str, ...] = IN_BLOCK_PATCHE
     return kinds
 
 
-def _name(fn: object) -> str:
-    return str(getattr(fn, "__qualname__", None) or type(fn).__name__).split(".<locals>.")[-1]
-
-
-@dataclass(frozen=True)
-class Neighbours:
-    """What other nodes do inside one transformer block call."""
-
-    patches: tuple[str, ...] = ()      # kinds of other nodes' in-block patches (for messages)
-    attn1_replace: str | None = None   # name of the function replacing this block's attn1
-    tome: bool = False                 # ComfyUI's TomePatchModel is among the attn1 patches
-
-    @property
-    def in_block(self) -> bool:
-        return bool(self.patches)
-
-
-NONE = Neighbours()
-
-
-def neighbours(options: dict, foreign_forward: bool) -> Neighbours:
-    """Other nodes' patches in this block call's transformer_options.
-
-    foreign_forward: another pack's patch of this block's forward runs inside ToMA's.
-    """
-    patches = options.get("patches") or {}
-    busy = foreign_forward or bool(options.get("patches_replace"))
-    for kind in IN_BLOCK_PATCHES:
-        busy = busy or bool(patches.get(kind))
-    if not busy:
-        return NONE       # the usual block: decided without a further Python call
-    # ComfyUI's ToMe is known: it acts only where the sequence is longer than half the latent's
-    # pixels, i.e. at full resolution, which ToMA leaves to it; elsewhere merged tokens are fine.
-    kinds = in_block_patches(options)
-    if _replacement(options, "attn2") is not None:
-        kinds.append("attn2 replacement")
-    if foreign_forward:
-        kinds.append("forward")
-    tome = any(is_comfy_tome(p) for p in patches.get("attn1_patch", ()))
-    return Neighbours(tuple(kinds), _replacement(options, "attn1"), tome)
-
-
-def _replacement(options: dict, kind: str) -> str | None:
+def replacement(options: dict, kind: str) -> str | None:
     """Name of the `kind` ("attn1"/"attn2") replacement ComfyUI will use in this block, if any
     and not ToMA's own size-weighted attention (it looks up (block name, block id, index in the
     SpatialTransformer), then (name, id))."""
@@ -120,4 +73,6 @@ def _replacement(options: dict, kind: str) -> str | None:
         return None
     block = tuple(block)
     fn = replaces.get((*block, options.get("block_index", 0)), replaces.get(block))
-    return None if fn is None or is_toma(fn) else _name(fn)
+    if fn is None or is_toma(fn):
+        return None
+    return str(getattr(fn, "__qualname__", None) or type(fn).__name__).split(".<locals>.")[-1]

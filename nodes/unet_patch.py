@@ -1,26 +1,21 @@
 """ToMA for ComfyUI's UNet models (SDXL, SD1.5, SD2): what it changes, and how.
 
 Every BasicTransformerBlock's `forward` gets an object patch (wrapping another pack's patch of the
-same forward instead of dropping it). On each call it picks the block's scope, keyed on the
-block's own token grid (`activations_shape`), so any resolution works:
+same forward instead of dropping it). Each call picks the block's scope, keyed on the block's own
+token grid (`activations_shape`), so any resolution works:
 
-- "block": the whole block (self-attention, cross-attention, feed-forward) runs on merged tokens
-  and only its update is unmerged: out = x + unmerge(block(merge(x)) - merge(x)). Fastest.
-- "attention": the call gets ToMA's attn1 pair appended to its patch lists. Before
-  self-attention the normed tokens (queries, keys and values) are merged; after it the output is
-  unmerged. The paper's SDXL setting. ToMA's merge runs after every other node's attn1 patch and
-  its unmerge before every other attn1 output patch, so those see the full grid.
+- "block": the whole block runs on merged tokens and only its update is unmerged:
+  out = x + unmerge(block(merge(x)) - merge(x)). Fastest.
+- "attention": ToMA's attn1 pair, appended to the call's patch lists, merges the normed tokens
+  before self-attention and unmerges its output. The paper's SDXL setting.
 - unmerged: where another node replaces self-attention, or ComfyUI's ToMe merges.
 
-In both scopes self-attention over merged tokens is size-weighted: ToMA's attn1 replace (in the
-call's copy of transformer_options) runs ComfyUI's attention with log(size) of each merged key
-added to its logits (toma_core/attention.py), so that keys merged from many tokens draw the
-attention those tokens drew.
-
-`merge_scope` auto is "block" unless other nodes patch inside the block; unet_neighbours.py says
-what counts and why. One plan per grid level and batch layout serves every block of that level
-and is refreshed on the `recompute_every` schedule. A call whose sequence is not the level's full
-grid (another ToMA already merged it) is left alone.
+In both scopes self-attention over merged tokens is size-weighted: ToMA's attn1 replace adds
+log(size) of each merged key to its logits (toma_core/attention.py). `merge_scope` auto is
+"block" unless other nodes patch inside the block (unet_neighbours.py says what counts and why).
+One plan per grid level and batch layout serves every block of that level, refreshed on the
+`recompute_every` schedule. A call whose sequence is not the level's full grid (another ToMA
+already merged it) is left alone.
 """
 
 from __future__ import annotations
@@ -37,7 +32,15 @@ from .contracts import Contract, Gives, Has, Mentions, Sets, Takes, resolve
 from .forward_patches import ForwardPatches
 from .model_call import ModelCall
 from .run_state import ToMAState
-from .unet_neighbours import TOMA_MARK, Neighbours, is_toma, mark, neighbours
+from .unet_neighbours import (
+    IN_BLOCK_PATCHES,
+    TOMA_MARK,
+    in_block_patches,
+    is_comfy_tome,
+    is_toma,
+    mark,
+    replacement,
+)
 
 log = logging.getLogger("ToMA")
 
@@ -48,9 +51,8 @@ TOKENS_PER_TILE = 64
 # (see bench/ and docs/benchmarks.md).
 AUTO_MIN_TOKENS = 1024
 # On a CUDA GPU "auto" also leaves a level alone below this much work per item and block
-# (tokens x channels^2, what its linear layers scale with): its kernels are too small for halving
-# them to pay for ToMA's own (the projection, docs/benchmarks.md "Where merging stops paying on a
-# GPU").
+# (tokens x channels^2, what its linear layers scale with): halving kernels this small does not
+# pay for ToMA's own (docs/benchmarks.md "Where merging stops paying on a GPU").
 GPU_MIN_WORK = 2**29
 GPU_DEVICES = ("cuda",)
 GPU_FIGURE = ("SD1.5 at 512x512 on an H200, projected: 0.98x with its two largest levels "
@@ -58,12 +60,10 @@ GPU_FIGURE = ("SD1.5 at 512x512 on an H200, projected: 0.98x with its two larges
 # Below this even "all" skips a level: a few tokens per tile leave nothing to merge.
 MIN_TOKENS = 16
 # Self-attention over merged tokens weighted by the merged keys' sizes: far closer to unmerged
-# on a real trained UNet and on the SDXL-proportioned fixture (docs/quality.md, the real-model
-# section).
+# on a real trained UNet and the SDXL-proportioned fixture (docs/quality.md, real-model section).
 SIZE_WEIGHTED = True
-# Destinations by facility location with each token's coverage weighted by its squared norm:
-# tokens that stand out in norm (a trained UNet's attention sinks) stay unmerged (the same
-# section of docs/quality.md).
+# Each token's coverage in facility location weighted by its squared norm: tokens that stand
+# out in norm (a trained UNet's attention sinks) stay unmerged (the same section).
 NORM_WEIGHTED = True
 # On ToMA's block forwards: the UNetToMA they belong to (a block hands its grid on in region
 # order only to a forward of its own node).
@@ -71,9 +71,7 @@ OWNER = "_toma_unet"
 
 UNET_MODEL = "comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel"
 _ATTENTION = "comfy.ldm.modules.attention"
-# What the UNet patch reads of ComfyUI's UNet: its transformer blocks and the forward it
-# patches, the options the UNet hands them (the token grid, which block), the attn1 patch
-# kinds the attention scope appends to, and the video transformer it refuses.
+# What the UNet patch reads of ComfyUI's UNet (SpatialVideoTransformer: what it refuses).
 CONTRACT = Contract(
     "UNet (SDXL, SD1.5, SD2)",
     models={UNET_MODEL: ()},
@@ -141,38 +139,50 @@ class UNetToMA:
             # the note made on each such call: a kept text would be a dict torch.compile
             # guards on, and recompiles for
             level = f"the {h}x{w} level ({x.shape[-1]} channels)"
-            call.note(f"unet_levels auto: {level} is left unmerged on a GPU, where a level "
-                      f"this small merges at a loss ({GPU_FIGURE}); unet_levels all merges it"
-                      if levels == "auto" else
-                      f"unet_levels {levels}: {level} merges, though on a GPU a level this "
-                      f"small merges at a loss ({GPU_FIGURE})")
+            loss = f"a level this small merges at a loss ({GPU_FIGURE})"
+            call.note(f"unet_levels auto: {level} is left unmerged on a GPU, where {loss}; "
+                      f"unet_levels all merges it" if levels == "auto" else
+                      f"unet_levels {levels}: {level} merges, though on a GPU {loss}")
             return levels != "auto"
         return merges
 
-    def scope_for(self, call: ModelCall | None, options: dict,
-                  near: Neighbours) -> str | None:
-        """"block" or "attention" for this block call, or None to run it unmerged."""
-        def note(message: str) -> None:
-            if call is not None:
-                call.note(message)
-
-        if near.attn1_replace is not None:
+    def scope_for(self, call: ModelCall | None, options: dict, foreign_forward: bool
+                  ) -> str | None:
+        """"block" or "attention" for this block call, or None to run it unmerged, by what other
+        nodes patch in it (unet_neighbours.py). foreign_forward: another pack's patch of this
+        block's forward runs inside ToMA's."""
+        patches = options.get("patches") or {}
+        busy = foreign_forward or bool(options.get("patches_replace"))
+        for kind in IN_BLOCK_PATCHES:
+            busy = busy or bool(patches.get(kind))
+        if not busy:       # the usual block: decided without a further Python call
+            return "attention" if self.scope == "attention" else "block"
+        note = call.note if call is not None else lambda message: None
+        attn1_replace = replacement(options, "attn1")
+        if attn1_replace is not None:
             note(f"another node replaces self-attention in some blocks "
-                 f"({near.attn1_replace}): ToMA leaves those blocks unmerged")
+                 f"({attn1_replace}): ToMA leaves those blocks unmerged")
             return None
+        # ComfyUI's ToMe acts only where the sequence is longer than half the latent's pixels,
+        # i.e. at full resolution, which ToMA leaves to it; elsewhere merged tokens are fine
         shape, latent = options.get("activations_shape"), options.get("original_shape")
-        if near.tome and shape is not None and latent is not None \
-                and list(shape[-2:]) == list(latent[-2:]):
+        if shape is not None and latent is not None and list(shape[-2:]) == list(latent[-2:]) \
+                and any(is_comfy_tome(p) for p in patches.get("attn1_patch", ())):
             note("ComfyUI's TomePatchModel merges the full-resolution level: ToMA leaves "
                  "that level to it")
             return None
         if self.scope == "attention":
             return "attention"
-        if not near.in_block:
+        found = in_block_patches(options)
+        if replacement(options, "attn2") is not None:
+            found.append("attn2 replacement")
+        if foreign_forward:
+            found.append("forward")
+        if not found:
             # auto = block: at equal speed, block scope keeps samples far closer to unmerged
             # than attention scope (docs/quality.md, what the matched fixtures decided)
             return "block"
-        kinds = ", ".join(near.patches)
+        kinds = ", ".join(found)
         if self.scope == "block":
             note(f"merge_scope block: other nodes' patches inside transformer blocks "
                  f"({kinds}) see merged tokens; auto or attention scope keeps them on the "
@@ -183,24 +193,23 @@ class UNetToMA:
         return "attention"
 
     def plan_for(self, x: torch.Tensor, options: dict, call: ModelCall | None,
-                 features: Callable[[], torch.Tensor]) -> MergePlan | None:
+                 features: Callable[[], torch.Tensor] | None) -> MergePlan | None:
         """The plan for this block call, or None to run it unchanged.
 
         x [B, N, C]: the block's tokens; options: its transformer/extra options; call: the
         model call it belongs to; features(): the normed tokens the plan is built from (called
-        only when one is due).
+        only when one is due); None: the call runs unmerged, and is only counted.
         """
         shape = options.get("activations_shape")
         if shape is None or x.dim() != 3:
             return None
         layer = (tuple(options.get("block") or ()), options.get("block_index", 0))
         h, w = int(shape[-2]), int(shape[-1])
-        level = f"{h}x{w}"
         latent = options.get("original_shape") or shape
-        if (call is None or not call.active or x.shape[1] != h * w
+        if (call is None or not call.active or features is None or x.shape[1] != h * w
                 or not self.merges_level(h, w, int(latent[-1]), x, call)):
             if call is not None:
-                call.record(layer, level, h * w, None)
+                call.record(layer, f"{h}x{w}", h * w, None)
             return None
         o = self.state.options
 
@@ -212,17 +221,8 @@ class UNetToMA:
                               tables=call.tables(regions, x.device))
 
         plan = call.plan(("unet", h, w, x.shape[0], call.pass_of(layer)), build)
-        call.record(layer, level, h * w, plan)
+        call.record(layer, f"{h}x{w}", h * w, plan)
         return plan
-
-    def leave(self, options: dict, call: ModelCall | None) -> None:
-        """Count a block call that runs unmerged because of a neighbour."""
-        shape = options.get("activations_shape")
-        if shape is not None:
-            h, w = int(shape[-2]), int(shape[-1])
-            layer = (tuple(options.get("block") or ()), options.get("block_index", 0))
-            if call is not None:
-                call.record(layer, f"{h}x{w}", h * w, None)
 
     # Scope "attention": a fresh attn1 patch pair per block call ----------------------------------
     def with_attention_pair(self, options: dict, call: ModelCall | None) -> dict:
@@ -258,11 +258,10 @@ class UNetToMA:
 
     def with_sized_attention(self, options: dict, plans: list[MergePlan] | tuple[MergePlan]
                              ) -> dict:
-        """A copy of a block call's transformer_options with size-weighted attention as every
-        block's attn1 replace (self.attn1: under every key, so that a compile without guards
-        on transformer_options, whose code looks up the key of the block it traced, finds it
-        whichever block replays it) and `plans` for it. Unchanged where the UNet names no
-        block, SIZE_WEIGHTED is off, or a ToMA that ran first (and merged) put its own there."""
+        """A copy of a block call's transformer_options with `plans` and size-weighted attention
+        as the attn1 replace under every block's key (a compile without guards replays one
+        block's code for all). Unchanged where the UNet names no block, SIZE_WEIGHTED is off,
+        or a ToMA that ran first (and merged) put its own there."""
         block = options.get("block")
         if block is None or not SIZE_WEIGHTED:
             return options
@@ -286,14 +285,17 @@ class UNetToMA:
         merged blocks hand it the grid in their plan's region order (one gather less in each)."""
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            options = _call_options(args, kwargs)
+            if "transformer_options" in kwargs:       # ComfyUI's call
+                options = kwargs["transformer_options"] or {}
+            else:                                       # by position: another pack's wrapper
+                options = (args[1] if len(args) > 1 else None) or {}
             call = self.state.call_of(options, x.device)
             held = None if call is None else call.region_order
             if held is not None:
                 call.region_order = None
                 if held[0] is not x:       # not the grid the block before handed on
                     held = None
-            scope = self.scope_for(call, options, neighbours(options, foreign_forward))
+            scope = self.scope_for(call, options, foreign_forward)
             if scope == "block":
                 plan = self.plan_for(x, options, call, lambda: block.norm1(
                     x if held is None else held[1].grid_order(x)))
@@ -323,8 +325,8 @@ class UNetToMA:
             if scope == "attention":
                 args, kwargs = _with_call_options(args, kwargs,
                                                   self.with_attention_pair(options, call))
-            elif scope is None:
-                self.leave(options, call)
+            elif scope is None:        # because of a neighbour: counted
+                self.plan_for(x, options, call, None)
             return original(x, *args, **kwargs)
 
         setattr(forward, OWNER, self)
@@ -356,16 +358,7 @@ def sized_attention(key: str) -> Callable:
             q, k, v, extra_options["n_heads"], mask=bias,
             attn_precision=extra_options.get("attn_precision"), transformer_options=extra_options)
 
-    setattr(attend, TOMA_MARK, True)     # a ToMA that runs after this one leaves it there
-    return attend
-
-
-def _call_options(args: tuple, kwargs: dict) -> dict:
-    """transformer_options of a BasicTransformerBlock.forward(x, context, transformer_options)
-    call, given by keyword (ComfyUI) or by position (another pack's wrapper)."""
-    if "transformer_options" in kwargs:
-        return kwargs["transformer_options"] or {}
-    return (args[1] if len(args) > 1 else None) or {}
+    return mark(attend)     # a ToMA that runs after this one leaves it there
 
 
 def _with_call_options(args: tuple, kwargs: dict, options: dict) -> tuple[tuple, dict]:
@@ -373,13 +366,6 @@ def _with_call_options(args: tuple, kwargs: dict, options: dict) -> tuple[tuple,
     if "transformer_options" not in kwargs and len(args) > 1:
         return (args[0], options, *args[2:]), kwargs
     return args, {**kwargs, "transformer_options": options}
-
-
-def _own_forward(original: Callable, block: torch.nn.Module) -> bool:
-    """Whether `original` is the block's own forward or a ToMA patch (not another pack's)."""
-    own = (isinstance(original, types.MethodType) and original.__self__ is block
-           and original.__func__ is type(block).forward)
-    return own or is_toma(original)
 
 
 def transformer_blocks(diffusion_model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -437,16 +423,22 @@ def largest_level_downsample(diffusion_model: torch.nn.Module) -> int:
 
 
 def patch_unet(model, state: ToMAState, scope: str, patches: ForwardPatches) -> None:
-    """Install ToMA on a cloned UNet ModelPatcher `model` (changes only that clone's options).
-    scope: the merge_scope widget ("auto", "block" or "attention")."""
+    """Install ToMA on a cloned UNet ModelPatcher `model` (changes only that clone's options),
+    in `scope` (the merge_scope widget)."""
     diffusion_model = model.get_model_object("diffusion_model")
     blocks = transformer_blocks(diffusion_model)
     if not blocks:
         raise ValueError("ToMA: this UNet has no transformer blocks to merge")
     toma = UNetToMA(state, scope, largest_level_downsample(diffusion_model),
                     tuple(filter(None, (attn1_key(name) for name, _ in blocks))))
+
+    def make(block: torch.nn.Module, original: Callable, *after: torch.nn.Module) -> Callable:
+        # `original` is the block's own forward, a ToMA patch, or another pack's patch
+        own = (isinstance(original, types.MethodType) and original.__self__ is block
+               and original.__func__ is type(block).forward)
+        return toma.block_forward(block, original, not (own or is_toma(original)), *after)
+
     following = handed_on(diffusion_model)
     for name, _ in blocks:
-        patches.add(model, name, lambda block, original, *after: toma.block_forward(
-            block, original, not _own_forward(original, block), *after), following.get(name))
+        patches.add(model, name, make, following.get(name))
     log.debug("ToMA: patched %d UNet transformer blocks", len(blocks))
