@@ -10,16 +10,7 @@ from __future__ import annotations
 import logging
 import weakref
 
-from .contracts import (
-    Contract,
-    Equals,
-    Gives,
-    Has,
-    Takes,
-    mismatches,
-    refusal,
-    running_comfyui,
-)
+from .contracts import Contract, Equals, Gives, Has, Takes, mismatches, refusal, running_comfyui
 from .dit_families import Family
 from .families import supported_models
 from .forward_patches import ForwardPatches, plain_function
