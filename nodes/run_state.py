@@ -168,19 +168,18 @@ class ToMAState:
                 self.run_note(run, note)
         args, kwargs = with_argument(executor, args, kwargs, "transformer_options",
                                      {**options, self.call_key: call})
-        traced = call.traced
-        if traced is not None:
-            TRACED_DECISIONS[traced] = f"{self.family} {self.options!r} {call.decisions()}"
-            TRACED_PLANS[traced] = call.plans
+        if call.traced is not None:
+            TRACED_DECISIONS[call.traced] = f"{self.family} {self.options!r} {call.decisions()}"
+            TRACED_PLANS[call.traced] = call.plans
         outer = getattr(self.in_flight, "call", None)
         self.in_flight.call = call
         try:
             return executor(*args, **kwargs)
         finally:
             self.in_flight.call = outer
-            if traced is not None:
-                TRACED_DECISIONS.pop(traced, None)
-                TRACED_PLANS.pop(traced, None)
+            if call.traced is not None:
+                TRACED_DECISIONS.pop(call.traced, None)
+                TRACED_PLANS.pop(call.traced, None)
             self.close_call(call, step, built)
 
     def open_call(self, run: RunState, x: object, options: dict) -> tuple[ModelCall, int]:
