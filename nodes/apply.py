@@ -10,16 +10,7 @@ from __future__ import annotations
 import logging
 import weakref
 
-from .contracts import (
-    Contract,
-    Equals,
-    Gives,
-    Has,
-    Takes,
-    mismatches,
-    refusal,
-    running_comfyui,
-)
+from .contracts import Contract, Equals, Gives, Has, Takes, mismatches, refusal, running_comfyui
 from .dit_families import Family
 from .families import supported_models
 from .forward_patches import ForwardPatches, plain_function
@@ -31,9 +22,8 @@ log = logging.getLogger("ToMA")
 SUPPORTED = supported_models()
 WRAPPER_KEY = "toma"
 
-# What run_state's wrappers read: the wrapper kinds, the sampler's arguments by name
-# (SAMPLER_SAMPLE), apply_model's (APPLY_MODEL), and the key under which ComfyUI's
-# TorchCompileModel leaves its compile settings in the model options.
+# What run_state's wrappers read of ComfyUI: wrapper kinds, arguments by name, and the key of
+# TorchCompileModel's settings in the model options.
 CONTRACT = Contract(
     "sampling",
     models={},
@@ -50,9 +40,8 @@ CONTRACT = Contract(
 
 def model_family(model) -> str | Family:
     """"unet", or the Family of a diffusion transformer, for a ModelPatcher; ValueError naming
-    what is supported otherwise (at every ratio: one rule for every model), or naming what
-    changed where the running ComfyUI fails the contract of ToMA's sampling wrappers or of the
-    model's family."""
+    what is supported otherwise (at every ratio), or what changed where the running ComfyUI
+    fails the contract of ToMA's sampling wrappers or of the model's family."""
     from . import unet_patch
     from .families import family_of, not_merged_reason
 

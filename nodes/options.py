@@ -17,7 +17,7 @@ MAX_RATIO = 0.9
 MAX_TILE_COUNT = 4096
 DEFAULT_SKIP_BLOCKS = "d0-4, s0-4"
 # Block indices above this are refused while parsing, before a range is expanded into a set
-# (a shared workflow's "d0-99999999999" would fill memory); check_depth then holds every index
+# (a shared workflow's "d0-99999999999" would fill memory); for_kinds then holds every index
 # to the model's real depth.
 MAX_BLOCK_INDEX = 999
 
@@ -34,37 +34,31 @@ class SkipBlocks:
     def for_kinds(self, kinds: list[tuple[str, int]]) -> list[frozenset[int]]:
         """The skipped indices of each block kind of a model, given as (letter, depth) pairs:
         [("d", doubles), ("s", singles)], or [("", blocks)] for one kind of block. A model with
-        one kind of block (or a kind with no blocks)
-        takes "d", "s" and bare indices all as naming its blocks, so the default "d0-4, s0-4"
-        leaves its blocks 0-4 alone. Raises ValueError for indices past the depth or a notation
-        the model cannot have."""
+        one kind of block (any other kind empty) takes "d", "s" and bare indices all as naming
+        its blocks, so the default "d0-4, s0-4" leaves its blocks 0-4 alone. Raises ValueError for
+        indices past the depth or a notation the model cannot have."""
         present = [(letter, depth) for letter, depth in kinds if depth > 0]
         if len(present) <= 1:
             letter, depth = present[0] if present else ("", 0)
             picked = self.plain | self.double | self.single
-            beyond = sorted(i for i in picked if i >= depth)
-            if beyond:
-                raise ValueError(f"skip_blocks: {beyond[0]} is past this model's depth "
-                                 f"({depth} blocks, 0-{depth - 1})")
+            _refuse_past_depth("", "blocks", picked, depth)
             return [picked if depth > 0 and name == letter else frozenset()
                     for name, depth in kinds]
         if self.plain:
             raise ValueError(f"skip_blocks: this model has double and single blocks; write "
                              f"d<i> or s<i>, e.g. {DEFAULT_SKIP_BLOCKS!r}")
         depths = dict(kinds)
-        self.check_depth(depths.get("d", 0), depths.get("s", 0))
+        _refuse_past_depth("d", "double blocks", self.double, depths.get("d", 0))
+        _refuse_past_depth("s", "single blocks", self.single, depths.get("s", 0))
         return [self.double if letter == "d" else self.single for letter, _ in kinds]
 
-    def check_depth(self, double_blocks: int, single_blocks: int) -> None:
-        """Raise when an index lies past the model's depth."""
-        for kind, picked, depth in (("d", self.double, double_blocks),
-                                    ("s", self.single, single_blocks)):
-            beyond = sorted(i for i in picked if i >= depth)
-            if beyond:
-                raise ValueError(
-                    f"skip_blocks: {kind}{beyond[0]} is past this model's depth "
-                    f"({depth} {'double' if kind == 'd' else 'single'} blocks, "
-                    f"{kind}0-{kind}{depth - 1})")
+
+def _refuse_past_depth(letter: str, blocks: str, picked: frozenset[int], depth: int) -> None:
+    """Raise for the first index of `picked` past a model's `depth` `blocks` ("double blocks")."""
+    beyond = sorted(i for i in picked if i >= depth)
+    if beyond:
+        raise ValueError(f"skip_blocks: {letter}{beyond[0]} is past this model's depth ({depth} "
+                         f"{blocks}, {letter}0-{letter}{depth - 1})")
 
 
 _PART = re.compile(r"^([ds]?)(\d+)(?:-\1?(\d+))?$")
@@ -77,9 +71,7 @@ def parse_skip_blocks(text: str) -> SkipBlocks:
     "none" or an empty text skips nothing. Without a letter ("0-4") for models with one kind
     of block.
     """
-    double: set[int] = set()
-    single: set[int] = set()
-    plain: set[int] = set()
+    picked: dict[str, set[int]] = {"d": set(), "s": set(), "": set()}
     cleaned = text.strip().lower()
     if cleaned in ("", "none"):
         return SkipBlocks(frozenset(), frozenset())
@@ -97,8 +89,8 @@ def parse_skip_blocks(text: str) -> SkipBlocks:
         last_i = _block_index(kind, last) if last is not None else first_i
         if last_i < first_i:
             raise ValueError(f"skip_blocks: range {part!r} runs backwards")
-        {"d": double, "s": single, "": plain}[kind].update(range(first_i, last_i + 1))
-    return SkipBlocks(frozenset(double), frozenset(single), frozenset(plain))
+        picked[kind].update(range(first_i, last_i + 1))
+    return SkipBlocks(frozenset(picked["d"]), frozenset(picked["s"]), frozenset(picked[""]))
 
 
 def _block_index(kind: str, digits: str) -> int:

@@ -74,20 +74,20 @@ def test_largest_block_index_is_accepted():
         make_options(skip_blocks="d0-99999999999")
 
 
-def test_check_depth_accepts_the_last_block_and_names_the_first_past_it():
+def test_for_kinds_accepts_the_last_block_and_names_the_first_past_it():
     skip = parse_skip_blocks("d0-18, s0-37")
-    skip.check_depth(19, 38)                        # Flux.1: d0-d18, s0-s37 all exist
+    skip.for_kinds([("d", 19), ("s", 38)])         # Flux.1: d0-d18, s0-s37 all exist
     with pytest.raises(ValueError) as err:
-        parse_skip_blocks("d2, d19-20").check_depth(19, 38)
+        parse_skip_blocks("d2, d19-20").for_kinds([("d", 19), ("s", 38)])
     assert "skip_blocks: d19 is past this model's depth (19 double blocks, d0-d18)" == str(
         err.value)
     with pytest.raises(ValueError, match=r"s40 is past .* \(38 single blocks, s0-s37\)"):
-        parse_skip_blocks("s40").check_depth(19, 38)
+        parse_skip_blocks("s40").for_kinds([("d", 19), ("s", 38)])
 
 
-def test_check_depth_on_a_small_model():
+def test_for_kinds_on_a_small_model():
     with pytest.raises(ValueError, match=r"d2 is past this model's depth \(2 double blocks"):
-        parse_skip_blocks(DEFAULT_SKIP_BLOCKS).check_depth(2, 3)
+        parse_skip_blocks(DEFAULT_SKIP_BLOCKS).for_kinds([("d", 2), ("s", 3)])
 
 
 # make_options -------------------------------------------------------------------------------------
