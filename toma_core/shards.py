@@ -88,9 +88,8 @@ class SpanTables(RegionTables):
     index in the compact order; pad places point at 0, which zero unmerge weights ignore)."""
 
     def __init__(self, regions: SpanRegions, device: torch.device | str | None) -> None:
-        self.regions = regions
         base = RegionTables(regions.base, device)
-        n, r, s = regions.tokens, regions.count, regions.size
+        n, r = regions.tokens, regions.count
         first, last = regions.cuts[0], regions.cuts[-1]
         # each span token's (span, global region) as one id, relabelled in order to 0..R-1
         tokens = torch.arange(first, last, device=device)
@@ -108,12 +107,7 @@ class SpanTables(RegionTables):
         starts = sizes.cumsum(0) - sizes        # each piece's first place in sorted order
         slot = torch.empty_like(piece)
         slot[order] = torch.arange(n, device=device) - starts[piece[order]]
-        flat = piece * s + slot
-        self.slots = torch.zeros(r * s, dtype=torch.long, device=device).index_put_(
-            (flat,), torch.arange(n, device=device)).view(r, s)
-        self.valid = None if regions.even else torch.zeros(
-            r * s, dtype=torch.bool, device=device).index_fill_(0, flat, True).view(r, s)
-        self.token_region, self.token_slot = piece, slot
+        self._place(regions, piece, slot)
         k = regions.k
         counts = torch.tensor(regions.counts, device=device)   # host ints: one small copy
         self.dest_valid = torch.arange(k, device=device) < counts.unsqueeze(1)    # [R, k]
@@ -121,8 +115,6 @@ class SpanTables(RegionTables):
         self.compact = self.dest_valid.flatten().nonzero_static(
             size=sum(regions.counts)).squeeze(1)
         self.expand = (self.dest_valid.flatten().long().cumsum(0) - 1).clamp_min(0)
-        self._merge: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._unmerge: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _starts(sizes: tuple[int, ...]) -> list[int]:
