@@ -5,25 +5,24 @@ image tokens are one frame, t = 1; video is frame by frame). Every token belongs
 region. Along each axis the grid is cut into parts whose sizes differ by at most one (the larger
 ones first), so a region is a box and regions are laid out as a padded [R, S] table: S slots
 per region, the largest box's size; smaller boxes have pad slots, marked invalid, that never
-count nor get picked.
-Regions are ordered slab by slab, then tile row, then tile column; slots inside a box frame by
-frame, row by row.
+count nor get picked. Regions are ordered slab by slab, then tile row, then tile column; slots
+inside a box frame by frame, row by row.
 
-`Regions` is host metadata only (Python ints): cheap to build, hashable, the same on every
-device. `RegionTables` holds the index tensors merge and unmerge gather with, built on the target
-device from those ints with device ops (no host-to-device copy, no host sync), static in shape.
+`Regions` is host metadata (Python ints): cheap, hashable, the same on every device.
+`RegionTables` holds the index tensors merge and unmerge gather with, built on the target device
+from those ints with device ops (no host-to-device copy, no host sync), static in shape.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 RegionMode = Literal["tile", "stripe", "global"]
-REGION_MODES: tuple[str, ...] = ("tile", "stripe", "global")
+REGION_MODES: tuple[str, ...] = get_args(RegionMode)
 
 
 @dataclass(frozen=True)
@@ -61,14 +60,9 @@ class Regions:
         """The index tensors of this partition on `device` (see RegionTables)."""
         return RegionTables(self, device)
 
-    def split(self, x: torch.Tensor) -> torch.Tensor:
-        """Grid tokens into region layout: x [..., N, C] -> [..., R, S, C] (pad slots hold
-        token 0)."""
-        slots = self.tables(x.device).slots
-        return x.index_select(-2, slots.reshape(-1)).unflatten(-2, slots.shape)
-
     def join(self, x: torch.Tensor) -> torch.Tensor:
-        """Inverse of split: x [..., R, S, C] -> [..., N, C] (pad slots dropped)."""
+        """Region layout back to grid order: x [..., R, S, C] -> [..., N, C] (pad slots
+        dropped)."""
         tables = self.tables(x.device)
         flat = tables.token_region * self.size + tables.token_slot
         return x.flatten(-3, -2).index_select(-2, flat)
@@ -152,10 +146,9 @@ def _parts(total: int, sizes: tuple[int, ...],
     return part, c - (part * base + part.clamp(max=extra))
 
 
-# Whether torch.compile's dynamo is tracing: then host-only work is left out, and index tensors
-# are rebuilt in the graph (inductor folds them) instead of cached in a Python dict the compiled
-# code would guard on. Bound once, and dynamo's own flag (one Python call where is_compiling
-# makes two): blocks ask on every call.
+# Whether dynamo is tracing: then index tensors are rebuilt in the graph (inductor folds them),
+# not cached in a dict the compiled code would guard on. Dynamo's own flag, bound once: one
+# Python call (is_compiling makes two), and blocks ask on every call.
 compiling = torch.compiler.is_dynamo_compiling
 
 

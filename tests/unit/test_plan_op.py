@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
-from plan_reference import direct, valid_slots
+from plan_reference import direct, split, valid_slots
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from toma_pack.toma_core import build_plan, make_regions, plan_op, triton_plan
@@ -63,7 +63,7 @@ def shifted_similarity(stream: torch.Tensor, offset: int, regions: Regions,
                        center: bool) -> torch.Tensor:
     """cos + 1 between the real tokens of each region, float64, 0 where either slot is a pad:
     [B, R, S, S]."""
-    x = regions.split(stream[:, offset:offset + regions.tokens].double())
+    x = split(regions, stream[:, offset:offset + regions.tokens].double())
     if center:
         x = x - x.mean(-1, keepdim=True)
     xn = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
