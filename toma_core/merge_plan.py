@@ -41,11 +41,9 @@ ORDER_NEEDS = "region order needs even regions and a stream that is only the gri
 
 
 class Pending(NamedTuple):
-    """What `MergePlan.begin` hands `finish`: the grid in region layout [B*R, S, C] (xr, or
-    xr - U @ merged when the block may update its input in place) and the merged grid
-    [B*R, k, C] to subtract from the block's output (None in the in-place case); shared: base
-    is the caller's own tensor (an input already in region order), which finish never writes
-    into."""
+    """What `MergePlan.begin` hands `finish`: base [B*R, S, C] and merged [B*R, k, C] (None in
+    the in-place case) as begin describes them; shared: base is the caller's own tensor (an
+    input already in region order), which finish never writes into."""
 
     base: torch.Tensor
     merged: torch.Tensor | None
@@ -71,10 +69,10 @@ class MergePlan:
     the activations' dtype (pad slots have zero weight); assignment [B*R, S, k]: P^T where
     unmerge_w is something else (pinv), None where it is P^T (key_sizes reads it).
     size_biases: attention.size_bias's masks, kept here (a hot path reads them inline).
-    Regions of a sequence shard (SpanRegions) keep unequal numbers of destinations: k is the
-    most any keeps, the others' places are pads (zero weights), and the merged sequence holds
-    only the real ones: one gather from the padded R*k order (tables.compact) after the merge
-    and one back (tables.expand) before the unmerge; dest_tokens [B, M] the real ones' tokens.
+    A sequence shard's regions (SpanRegions) keep unequal numbers of destinations, k the most
+    any keeps: the merged sequence holds only the real ones, one gather from the padded R*k
+    order (tables.compact) after the merge and one back (tables.expand) before the unmerge;
+    dest_tokens [B, M] are the real ones' tokens.
     """
 
     regions: Regions | SpanRegions
@@ -106,9 +104,8 @@ class MergePlan:
         self.expand = self.tables.expand if ragged else None
 
     def weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(M, U) in `dtype` (the built ones when it is theirs, else cast once and kept). The
-        hot path reads `_cast` first (`_cast.get(dtype) or weights(dtype)`): no call per block
-        when the dtype is at hand."""
+        """(M, U) in `dtype`, cast once and kept. The hot path reads `_cast` first
+        (`_cast.get(dtype) or weights(dtype)`): no call per block when the dtype is at hand."""
         found = self._cast.get(dtype)
         if found is None:
             found = self._cast[dtype] = (self.merge_w.to(dtype), self.unmerge_w.to(dtype))
@@ -240,8 +237,8 @@ class MergePlan:
 
     @staticmethod
     def splice(x: torch.Tensor, grid: torch.Tensor, prefix: int, n: int) -> torch.Tensor:
-        """x with its grid part [prefix, prefix + n) replaced by `grid` (`grid` itself, not a
-        copy, when x is only the grid)."""
+        """x [B, L, ...] with its grid part [prefix, prefix + n) along dim 1 replaced by `grid`
+        (`grid` itself, not a copy, when x is only the grid)."""
         tail = x.shape[1] - prefix - n
         parts = ([x[:, :prefix]] if prefix else []) + [grid] + (
             [x[:, prefix + n:]] if tail else [])
@@ -253,13 +250,8 @@ class MergePlan:
         its own elsewhere). Made once per length and prefix."""
         key = (length, prefix)
         if key not in self._rows:
-            n, b = self.tokens, self.items
-            dest = self.dest_tokens + prefix
-            parts = [torch.arange(prefix, device=dest.device).expand(b, -1)] if prefix else []
-            parts.append(dest)
-            if length > prefix + n:
-                parts.append(torch.arange(prefix + n, length, device=dest.device).expand(b, -1))
-            self._rows[key] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            own = torch.arange(length, device=self.dest_tokens.device).expand(self.items, -1)
+            self._rows[key] = self.splice(own, self.dest_tokens + prefix, prefix, self.tokens)
         return self._rows[key]
 
     def merge_positions(self, pe: torch.Tensor, dim: int, prefix: int = 0) -> torch.Tensor:
