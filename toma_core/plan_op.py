@@ -99,8 +99,9 @@ def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
     return p
 
 
-def _empty_like_outputs(stream: torch.Tensor, slots: torch.Tensor, k: int,
-                        dtype: torch.dtype) -> PlanTensors:
+def empty_outputs(stream: torch.Tensor, slots: torch.Tensor, k: int,
+                  dtype: torch.dtype) -> PlanTensors:
+    """The operator's outputs, uninitialised: the fake implementation's, the kernel's to fill."""
     b, (r, s) = stream.shape[0], slots.shape
     return (stream.new_empty((b, r, k), dtype=torch.long),
             stream.new_empty((b, r * k), dtype=torch.long),
@@ -141,7 +142,7 @@ def _register():
                                       weighted=weighted)
 
     op.register_fake(lambda stream, offset, slots, valid, k, tau, center, dtype, weighted=False:
-                     _empty_like_outputs(stream, slots, k, dtype))
+                     empty_outputs(stream, slots, k, dtype))
     op.register_kernel("cuda")(_cuda_kernel)
     return getattr(getattr(torch.ops, namespace), name)
 
@@ -150,10 +151,9 @@ _OP = _register()
 
 
 def plan_weights(stream: torch.Tensor, offset: int, slots: torch.Tensor,
-                 valid: torch.Tensor | None, k: int, tau: float, center: bool = False,
-                 dtype: torch.dtype | None = None, weighted: bool = False) -> PlanTensors:
+                 valid: torch.Tensor | None, k: int, tau: float, center: bool,
+                 dtype: torch.dtype, weighted: bool = False) -> PlanTensors:
     """(picks, dest, merge_w, unmerge_w) for the grid in `stream` (module docstring)."""
-    dtype = stream.dtype if dtype is None else dtype
     if _OP is None:
         if stream.is_cuda:
             return _cuda_kernel(stream, offset, slots, valid, k, tau, center, dtype, weighted)
