@@ -99,9 +99,8 @@ def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
     return p
 
 
-def empty_outputs(stream: torch.Tensor, slots: torch.Tensor, k: int,
-                  dtype: torch.dtype) -> PlanTensors:
-    """The operator's outputs, uninitialised: the fake implementation's, the kernel's to fill."""
+def _empty_like_outputs(stream: torch.Tensor, slots: torch.Tensor, k: int,
+                        dtype: torch.dtype) -> PlanTensors:
     b, (r, s) = stream.shape[0], slots.shape
     return (stream.new_empty((b, r, k), dtype=torch.long),
             stream.new_empty((b, r * k), dtype=torch.long),
@@ -142,7 +141,7 @@ def _register():
                                       weighted=weighted)
 
     op.register_fake(lambda stream, offset, slots, valid, k, tau, center, dtype, weighted=False:
-                     empty_outputs(stream, slots, k, dtype))
+                     _empty_like_outputs(stream, slots, k, dtype))
     op.register_kernel("cuda")(_cuda_kernel)
     return getattr(getattr(torch.ops, namespace), name)
 
