@@ -16,6 +16,13 @@ from toma_pack.toma_core.regions import Regions
 TIE = 1e-4
 
 
+def split(regions: Regions, x: torch.Tensor) -> torch.Tensor:
+    """Grid tokens into region layout (the inverse of Regions.join): x [..., N, C] ->
+    [..., R, S, C] (pad slots hold token 0)."""
+    slots = regions.tables(x.device).slots
+    return x.index_select(-2, slots.reshape(-1)).unflatten(-2, slots.shape)
+
+
 def valid_slots(regions: Regions) -> torch.Tensor:
     valid = regions.tables().valid
     return torch.ones(regions.count, regions.size, dtype=torch.bool) if valid is None else valid

@@ -1,12 +1,9 @@
 """Attention over merged tokens, each key weighted by how many grid tokens it stands for.
 
-Merging n near-identical keys into one leaves the attention they drew as that of one key:
-softmax(q k^T) over merged keys sees one logit where it saw n. Where a few tokens draw most of
-the attention (attention sinks), that moves the whole output. Adding log(size) to a merged
-key's logit gives it the weight of the n keys it stands for (ToMe's proportional attention):
-    attention(q, k, v, bias) with bias[..., j] = log(size_j)
-    merged_attention(plan, x, attend) = unmerge(attend(merge(x), bias))
-Tokens outside the grid (text, reference images) are their own size: bias 0.
+Merging n near-identical keys into one leaves the attention they drew as that of one key, which
+moves the whole output where a few tokens draw most of it (attention sinks). log(size) added to
+a merged key's logit gives it the weight of the n keys it stands for (ToMe's proportional
+attention); tokens outside the grid (text, reference images) are their own size: bias 0.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ def size_bias(plan: MergePlan, length: int, prefix: int = 0,
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The additive mask of size-weighted attention for a merged sequence of `length` tokens
     whose grid starts at `prefix`: [B, 1, 1, length], log(size) over the grid, 0 elsewhere.
-    Made once per plan, length, prefix and dtype (kept in plan.size_biases under that key)."""
+    Kept in plan.size_biases by (length, prefix, dtype)."""
     key = (length, prefix, dtype)
     found = plan.size_biases.get(key)
     if found is None:

@@ -17,10 +17,9 @@ def gram_similarity(x: torch.Tensor, valid: torch.Tensor | None = None,
     """Cosine similarity inside each region from raw features: x [..., S, C] -> [..., S, S].
 
     The float32 Gram matrix X X^T scaled by the inverse norms read off its diagonal (norms
-    below `eps` count as `eps`), so no normalised copy of x is made. Pad slots (valid False,
-    [R, S]) get similarity -1 to everything, i.e. 0 after the shift: they add nothing to any
-    coverage. Features are expected to be normalised hidden states (entries far below 1e18), so
-    their squared norms fit in float32.
+    below `eps` count as `eps`; hidden states' squared norms fit in float32), so no normalised
+    copy of x is made. Pad slots (valid False, [R, S]) get similarity -1 to everything, 0 after
+    the shift: they add nothing to any coverage.
     """
     x = x.float()
     gram = x @ x.transpose(-1, -2)
@@ -37,11 +36,10 @@ def greedy_facility_location(sim: torch.Tensor, k: int, valid: torch.Tensor | No
 
     sim [..., S, S] cosine similarity (see `gram_similarity`); valid [R, S] or None; weight
     [..., S] (non-negative) or None: how much covering each token counts, f(D) = sum_j weight_j
-    max_{d in D} (sim(j, d) + 1), still monotone submodular.
-    Returns picks [..., k] (slot indices, distinct within a region, in pick order).
-    Ties go to the lowest slot index, so the result is deterministic. k must not exceed the
-    valid slots of the smallest region (the caller knows it from the partition; checking it
-    here would read the mask back to the host).
+    max_{d in D} (sim(j, d) + 1), still monotone submodular. Returns picks [..., k] (slots,
+    distinct within a region, in pick order; ties to the lowest slot). k must not exceed the
+    smallest region's valid slots (the caller knows it; a check here would read the mask back
+    to the host).
     """
     s = sim.shape[-1]
     if not 1 <= k <= s:

@@ -8,51 +8,42 @@ For each region with tokens X [S, C] and destinations D (k slots):
 Each destination is its own only source (its column of P is one-hot), so no merged token is empty.
 
 On the hot path every step is a static-shape gather or one batched matmul over all regions of
-all batch items (GPU habits: few launches, no host syncs, nothing data-dependent):
+all batch items (few launches, no host syncs, nothing data-dependent):
     xr = x[items, slots]                 region layout [B*R, S, C]         one gather
     merged = M @ xr                      [B*R, k, C], viewed [B, R*k, C]  one bmm
-and for a block run on merged tokens ("block scope", `begin` / `finish`):
+and for a block run on merged tokens ("block scope", `begin` / `finish`, whose docstrings say
+how blocks that update their input in place and blocks in a row are served):
     out_grid = xr + U @ (block(merged) - merged)    one subtraction, one baddbmm
     grid order back by one gather of out_grid
-A block that updates its input in place (`img += ...`) would overwrite `merged` first: for
-those, begin takes base = xr - U @ merged before the block (one baddbmm more) and finish adds
-U @ block(merged) to it.
-Blocks in a row on one plan (a UNet transformer's blocks) can hand the grid on in region order
-(`finish(keep_order=True)`, then `begin(ordered=True)`): with even regions region layout is a
-view of it, so only the first block gathers in and the last gathers out.
 The products are dense over the region (destination columns included): k*S*C multiply-adds per
 region, noise next to the block, for one op each and shapes that never depend on the data.
-
-A plan holds weights for B items (per item, or one shared set expanded to the batch). It merges
-any stream [B, L, C] whose sequence holds the N grid tokens after `prefix` other tokens (text)
-and before any suffix (reference images); those other tokens pass through untouched.
+A stream [B, L, C] holds the N grid tokens after `prefix` other tokens (text) and before any
+suffix (reference images); those other tokens pass through untouched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
 from .plan_op import plan_weights, plan_weights_reference
-from .regions import REGION_MODES, RegionMode, Regions, RegionTables, compiling, make_regions
+from .regions import RegionMode, Regions, RegionTables, compiling, make_regions
 from .shards import SpanRegions
 
 UnmergeMethod = Literal["transpose", "pinv"]
 BatchPolicy = Literal["per_item", "shared"]
-UNMERGE_METHODS: tuple[str, ...] = ("transpose", "pinv")
-BATCH_POLICIES: tuple[str, ...] = ("per_item", "shared")
+UNMERGE_METHODS: tuple[str, ...] = get_args(UnmergeMethod)
+BATCH_POLICIES: tuple[str, ...] = get_args(BatchPolicy)
 ORDER_NEEDS = "region order needs even regions and a stream that is only the grid"
 
 
 class Pending(NamedTuple):
-    """What `MergePlan.begin` hands `finish`: the grid in region layout [B*R, S, C] (xr, or
-    xr - U @ merged when the block may update its input in place) and the merged grid
-    [B*R, k, C] to subtract from the block's output (None in the in-place case); shared: base
-    is the caller's own tensor (an input already in region order), which finish never writes
-    into."""
+    """What `MergePlan.begin` hands `finish`: base [B*R, S, C] and merged [B*R, k, C] (None in
+    the in-place case) as begin describes them; shared: base is the caller's own tensor (an
+    input already in region order), which finish never writes into."""
 
     base: torch.Tensor
     merged: torch.Tensor | None
@@ -77,13 +68,11 @@ class MergePlan:
     (the merged sequence's order); merge_w [B*R, k, S] and unmerge_w [B*R, S, k]: M and U in
     the activations' dtype (pad slots have zero weight); assignment [B*R, S, k]: P^T where
     unmerge_w is something else (pinv), None where it is P^T (key_sizes reads it).
-    size_biases: the additive masks of size-weighted attention (attention.size_bias) by
-    (length, prefix, dtype), made on first use and kept for the plan's life; a hot path reads
-    them here inline and calls size_bias only where one is missing.
-    Regions of a sequence shard (SpanRegions) keep unequal numbers of destinations: k is the
-    most any keeps, the others' places are pads (zero weights), and the merged sequence holds
-    only the real ones: one gather from the padded R*k order (tables.compact) after the merge
-    and one back (tables.expand) before the unmerge; dest_tokens [B, M] the real ones' tokens.
+    size_biases: attention.size_bias's masks, kept here (a hot path reads them inline).
+    A sequence shard's regions (SpanRegions) keep unequal numbers of destinations, k the most
+    any keeps: the merged sequence holds only the real ones, one gather from the padded R*k
+    order (tables.compact) after the merge and one back (tables.expand) before the unmerge;
+    dest_tokens [B, M] are the real ones' tokens.
     """
 
     regions: Regions | SpanRegions
@@ -115,9 +104,8 @@ class MergePlan:
         self.expand = self.tables.expand if ragged else None
 
     def weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(M, U) in `dtype` (the built ones when it is theirs, else cast once and kept). The
-        hot path reads `_cast` first (`_cast.get(dtype) or weights(dtype)`): no call per block
-        when the dtype is at hand."""
+        """(M, U) in `dtype`, cast once and kept. The hot path reads `_cast` first
+        (`_cast.get(dtype) or weights(dtype)`): no call per block when the dtype is at hand."""
         found = self._cast.get(dtype)
         if found is None:
             found = self._cast[dtype] = (self.merge_w.to(dtype), self.unmerge_w.to(dtype))
@@ -152,9 +140,8 @@ class MergePlan:
 
     def key_sizes(self) -> torch.Tensor:
         """[B, merged_tokens] float32: how many grid tokens each merged token stands for (its
-        row of P summed: the keys' weights of size-weighted attention, attention.py). Made on
-        first use and kept (outside torch.compile's tracing): only size-weighted attention reads
-        them."""
+        row of P summed), the keys' weights of size-weighted attention (attention.py), which
+        alone reads them: made on first use and kept."""
         found = self._rows.get("key_sizes")
         if found is None:
             p_t = self.unmerge_w if self.assignment is None else self.assignment
@@ -185,9 +172,9 @@ class MergePlan:
               ordered: bool = False) -> tuple[torch.Tensor, Pending]:
         """Block scope, before the block: (merged stream [B, prefix + R*k + suffix, C], what
         `finish` needs). block_keeps_input: the block leaves its input tensor alone (ComfyUI's
-        UNet blocks); otherwise (`img += ...`) U @ merged is subtracted from the grid now,
-        while merged is still what merge made. ordered: x [B, N, C] is already in region
-        order (a `finish` with keep_order), so no gather."""
+        UNet blocks); otherwise (`img += ...` would overwrite merged) base = xr - U @ merged is
+        taken now (one baddbmm more) and finish adds U @ block(merged) to it. ordered:
+        x [B, N, C] is already in region order (a `finish` with keep_order), so no gather."""
         self._check(x, self.tokens, prefix)
         merge_w, unmerge_w = self._cast.get(x.dtype) or self.weights(x.dtype)
         xr = self._ordered_regions(x, prefix) if ordered else self._regions_of(x, prefix)
@@ -207,8 +194,9 @@ class MergePlan:
         """Block scope, after the block: its output on the merged stream
         out [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C], the grid being
         x + U (out - merged) and every other token out's own. keep_order: return the grid in
-        region order instead, for the next block's `begin(ordered=True)` (even regions and a
-        stream that is only the grid), saving a gather here and one there."""
+        region order instead, for the next block's `begin(ordered=True)` (blocks in a row on
+        one plan, such as a UNet transformer's: region layout is then a view of it, with even
+        regions and a stream that is only the grid), saving a gather here and one there."""
         self._check(out, self.merged_tokens, prefix)
         grid = self._grid_of(out, prefix)
         base, merged, shared = pending
@@ -249,8 +237,8 @@ class MergePlan:
 
     @staticmethod
     def splice(x: torch.Tensor, grid: torch.Tensor, prefix: int, n: int) -> torch.Tensor:
-        """x with its grid part [prefix, prefix + n) replaced by `grid` (`grid` itself, not a
-        copy, when x is only the grid)."""
+        """x [B, L, ...] with its grid part [prefix, prefix + n) along dim 1 replaced by `grid`
+        (`grid` itself, not a copy, when x is only the grid)."""
         tail = x.shape[1] - prefix - n
         parts = ([x[:, :prefix]] if prefix else []) + [grid] + (
             [x[:, prefix + n:]] if tail else [])
@@ -262,13 +250,8 @@ class MergePlan:
         its own elsewhere). Made once per length and prefix."""
         key = (length, prefix)
         if key not in self._rows:
-            n, b = self.tokens, self.items
-            dest = self.dest_tokens + prefix
-            parts = [torch.arange(prefix, device=dest.device).expand(b, -1)] if prefix else []
-            parts.append(dest)
-            if length > prefix + n:
-                parts.append(torch.arange(prefix + n, length, device=dest.device).expand(b, -1))
-            self._rows[key] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            own = torch.arange(length, device=self.dest_tokens.device).expand(self.items, -1)
+            self._rows[key] = self.splice(own, self.dest_tokens + prefix, prefix, self.tokens)
         return self._rows[key]
 
     def merge_positions(self, pe: torch.Tensor, dim: int, prefix: int = 0) -> torch.Tensor:
@@ -296,37 +279,30 @@ class MergePlan:
 def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
                mode: RegionMode = "tile", tile_count: int = 64, tau: float = 1000.0,
                unmerge: UnmergeMethod = "transpose", batch: BatchPolicy = "per_item",
-               regions: Regions | SpanRegions | None = None,
-               tables: RegionTables | None = None,
-               offset: int = 0, center: bool = False, weighted: bool = False,
-               dtype: torch.dtype | None = None) -> MergePlan | None:
-    """Plan merging for the grid in features [B, L, C]: N = h * w tokens from row `offset`
-    (a plain grid: L = N, offset 0); `regions` (e.g. video boxes, see make_regions) replaces
-    mode / tile_count and must hold N tokens; `tables` are its index tensors on this device
-    when the caller keeps them. center: similarity of the features minus their mean (that of
-    layer-normed features). weighted: facility location counts each token's coverage by its
-    squared feature norm (plan_op). Weights are made in `dtype` (default: the features').
+               regions: Regions | SpanRegions | None = None, tables: RegionTables | None = None,
+               offset: int = 0, center: bool = False, weighted: bool = False) -> MergePlan | None:
+    """Plan merging for the grid in features [B, L, C]: N = h * w tokens from row `offset`,
+    weights in the features' dtype. ratio: fraction of grid tokens merged away, in [0, 1);
+    None when nothing would merge (ratio 0, or regions too small to drop a token).
 
-    ratio: fraction of grid tokens merged away, in [0, 1). Returns None when nothing would merge
-    (ratio 0, or regions too small to drop a token): callers then skip merging entirely.
-    SpanRegions (a sequence shard's, h * w their tokens) bring their own destination counts.
+    regions (e.g. video boxes, see make_regions; a sequence shard's SpanRegions bring their own
+    destination counts) replaces mode / tile_count and must hold N tokens; tables: its index
+    tensors on this device, when the caller keeps them. center, weighted: see plan_op.
     batch "per_item": destinations and weights per batch item (cond and uncond never mix);
     "shared": one set from the batch's mean features, applied to every item (cheaper, coarser).
     """
     _validate(features, h * w, offset, ratio, tau, unmerge, batch)
-    if regions is None and mode not in REGION_MODES:
-        raise ValueError(f"region mode must be one of {REGION_MODES}, got {mode!r}")
     if regions is not None and regions.tokens != h * w:
         raise ValueError(f"regions hold {regions.tokens} tokens, not {h}x{w}")
+    regions = regions or make_regions(h, w, mode, tile_count)
     if ratio == 0:
         return None
-    regions = regions or make_regions(h, w, mode, tile_count)
     ragged = isinstance(regions, SpanRegions)
     k = regions.k if ragged else destinations_per_region(ratio, regions)
     if (sum(regions.counts) if ragged else regions.count * k) >= regions.tokens:
         return None
     tables = tables or regions.tables(features.device)
-    dtype = features.dtype if dtype is None else dtype
+    dtype = features.dtype
     b = features.shape[0]
     source = features.float().mean(0, keepdim=True) if batch == "shared" else features
     weight_dtype = torch.float32 if unmerge == "pinv" else dtype

@@ -8,32 +8,25 @@ in valid [R, S], or valid None). For each region: cosine similarity of its token
 float32 (center: features minus their mean over C first, which gives the cosine similarity of
 layer-normed features), k destinations by greedy facility location (weighted: each token's
 coverage counted by its squared feature norm, so that tokens standing out in norm, such as the
-attention sinks of trained models, stay their own destinations rather than merged), P = softmax over
-destinations of tau * cos(dest, token) with each destination its own only source, then
-    merge_w   = P row-normalised   [B*R, k, S]
-    unmerge_w = P^T                [B*R, S, k]
-in `dtype` (the activations' dtype, what merge and unmerge multiply with); picks [B, R, k] are
-slots and dest [B, R*k] their grid tokens, in pick order (the merged sequence's order). The
-shapes are the ones merge and unmerge use, so nothing is reshaped after the call.
+attention sinks of trained models, stay their own destinations), then P, merge_w = M
+[B*R, k, S] and unmerge_w = U = P^T [B*R, S, k] as merge_plan defines them, in `dtype` (the
+activations'); picks [B, R, k] are slots and dest [B, R*k] their grid tokens, in pick order (the
+merged sequence's order): the shapes merge and unmerge use.
 
-Why one operator: the greedy is k sequential steps of several small ops each (k = 32 for the
-default 64-token regions at ratio 0.5), which on a GPU are as many kernel launches per plan;
-behind one operator it is one launch (a Triton kernel on CUDA, `triton_plan.py`), one node
-torch.compile treats as opaque (no graph break, no unrolled loop) and one op to count. On the
-CPU, and on CUDA without Triton, the operator runs `plan_weights_reference`, the same steps as
-plain torch ops.
+Why one operator: the greedy is k sequential steps of several small ops each, as many kernel
+launches per plan on a GPU; behind one operator it is one launch (a Triton kernel on CUDA,
+`triton_plan.py`), one node torch.compile treats as opaque (no graph break, no unrolled loop)
+and one op to count. On the CPU, and on CUDA without Triton, it runs `plan_weights_reference`,
+the same steps as plain torch ops.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 
 import torch
 
 from .facility_location import gram_similarity, greedy_facility_location
-
-log = logging.getLogger("ToMA")
 
 OP_NAME = "comfy_toma::plan_weights"
 # (picks, dest, merge_w, unmerge_w)
@@ -46,11 +39,10 @@ def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tenso
                            weighted: bool = False) -> PlanTensors:
     """The operator in plain torch ops (shapes in the module docstring).
 
-    dest_valid [R, k]: regions keep unequal numbers of destinations, dest_valid[r].sum() each
-    (k the most any keeps; sequence shards, shards.py): the greedy runs k picks in every region
-    and each keeps its first ones, the greedy's choice for its own count. The other picks are
-    pads with zero merge and unmerge weights (dest holds their slots' tokens too: MergePlan
-    keeps only the real ones). Not behind the operator: it runs as these ops on every device.
+    dest_valid [R, k]: regions keep unequal numbers of destinations (sequence shards, see
+    assignment); the pad picks get zero merge and unmerge weights, and dest holds their slots'
+    tokens too (MergePlan keeps only the real ones). Not behind the operator: it runs as these
+    ops on every device.
     """
     b, (r, s) = stream.shape[0], slots.shape
     x = stream.index_select(1, (slots + offset).flatten()).view(b, r, s, -1).float()
@@ -78,9 +70,9 @@ def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
 
     sim [..., S, S] is the region's cosine similarity (float32), so the scores are its rows at
     the picks; softmax subtracts the column max, so any tau is stable. Pad slot columns are zero.
-    dest_valid [R, k]: regions keep unequal numbers of destinations, the first count picks of a
-    region (True) being its destinations; the rows of the others (pad picks, whatever slot the
-    greedy ran on to) are zero and take no token from any destination.
+    dest_valid [R, k]: regions keep unequal numbers of destinations (k the most any keeps), the
+    first count picks of a region (True: the greedy's choice for its own count); the rows of
+    the other (pad) picks are zero and take no token.
     """
     s, ragged = sim.shape[-1], dest_valid is not None
     scores = sim.gather(-2, picks.unsqueeze(-1).expand(*picks.shape, s))
@@ -135,8 +127,7 @@ def _cuda_kernel(stream: torch.Tensor, offset: int, slots: torch.Tensor,
 def _register():
     """The operator, registered once per process (a second copy of the pack reuses it)."""
     namespace, name = OP_NAME.split("::")
-    existing = getattr(getattr(torch.ops, namespace), name, None) if hasattr(
-        torch.ops, namespace) else None
+    existing = getattr(getattr(torch.ops, namespace), name, None)   # any namespace resolves
     if existing is not None:
         return existing
     if not hasattr(torch.library, "custom_op"):   # torch < 2.4: plain functions
@@ -159,10 +150,9 @@ _OP = _register()
 
 
 def plan_weights(stream: torch.Tensor, offset: int, slots: torch.Tensor,
-                 valid: torch.Tensor | None, k: int, tau: float, center: bool = False,
-                 dtype: torch.dtype | None = None, weighted: bool = False) -> PlanTensors:
+                 valid: torch.Tensor | None, k: int, tau: float, center: bool,
+                 dtype: torch.dtype, weighted: bool = False) -> PlanTensors:
     """(picks, dest, merge_w, unmerge_w) for the grid in `stream` (module docstring)."""
-    dtype = stream.dtype if dtype is None else dtype
     if _OP is None:
         if stream.is_cuda:
             return _cuda_kernel(stream, offset, slots, valid, k, tau, center, dtype, weighted)

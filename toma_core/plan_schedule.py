@@ -1,14 +1,12 @@
 """When plans are built again: the recompute schedule, decided on the host before a model call.
 
 Plans are kept per identity (batch layout, device, context window: calls that must never share a
-plan) in a dict that the model call's blocks fill (one plan per level or block group). A call at
-sampling step `step` gets a fresh, empty dict when its identity has none yet, when its plans were
-built `recompute_every` or more steps ago, or when `step` is earlier than the latest step they
-served (a new run, even one that comes back to the very step they were built at); otherwise it
-gets the kept dict and its blocks reuse what is in it. Steps come from the sampler on the host
-(never from counting model calls, never from reading the noise level back from the device), so
-CFG, samplers that evaluate the model several times per step and repeated runs all see the same
-schedule, and the decision costs the device nothing.
+plan) in a dict that the model call's blocks fill. A call at sampling step `step` gets a fresh,
+empty dict when its identity has none yet, when its plans were built `recompute_every` or more
+steps ago, or when `step` is earlier than the latest step they served (a new run); otherwise the
+kept one. Steps come from the sampler on the host (not from counting model calls nor from the
+noise level on the device), so CFG, samplers that call the model several times per step and
+repeated runs all see the same schedule, and the decision costs the device nothing.
 """
 
 from __future__ import annotations

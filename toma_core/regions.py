@@ -5,25 +5,24 @@ image tokens are one frame, t = 1; video is frame by frame). Every token belongs
 region. Along each axis the grid is cut into parts whose sizes differ by at most one (the larger
 ones first), so a region is a box and regions are laid out as a padded [R, S] table: S slots
 per region, the largest box's size; smaller boxes have pad slots, marked invalid, that never
-count nor get picked.
-Regions are ordered slab by slab, then tile row, then tile column; slots inside a box frame by
-frame, row by row.
+count nor get picked. Regions are ordered slab by slab, then tile row, then tile column; slots
+inside a box frame by frame, row by row.
 
-`Regions` is host metadata only (Python ints): cheap to build, hashable, the same on every
-device. `RegionTables` holds the index tensors merge and unmerge gather with, built on the target
-device from those ints with device ops (no host-to-device copy, no host sync), static in shape.
+`Regions` is host metadata (Python ints): cheap, hashable, the same on every device.
+`RegionTables` holds the index tensors merge and unmerge gather with, built on the target device
+from those ints with device ops (no host-to-device copy, no host sync), static in shape.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 RegionMode = Literal["tile", "stripe", "global"]
-REGION_MODES: tuple[str, ...] = ("tile", "stripe", "global")
+REGION_MODES: tuple[str, ...] = get_args(RegionMode)
 
 
 @dataclass(frozen=True)
@@ -61,14 +60,9 @@ class Regions:
         """The index tensors of this partition on `device` (see RegionTables)."""
         return RegionTables(self, device)
 
-    def split(self, x: torch.Tensor) -> torch.Tensor:
-        """Grid tokens into region layout: x [..., N, C] -> [..., R, S, C] (pad slots hold
-        token 0)."""
-        slots = self.tables(x.device).slots
-        return x.index_select(-2, slots.reshape(-1)).unflatten(-2, slots.shape)
-
     def join(self, x: torch.Tensor) -> torch.Tensor:
-        """Inverse of split: x [..., R, S, C] -> [..., N, C] (pad slots dropped)."""
+        """Region layout back to grid order: x [..., R, S, C] -> [..., N, C] (pad slots
+        dropped)."""
         tables = self.tables(x.device)
         flat = tables.token_region * self.size + tables.token_slot
         return x.flatten(-3, -2).index_select(-2, flat)
@@ -77,41 +71,37 @@ class Regions:
 class RegionTables:
     """Index tensors of one partition on one device, built there with device ops.
 
-    slots [R, S]: grid token of each slot (pad slots: token 0); valid [R, S] bool, False at pad
-    slots, or None when the regions are even; token_region [N], token_slot [N]: where each grid
-    token sits. The batched gather indices merge and unmerge use are made once per batch size
-    and offset and kept here (this object lives as long as its owner keeps it: a sampling run).
+    token_region [N], token_slot [N]: where each grid token sits; slots [R, S]: grid token of
+    each slot (pad slots: token 0); valid [R, S] bool, False at pad slots, or None when the
+    regions are even. The batched gather indices merge and unmerge use are made once per batch
+    size and offset and kept here (this object lives as long as its owner keeps it: a sampling
+    run).
     """
 
     def __init__(self, regions: Regions, device: torch.device | str | None) -> None:
-        self.regions = regions
         r = regions
-        slab, row, col = (_parts(n, sizes, device)
-                          for n, sizes in ((r.t, r.slab_sizes), (r.h, r.row_sizes),
-                                           (r.w, r.col_sizes)))
-        # [parts_t, parts_h, parts_w, depth, height, width]: coordinates of every slot of every box
-        f = _along(slab.start, slab.offsets, 0)
-        y = _along(row.start, row.offsets, 1)
-        x = _along(col.start, col.offsets, 2)
-        inside = (_along(slab.size, slab.offsets, 0, test=True)
-                  & _along(row.size, row.offsets, 1, test=True)
-                  & _along(col.size, col.offsets, 2, test=True))
-        count, size = r.count, r.size
-        shape = (len(r.slab_sizes), len(r.row_sizes), len(r.col_sizes),
-                 max(r.slab_sizes), max(r.row_sizes), max(r.col_sizes))
-        token = ((f * r.h + y) * r.w + x).expand(shape).reshape(count, size)
-        if r.even:
-            self.slots, self.valid = token, None
-        else:
-            self.valid = inside.expand(shape).reshape(count, size)
-            self.slots = torch.where(self.valid, token, 0)
-        # per token: its region and slot, [t, h, w] flattened
-        parts = (len(r.row_sizes), len(r.col_sizes))
-        tf, ty, tx = (slab.part.view(-1, 1, 1), row.part.view(1, -1, 1), col.part.view(1, 1, -1))
-        of, oy, ox = (slab.offset.view(-1, 1, 1), row.offset.view(1, -1, 1),
-                      col.offset.view(1, 1, -1))
-        self.token_region = ((tf * parts[0] + ty) * parts[1] + tx).flatten()
-        self.token_slot = ((of * shape[4] + oy) * shape[5] + ox).flatten()
+        (tf, of), (ty, oy), (tx, ox) = (
+            _parts(n, sizes, device)
+            for n, sizes in ((r.t, r.slab_sizes), (r.h, r.row_sizes), (r.w, r.col_sizes)))
+        # per token of the [t, h, w] grid: its box, and its place in the box (frame, row, column)
+        region = ((tf.view(-1, 1, 1) * len(r.row_sizes) + ty.view(1, -1, 1)) * len(r.col_sizes)
+                  + tx.view(1, 1, -1))
+        slot = ((of.view(-1, 1, 1) * max(r.row_sizes) + oy.view(1, -1, 1)) * max(r.col_sizes)
+                + ox.view(1, 1, -1))
+        self._place(regions, region.flatten(), slot.flatten())
+
+    def _place(self, regions: Regions, token_region: torch.Tensor,
+               token_slot: torch.Tensor) -> None:
+        """slots and valid from each token's region and slot [N] (regions: a Regions or a
+        shards.SpanRegions); empty gather caches."""
+        self.regions, self.token_region, self.token_slot = regions, token_region, token_slot
+        device, table = token_region.device, (regions.count, regions.size)
+        places = regions.count * regions.size
+        flat = token_region * regions.size + token_slot
+        self.slots = torch.zeros(places, dtype=torch.long, device=device).index_put_(
+            (flat,), torch.arange(regions.tokens, device=device)).view(table)
+        self.valid = None if regions.even else torch.zeros(
+            places, dtype=torch.bool, device=device).index_fill_(0, flat, True).view(table)
         self._merge: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._unmerge: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -142,49 +132,23 @@ class RegionTables:
         return found
 
 
-@dataclass(frozen=True)
-class _Axis:
-    """One axis cut into parts: per part start and size [P], per slot offset [A] (A: the
-    largest part); per coordinate its part and offset in it [total]."""
-
-    start: torch.Tensor
-    size: torch.Tensor
-    offsets: torch.Tensor
-    part: torch.Tensor
-    offset: torch.Tensor
-
-
-def _parts(total: int, sizes: tuple[int, ...], device: torch.device | str | None) -> _Axis:
-    """Device tensors for an axis of `total` cut into `sizes` (as even_sizes makes them)."""
+def _parts(total: int, sizes: tuple[int, ...],
+           device: torch.device | str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """An axis of `total` cut into `sizes` (as even_sizes makes them): each coordinate's part
+    and its offset in it, [total] each."""
     parts = len(sizes)
     base, extra = total // parts, total % parts      # divmod does not trace on symbolic sizes
     if sizes != even_sizes(total, parts):
         raise ValueError(f"part sizes {sizes} are not an even split of {total}")
-    i = torch.arange(parts, device=device)
-    start = i * base + i.clamp(max=extra)
-    size = base + (i < extra).long()
     c = torch.arange(total, device=device)
     boundary = extra * (base + 1)
     part = torch.where(c < boundary, c // (base + 1), extra + (c - boundary).clamp_min(0) // base)
-    offset = c - (part * base + part.clamp(max=extra))
-    return _Axis(start, size, torch.arange(max(sizes), device=device), part, offset)
+    return part, c - (part * base + part.clamp(max=extra))
 
 
-def _along(per_part: torch.Tensor, offsets: torch.Tensor, axis: int,
-           test: bool = False) -> torch.Tensor:
-    """Broadcast [P] x [A] of one axis to [Pt, Ph, Pw, At, Ah, Aw] (size 1 on the other axes):
-    start + offset (the coordinate), or with test, offset < size (the slot is inside)."""
-    shape_p = [1, 1, 1, 1, 1, 1]
-    shape_a = [1, 1, 1, 1, 1, 1]
-    shape_p[axis], shape_a[3 + axis] = -1, -1
-    p, a = per_part.view(shape_p), offsets.view(shape_a)
-    return a < p if test else p + a
-
-
-# Whether torch.compile's dynamo is tracing: then host-only work is left out, and index tensors
-# are rebuilt in the graph (inductor folds them) instead of cached in a Python dict the compiled
-# code would guard on. Bound once, and dynamo's own flag (one Python call where is_compiling
-# makes two): blocks ask on every call.
+# Whether dynamo is tracing: then index tensors are rebuilt in the graph (inductor folds them),
+# not cached in a dict the compiled code would guard on. Dynamo's own flag, bound once: one
+# Python call (is_compiling makes two), and blocks ask on every call.
 compiling = torch.compiler.is_dynamo_compiling
 
 

@@ -2,23 +2,16 @@
 contiguous shard of the token sequence and merges only its own tokens.
 
 The sequence of P * S rows (S per rank, the last rank's tail padded) holds the token grid at rows
-[grid_start, grid_start + N); rank r holds rows [r * S, (r + 1) * S). A rank's part of the grid
-is a contiguous span of the grid's flattened (frame, row, column) order. Its regions are the
-full grid's regions (make_regions) clipped to that span: a region a shard boundary cuts becomes
-two pieces, one per rank, so no region ever spans two ranks and no plan needs another rank's
-tokens.
+[grid_start, grid_start + N); rank r holds rows [r * S, (r + 1) * S), a contiguous span of the
+grid's flattened (frame, row, column) order. A rank's regions are the full grid's regions
+(make_regions) clipped to its span: a region a shard boundary cuts becomes two pieces, one per
+rank, so no plan needs another rank's tokens.
 
 Every rank must hand the same number of tokens to the attention's all-to-all, so every rank
-drops the same number D of tokens: D is decided from the shard geometry alone (every rank
-computes every rank's spans, with no communication), and each piece keeps a number of
-destinations proportional to its size, adjusted by one here and there so that each rank's
-pieces keep exactly (its grid tokens - D). Pieces therefore keep unequal numbers of
-destinations ("ragged" counts, see MergePlan).
-
-D is the requested share of the whole grid spread evenly over the ranks (common_drop). A rank
-holding fewer grid tokens than the others (the text or protected frames lie on the first rank,
-pad rows on the last) so merges its own grid harder than the ratio, up to local_cap; where even
-that cannot reach the even share, every rank drops what that rank can.
+drops the same number D of tokens (common_drop), decided from the shard geometry alone (every
+rank computes every rank's spans, with no communication); each piece keeps destinations in
+proportion to its size (spread_counts), so pieces keep unequal numbers ("ragged" counts, see
+MergePlan).
 """
 
 from __future__ import annotations
@@ -36,17 +29,14 @@ from .regions import Regions, RegionTables
 class SpanRegions:
     """The regions of `base` (a t x h x w grid's partition) clipped to the grid tokens
     [cuts[0], cuts[-1]) of its flattened order and cut again at the cuts between, with `counts`
-    destinations kept per piece. One rank's span has two cuts; the union of every rank's
-    has a cut at each shard boundary: one process merging the whole grid as the ranks
-    together do.
+    destinations kept per piece: one rank's span (two cuts), or the union of every rank's (a
+    cut at each shard boundary: one process merging the whole grid as the ranks together do).
 
-    pieces: (span index, global region index) of each piece, spans in order and regions in
-    region order within each; sizes: its tokens; width / places: slots per piece and
-    destination places per piece in the padded layout (0: the largest size / count here).
-    Ranks lay out alike when they share these (shard_regions gives every rank the largest of
-    all ranks), so each piece's similarities and picks come from the same shapes on every rank
-    and in the union. Host metadata only (Python ints), hashable like Regions; `tables` builds
-    the index tensors on a device."""
+    pieces: (span index, global region index) of each piece, in order; sizes: its tokens;
+    width / places: slots and destination places per piece in the padded layout (0: the largest
+    size / count here). shard_regions gives every rank the largest of all ranks, so a piece's
+    similarities and picks come from the same shapes on every rank and in the union. Host
+    metadata (Python ints), hashable, like Regions."""
 
     base: Regions
     cuts: tuple[int, ...]
@@ -80,17 +70,15 @@ class SpanRegions:
 
 
 class SpanTables(RegionTables):
-    """RegionTables of a SpanRegions, built on the device with device ops from the base
-    partition's tables: slots [R, S] hold span-local token indices (pad slots 0, valid False),
-    token_region / token_slot [n] where each span token sits. Beside them, for the ragged
-    destination counts: dest_valid [R, k] (k = the largest count), compact [M] (the real
-    destinations' places in the padded R * k order) and expand [R * k] (each padded place's
-    index in the compact order; pad places point at 0, which zero unmerge weights ignore)."""
+    """RegionTables of a SpanRegions (span-local token indices), built with device ops from the
+    base partition's, and for the ragged counts: dest_valid [R, k] (k the largest count),
+    compact [M] (the real destinations' places in the padded R * k order) and expand [R * k]
+    (each padded place's index in the compact order; pad places point at 0, which zero unmerge
+    weights ignore)."""
 
     def __init__(self, regions: SpanRegions, device: torch.device | str | None) -> None:
-        self.regions = regions
         base = RegionTables(regions.base, device)
-        n, r, s = regions.tokens, regions.count, regions.size
+        n, r = regions.tokens, regions.count
         first, last = regions.cuts[0], regions.cuts[-1]
         # each span token's (span, global region) as one id, relabelled in order to 0..R-1
         tokens = torch.arange(first, last, device=device)
@@ -108,12 +96,7 @@ class SpanTables(RegionTables):
         starts = sizes.cumsum(0) - sizes        # each piece's first place in sorted order
         slot = torch.empty_like(piece)
         slot[order] = torch.arange(n, device=device) - starts[piece[order]]
-        flat = piece * s + slot
-        self.slots = torch.zeros(r * s, dtype=torch.long, device=device).index_put_(
-            (flat,), torch.arange(n, device=device)).view(r, s)
-        self.valid = None if regions.even else torch.zeros(
-            r * s, dtype=torch.bool, device=device).index_fill_(0, flat, True).view(r, s)
-        self.token_region, self.token_slot = piece, slot
+        self._place(regions, piece, slot)
         k = regions.k
         counts = torch.tensor(regions.counts, device=device)   # host ints: one small copy
         self.dest_valid = torch.arange(k, device=device) < counts.unsqueeze(1)    # [R, k]
@@ -121,8 +104,6 @@ class SpanTables(RegionTables):
         self.compact = self.dest_valid.flatten().nonzero_static(
             size=sum(regions.counts)).squeeze(1)
         self.expand = (self.dest_valid.flatten().long().cumsum(0) - 1).clamp_min(0)
-        self._merge: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._unmerge: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _starts(sizes: tuple[int, ...]) -> list[int]:
@@ -215,9 +196,9 @@ def local_cap(ratio: float) -> float:
 
 def common_drop(held: list[int], pieces: list[int], ratio: float) -> int:
     """Tokens every rank drops, ranks holding held[r] grid tokens in pieces[r] pieces: the
-    ratio's share of the whole grid spread evenly (round(ratio x sum(held) / P)), at most what
-    every rank can drop (local_cap of its tokens; each piece keeps one). 0 or less: no rank
-    can drop alike, and none merges."""
+    ratio's share of the whole grid spread evenly (round(ratio x sum(held) / P): a rank holding
+    fewer, the text on the first or pad rows on the last, merges harder), at most what every
+    rank can drop (local_cap of its tokens; each piece keeps one). 0 or less: none merges."""
     even = round(ratio * sum(held) / len(held))
     cap = local_cap(ratio)
     return min(even, *(min(math.floor(cap * n + 1e-9), n - k)

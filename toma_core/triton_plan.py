@@ -3,10 +3,8 @@
 A program loads its region's S tokens (gathered through the slot table, so no region-layout copy
 is made), accumulates their float32 Gram matrix over the channels (tl.dot in IEEE float32: the
 similarity must be float32, and TF32 would round it to 10 bits), scales it into cosine
-similarity, runs the k greedy facility-location picks in registers (each token's coverage
-weighted by its squared norm, the Gram diagonal, where asked) and writes the softmax assignment
-as the merge weights (row-normalised) and the unmerge weights (its transpose) in the
-activations' dtype. Same steps, order and tie-breaking (lowest slot) as
+similarity, runs the k greedy picks in registers (weighted: by the Gram diagonal) and writes
+M and U in the activations' dtype: the same steps, order and tie-breaking (lowest slot) as
 `plan_op.plan_weights_reference`; tests run it under TRITON_INTERPRET=1 against the reference.
 
 Regions up to MAX_SLOTS slots (padded to a power of two, at least 16 for tl.dot) take this path;
@@ -29,15 +27,6 @@ BLOCK_C = 32
 _disabled: list[str] = []
 
 
-def _triton():
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
-    return triton, tl
-
-
 def applies(slots: int, k: int, tau: float) -> bool:
     """Whether the kernel handles regions of `slots` slots with k destinations and this tau."""
     return (not _disabled and slots <= MAX_SLOTS and 1 <= k <= slots and math.isfinite(tau)
@@ -58,11 +47,12 @@ def _kernel():
     """The jitted kernel, defined on first use (Triton is imported only where it runs)."""
     if _KERNEL:
         return _KERNEL[0]
-    found = _triton()
-    if found is None:
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
         _KERNEL.append(None)
         return None
-    triton, tl = found
 
     @triton.jit
     def plan_kernel(x_ptr, slots_ptr, valid_ptr, picks_ptr, dest_ptr, m_ptr, u_ptr,

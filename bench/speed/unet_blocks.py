@@ -220,7 +220,7 @@ def merged_count(level: Level, ratio: float, tiles: int = DEFAULT_TILES) -> int:
     """Tokens ToMA keeps on this level (R * k of its regions)."""
     core = load_pack().toma_core
     regions = core.make_regions(level.side, level.side, "tile", tiles)
-    return regions.count * core.destinations_per_region(ratio, regions)
+    return regions.count * core.merge_plan.destinations_per_region(ratio, regions)
 
 
 def output_errors(y: torch.Tensor, ref: torch.Tensor, x: torch.Tensor) -> dict[str, float]:

@@ -22,7 +22,8 @@ from toma_pack.nodes.apply import apply_toma
 from toma_pack.nodes.dit_families import REGION_TOKENS
 from toma_pack.nodes.dit_patch import existing_replace
 from toma_pack.nodes.options import make_options
-from toma_pack.toma_core import build_plan, destinations_per_region, make_regions
+from toma_pack.toma_core import build_plan, make_regions
+from toma_pack.toma_core.merge_plan import destinations_per_region
 from toma_pack.toma_core.regions import Regions
 
 DOUBLES, SINGLES = 2, 2         # the harness's tiny Flux

@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plan_reference import split
 
-from toma_pack.toma_core import gram_similarity, greedy_facility_location, make_regions
+from toma_pack.toma_core import make_regions
+from toma_pack.toma_core.facility_location import gram_similarity, greedy_facility_location
 
 GREEDY_BOUND = 1.0 - 1.0 / math.e
 # Tolerances: the largest difference measured (torch 2.13 CPU; test_greedy_guarantee's over
@@ -184,7 +186,7 @@ def test_pad_slots_never_picked(h: int, w: int, tile_count: int) -> None:
     assert not regions.even
     valid = regions.tables().valid
     x = torch.randn(2, h * w, 5, generator=torch.Generator().manual_seed(h * w))
-    sim = gram_similarity(regions.split(x), valid)
+    sim = gram_similarity(split(regions, x), valid)
     for k in sorted({1, max(1, regions.min_size // 2), regions.min_size}):
         picks = greedy_facility_location(sim, k, valid)
         chosen_valid = valid.expand(2, -1, -1).gather(-1, picks)
@@ -203,7 +205,7 @@ def test_pad_slots_with_identical_tokens() -> None:
     """Ties at zero gain must still skip pad slots (they sit at the region's end)."""
     regions = make_regions(5, 7, "tile", 4)
     valid = regions.tables().valid
-    sim = gram_similarity(regions.split(torch.ones(1, 35, 3)), valid)
+    sim = gram_similarity(split(regions, torch.ones(1, 35, 3)), valid)
     picks = greedy_facility_location(sim, regions.min_size, valid)
     assert bool(valid.gather(-1, picks[0]).all())
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plan_reference import split
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -18,9 +19,9 @@ from toma_pack.toma_core import (
     UNMERGE_METHODS,
     MergePlan,
     build_plan,
-    destinations_per_region,
     make_regions,
 )
+from toma_pack.toma_core.merge_plan import destinations_per_region
 
 # (h, w, mode, tile_count): even and ragged tiles, stripes, global (small: S x S similarity).
 LAYOUTS = [
@@ -64,7 +65,7 @@ def _dense_merge(plan: MergePlan, x: torch.Tensor, prefix: int = 0) -> torch.Ten
     """M @ (x's grid in region layout), other tokens kept: [B, L, C] -> [B, L', C]."""
     n, r = plan.tokens, plan.regions
     m = _m(plan).to(x.dtype)
-    merged = (m @ r.split(x[:, prefix:prefix + n])).flatten(1, 2)
+    merged = (m @ split(r, x[:, prefix:prefix + n])).flatten(1, 2)
     return torch.cat((x[:, :prefix], merged, x[:, prefix + n:]), 1)
 
 
@@ -154,7 +155,7 @@ def test_hard_assignment() -> None:
     plan = build_plan(x, h, w, 0.5, tile_count=16, tau=float("inf"))
     p = _p(plan)
     assert bool(((p == 0) | (p == 1)).all())
-    xn = plan.regions.split(torch.nn.functional.normalize(x, dim=-1))
+    xn = split(plan.regions, torch.nn.functional.normalize(x, dim=-1))
     dest = xn.gather(-2, plan.dest_slots.unsqueeze(-1).expand(*plan.dest_slots.shape, 8))
     scores = dest @ xn.transpose(-1, -2)
     chosen = (scores * p).sum(-2)

@@ -19,10 +19,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
-from plan_reference import direct, valid_slots
+from plan_reference import direct, split, valid_slots
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from toma_pack.toma_core import build_plan, make_regions, plan_op, triton_plan
+from toma_pack.toma_core.facility_location import gram_similarity, greedy_facility_location
 from toma_pack.toma_core.regions import Regions
 
 # Tolerances: the largest difference measured (torch 2.13 CPU, Triton 3.6 interpreter, over
@@ -62,7 +63,7 @@ def shifted_similarity(stream: torch.Tensor, offset: int, regions: Regions,
                        center: bool) -> torch.Tensor:
     """cos + 1 between the real tokens of each region, float64, 0 where either slot is a pad:
     [B, R, S, S]."""
-    x = regions.split(stream[:, offset:offset + regions.tokens].double())
+    x = split(regions, stream[:, offset:offset + regions.tokens].double())
     if center:
         x = x - x.mean(-1, keepdim=True)
     xn = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
@@ -262,6 +263,34 @@ def test_grid_anywhere_in_the_stream_and_output_dtype() -> None:
     assert torch.equal(got[2], ref[2].bfloat16()) and torch.equal(got[3], ref[3].bfloat16())
     as_f32 = run_reference(low, 0, regions, k, 5.0, False, torch.float32)
     assert torch.equal(as_f32[2], ref[2]) and torch.equal(as_f32[3], ref[3])
+
+
+@pytest.mark.parametrize("tau", [5.0, math.inf])
+def test_ragged_assignment_is_the_per_region_definition(tau: float) -> None:
+    """Regions keeping unequal numbers of destinations (dest_valid, sequence shards): each
+    region's first count picks are its destinations, P their softmax (tau = inf: the argmax),
+    each its own only source; the pad picks' rows are zero and the tokens under them take
+    weights like any other. Checked against a loop over regions on the real slots only; one
+    region holds fewer tokens than k, so its pad picks repeat slots."""
+    sizes, counts, k, s = (6, 5, 3, 2, 6), (4, 2, 3, 1, 1), 4, 6
+    valid = torch.arange(s) < torch.tensor(sizes).unsqueeze(1)                # [R, S]
+    dest_valid = torch.arange(k) < torch.tensor(counts).unsqueeze(1)           # [R, k]
+    x = _stream(2, len(sizes) * s, 8, seed=11).view(2, len(sizes), s, 8)
+    sim = gram_similarity(x, valid)                                            # [B, R, S, S]
+    picks = greedy_facility_location(sim, k, valid)                            # [B, R, k]
+    got = plan_op.assignment(sim.clone(), picks, tau, valid, dest_valid)      # [B, R, k, S]
+    want = torch.zeros_like(got)
+    for i, r in itertools.product(range(2), range(len(sizes))):
+        dests, real = picks[i, r, :counts[r]], valid[r].nonzero().flatten()   # real: 0..size-1
+        scores = sim[i, r][dests][:, real]                                     # [count, S']
+        if math.isinf(tau):
+            weights = F.one_hot(scores.argmax(0), counts[r]).T.float()
+        else:
+            weights = torch.softmax(tau * scores, dim=0)
+        weights[:, dests] = torch.eye(counts[r])
+        want[i, r, :counts[r], real] = weights
+    assert len(set(picks[0, 3].tolist())) < k                            # repeated pad picks
+    assert float((got - want).abs().max()) <= 1e-6     # measured: 0 (the same float32 ops)
 
 
 # ------------------------------------------------------------------------------ the custom op

@@ -11,11 +11,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plan_reference import split
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from toma_pack.toma_core import REGION_MODES, Regions, build_plan, make_regions, tile_grid
+from toma_pack.toma_core import REGION_MODES, Regions, build_plan, make_regions
 from toma_pack.toma_core.merge_plan import destinations_per_region
+from toma_pack.toma_core.regions import tile_grid
 
 GRIDS = [(1, 1), (1, 9), (9, 1), (2, 2), (3, 5), (8, 8), (32, 32), (45, 80), (67, 101), (64, 64),
          (1, 70), (70, 1), (13, 13)]
@@ -151,7 +153,7 @@ def check_split_join(regions: Regions) -> None:
     # Entries bounded away from zero: any zero after the round trip is a lost token.
     x = (torch.rand(2, n, 3, generator=gen) + 0.5) * torch.where(
         torch.rand(2, n, 3, generator=gen) < 0.5, -1.0, 1.0)
-    parts = regions.split(x)
+    parts = split(regions, x)
     valid = _valid(regions)
     assert parts.shape == (2, regions.count, regions.size, 3)
     assert bool((parts[:, valid] != 0).all())
@@ -162,7 +164,7 @@ def check_split_join(regions: Regions) -> None:
     # Extra leading dims ([B, heads, N, D]) and a non-contiguous input.
     xh = x.unsqueeze(1).expand(2, 2, n, 3) * torch.tensor([1.0, -2.0]).view(1, 2, 1, 1)
     for t in (xh, xh.transpose(0, 1)):
-        parts = regions.split(t)
+        parts = split(regions, t)
         assert parts.shape == (*t.shape[:-2], regions.count, regions.size, 3)
         assert torch.equal(regions.join(parts), t)
 
@@ -234,7 +236,7 @@ def test_every_token_in_exactly_one_box(t: int, h: int, w: int, frames: int) -> 
 def test_video_split_join_round_trip(t: int, h: int, w: int, frames: int) -> None:
     regions = make_regions(h, w, "tile", 6, t=t, frames=frames)
     x = torch.randn(2, t * h * w, 3)
-    assert torch.equal(regions.join(regions.split(x)), x)
+    assert torch.equal(regions.join(split(regions, x)), x)
 
 
 def test_one_frame_is_the_plane_partition() -> None:
@@ -404,7 +406,7 @@ def test_gather_indices_split_and_join(t: int, h: int, w: int, tiles: int, frame
     x = torch.randn(b, offset + n + 2, 4)
     items, tokens = tables.merge_index(b, offset)
     assert torch.equal(x[items, tokens],
-                       regions.split(x[:, offset:offset + n]).flatten(0, 1))
+                       split(regions, x[:, offset:offset + n]).flatten(0, 1))
     y = torch.randn(b * regions.count, regions.size, 4)
     rows, slots = tables.unmerge_index(b)
     assert torch.equal(y[rows, slots], regions.join(y.view(b, regions.count, regions.size, 4)))
@@ -421,7 +423,7 @@ def test_tables_on_another_device_hold_the_same_indices() -> None:
     for name in ("slots", "valid", "token_region", "token_slot"):
         assert getattr(cpu, name).shape == getattr(meta, name).shape, name
         assert getattr(cpu, name).dtype == getattr(meta, name).dtype, name
-    assert regions.split(torch.empty(1, regions.tokens, 2, device="meta")).shape == (
+    assert split(regions, torch.empty(1, regions.tokens, 2, device="meta")).shape == (
         1, regions.count, regions.size, 2)
 
 
