@@ -1,15 +1,12 @@
-"""Other nodes that change a diffusion transformer's blocks from outside the "dit" patches, seen
-on the host once per run (the model call's describe step, before any block runs).
+"""Other nodes that change a diffusion transformer's blocks from outside the "dit" patches,
+seen on the host once per run (before any block runs); their calls or blocks run unmerged,
+and the user is told which node did it.
 
-- Replaced blocks: a node that swaps the model's block list for its own while it runs (First
-  Block Cache puts one CachedTransformerBlocks in place of a family's blocks and calls them as
-  modules, so ToMA's replace patches never see them one by one): the calls run unmerged and
-  the user is told which node did it.
-- Patched self-attention: another pack's object patch of a block's self-attention module
-  (KJNodes' Enhance-A-Video computes a score over frames from the query length, reading
-  tokens as whole frames): a merged sequence would hand it other frames, so
-  those blocks run unmerged, and the user is told. Patches of cross-attention or feed-forward
-  modules (NAG, chunked feed-forward) work token by token and see merged tokens unchanged.
+- Replaced blocks: a node swapping the block list for its own (First Block Cache's
+  CachedTransformerBlocks calls them as modules, past ToMA's replace patches).
+- Patched self-attention: an object patch of a block's self-attention module may read tokens
+  as whole frames (KJNodes' Enhance-A-Video scores frames from the query length). Patches of
+  cross-attention or feed-forward modules (NAG, chunked feed-forward) work token by token.
 """
 
 from __future__ import annotations

@@ -1,43 +1,26 @@
-"""ToMA for ComfyUI's diffusion transformers: one block patch for every family in families/.
+"""ToMA for ComfyUI's diffusion transformers: one block patch for every family in families/
+(dit_families says how each hooks its blocks and where their tokens are).
 
-Each block of the model gets a patch: a "dit" replace patch where ComfyUI's block loop has them,
-else an object patch on the block's forward (the family says which, families/). A merged block
-runs ComfyUI's own block (or the patch another pack put there before, which ToMA wraps) on a
-shorter sequence: the image grid merged, the positional rows (RoPE), attention-mask rows and
-per-token modulation rows of the destinations, per-frame modulation rows regrouped; text,
-audio, reference images, guide frames, padding and protected frames untouched. Only the block's
-update of the grid is unmerged:
+A merged block runs ComfyUI's own block (or the patch another pack put there, which ToMA wraps)
+on a shorter sequence: the grid merged with the destinations' positional, mask and per-token
+modulation rows, per-frame modulation rows regrouped, every other token (text, references,
+padding, guide frames...) untouched. Only the block's update of the grid is unmerged:
     grid_out = grid + unmerge(block(merge(grid)) - merge(grid))
-and every other token comes straight out of the block.
+Destinations come from the layer-normed grid entering the first block of a group (dit_reading),
+on the recompute_every schedule; blocks in skip_blocks run unchanged (and are counted).
 
-- The grid (t, h, w) comes from the model call's latent (run_state's APPLY_MODEL wrapper hands
-  the call's arguments to the family's `describe`); regions are tiles of each frame spanning a
-  few frames (toma_core.regions.make_regions), one frame per region where the model modulates
-  every frame on its own.
-- Destinations are chosen once per group of consecutive merged blocks of one kind, from the
-  layer-normed grid tokens entering the group's first block, refreshed on the recompute_every
-  schedule; blocks in skip_blocks run unchanged (and are counted).
-
-What other packs' code sees, decided on every block call from what ComfyUI hands the block:
-- Patches ComfyUI runs *inside* the block (attn1/attn2 patches and their output patches, the
-  middle patch: masks, regional prompts, MultiTalk's attention maps) may read tokens by grid
-  position (`grid_sizes`, the sequence length): such a block runs unmerged, and the user is
-  told once (unet_neighbours.in_block_patches; UNet blocks fall back to attention scope).
-- Another pack's "dit" replace patch or object patch of the block wraps the block: ToMA runs
-  it on the merged arguments, like the block itself. Arguments the family marks opaque (an
-  attention mask over fixed token spans) make the block run unmerged when set; those it marks
-  shortened (alike for every token up to the grid's end) are shortened with the merged grid.
-- An attention override (`optimized_attention_override`: a choice of attention kernel) gets
-  the merged queries, keys and values: attention does not care about the sequence's order.
-  With SIZE_WEIGHTED, ToMA's own (sized_attention) stands in front of it in merged blocks;
-  attention calls that do not hand ComfyUI's attention the block's transformer_options (one
-  that takes the model call's), and sequence-parallel calls, get no size bias.
-- In a merged block, transformer_options carry MERGED_FLAG and `img_slice` rewritten to the
-  merged sequence (token_layout.merged_options); grid descriptions such as `grid_sizes` and
-  `reference_image_num_tokens` still describe the unmerged input (references never merge).
-  Patches after a block and before the blocks (`double_block`, `post_input`) see full length.
+What other packs' code sees, decided at every block call from what ComfyUI hands the block:
+- Patches run inside the block (attn1/attn2 and their output patches) may read tokens by grid
+  position: the block runs unmerged, and the user is told once; so do arguments the family
+  marks opaque, when set. Those it marks shortened are shortened with the grid.
+- Another pack's "dit" replace or object patch of the block runs on the merged arguments.
+- An attention override gets the merged queries, keys and values; with SIZE_WEIGHTED,
+  sized_attention stands in front of it (not in sequence-parallel calls, nor for attention
+  handed the model call's transformer_options).
+- A merged block's transformer_options carry MERGED_FLAG and `img_slice` shortened
+  (token_layout.merged_options); `grid_sizes` and `reference_image_num_tokens` still describe
+  the unmerged input. Patches after a block and before the blocks see full length.
 """
-
 from __future__ import annotations
 
 import inspect
@@ -63,15 +46,12 @@ from .token_layout import (
     Layout,
     RowForm,
     layout,
-    map_positions,
-    mask_fits,
     merge_mask,
     merged_options,
-    merged_rows_of,
+    merged_positions,
     moved_positions,
     position_tensors,
     regroup_frame_rows,
-    sequence_positions,
     stream_of,
     token_axis,
     with_stream,
@@ -101,18 +81,15 @@ class DiTToMA:
         self.family = family
         self.groups = groups
         self.attention = attention
-        # the layers whose prompt keys and values this patch keeps (family.prefix_cache; see
-        # DiTReading), None where it keeps none
+        # the layers whose prompt keys and values it keeps (DiTReading.prefix_layers)
         self.prefix_layers: list[torch.nn.Module] | None = None
 
     # One block call ------------------------------------------------------------------------------
     def block_call(self, kind: BlockKind, index: int, args: dict,
                    run: Callable[[dict], dict], layer: str, options: dict) -> dict:
-        """Run one block call, merged when it should be; args / run's result are the block's
-        arguments / outputs by name (the "dit" patch form), `options` its transformer_options
-        (wherever the caller handed them over); `layer` names the block in the stats (made
-        when the patch is, not in the traced call: under torch.compile a block index can turn
-        symbolic, which no string can be formatted from)."""
+        """Run one block call, merged when it should be; args / run's result: the block's
+        arguments / outputs by name, `options` its transformer_options; `layer` names it in the
+        stats (made with the patch: under torch.compile an index can turn symbolic)."""
         stream = stream_of(kind, args.get(kind.stream))
         call = self.state.call_of(options, None if stream is None else stream.device)
         if self.prefix_layers is not None:
@@ -130,17 +107,20 @@ class DiTToMA:
             return self.attention.run(index, plan, merged_args, run)
         out = run(merged_args)
         got = stream_of(kind, out[kind.stream])
-        restored = self.restore(call, plan, got, merged, base, lay.offset)
-        if restored is got:
+        if got is None or got.shape[:2] != merged.shape[:2]:   # a caching pack's answer
+            what = "no stream" if got is None else f"{got.shape[1]} tokens"
+            call.note(f"a block returned {what} for a merged input of "
+                      f"{merged.shape[1]}; its output is passed on unchanged")
             return out
+        restored = plan.finish(got, base, lay.offset)
         return {**out, kind.stream: restored if kind.bare
                 else with_stream(kind, out[kind.stream], restored, args[kind.stream])}
 
     def plan_for(self, kind: BlockKind, index: int, args: dict, stream: torch.Tensor | None,
                  options: dict, call: ModelCall | None, layer: str
                  ) -> tuple[MergePlan, Layout, dict, tuple] | None:
-        """(plan, layout, modulation rows by argument name (RowForm), plan key) for this block
-        call (its grid tensor `stream`), or None to run it unchanged."""
+        """(plan, layout, RowForm by argument name, plan key) for this block call, or None to
+        run it unchanged."""
         grid = call.grid if call is not None and call.mergeable else None
         tokens_n = math.prod(grid) if grid else 0
         level = call.level if grid else "?"
@@ -159,7 +139,7 @@ class DiTToMA:
                 or unmerged()
         lay = layout(kind, args, stream, call, options)
         if (lay is None or stream.shape[1] < lay.offset + tokens_n
-                or not self.fits(call, kind, args, lay, layer, options)):
+                or not self.fits(call, kind, args, stream, lay, layer, options)):
             return unmerged()
         forms = self.row_forms(call, kind, args, stream, lay, layer)
         if forms is None:
@@ -182,8 +162,7 @@ class DiTToMA:
         return None if plan is None else (plan, lay, forms, key)
 
     def regions_of(self, grid: tuple[int, int, int], frames: int) -> Regions:
-        """The t*h*w grid's regions: `frames` frames deep, tile_count tiles per frame (0: the
-        family's default)."""
+        """The t*h*w grid's regions, `frames` deep, tile_count tiles per frame (0: by family)."""
         o = self.state.options
         t, h, w = grid
         tiles = o.tile_count or max(
@@ -203,12 +182,10 @@ class DiTToMA:
     def shard_plan_for(self, kind: BlockKind, group: int, args: dict, stream: torch.Tensor,
                        options: dict, call: ModelCall, layer: str
                        ) -> tuple[MergePlan, Layout, dict, tuple] | None:
-        """plan_for on a sequence shard [B, S, C] (sequence_parallel.py). Every decision here
-        comes from what is alike on every rank (shapes, options, the call's grid), never from
-        this rank's own tokens or offsets, so that every rank merges, or none does: the
-        attention's all-to-all needs equal lengths."""
-        shard, label = call.shard, self.family.label
-        spec = kind.shard
+        """plan_for on a sequence shard [B, S, C] (sequence_parallel.py). Every decision comes
+        from what is alike on every rank (shapes, options, the call's grid), so that every rank
+        merges or none does: the attention's all-to-all needs equal lengths."""
+        shard, spec, label = call.shard, kind.shard, self.family.label
         if spec is None:
             call.note(f"ToMA does not merge {label} under raylight's sequence parallelism "
                       f"({shard.forward}): those model calls run unmerged")
@@ -230,18 +207,17 @@ class DiTToMA:
             return None
         offset = geometry.offset(shard.rank)
         lay = Layout(offset, offset, stream.shape[1], spec.pe_item)
-        mask = args.get(kind.mask) if kind.mask else None
-        if isinstance(mask, torch.Tensor) or not self.fits(call, kind, args, lay, layer, options):
-            if isinstance(mask, torch.Tensor):
-                call.note(f"raylight's sequence parallelism drops attention masks; ToMA leaves "
-                          f"{label} blocks with one unmerged")
+        if kind.mask and isinstance(args.get(kind.mask), torch.Tensor):
+            call.note(f"raylight's sequence parallelism drops attention masks; ToMA leaves "
+                      f"{label} blocks with one unmerged")
+            return None
+        if not self.fits(call, kind, args, stream, lay, layer, options):
             return None
         for name in kind.rows:
             if self.read_rows(kind, args.get(name), stream.shape[1]) is not None:
                 call.note(f"under raylight's sequence parallelism {label}'s {name} rows (one per "
                           f"frame or token) reach every GPU whole, not split with its tokens "
-                          f"(raylight's forward does not split them): those blocks run "
-                          f"unmerged")
+                          f"(raylight's forward does not split them): those blocks run unmerged")
                 return None
         if self.attention is not None and kind.attention_scope:
             call.note(f"under raylight's sequence parallelism {label}'s double blocks merge "
@@ -256,18 +232,17 @@ class DiTToMA:
 
     def build_shard(self, call: ModelCall, kind: BlockKind, stream: torch.Tensor, offset: int,
                     geometry: ShardGeometry) -> MergePlan | None:
-        """This rank's plan: its clipped regions (every rank's, computed alike on every rank and
-        kept for the run), built from its own shard's tokens [B, S, C] from row `offset`."""
+        """This rank's plan from its shard's tokens [B, S, C] from row `offset`, in its clipped
+        regions (every rank's, computed alike on every rank and kept for the run)."""
         o = self.state.options
-        spans = call.run.host_reads.get(("shard_regions", geometry, o.ratio))
+        read = ("shard_regions", geometry, o.ratio)
+        spans = call.run.host_reads.get(read)
         if spans is None:
-            spans = call.run.host_reads.setdefault(("shard_regions", geometry, o.ratio),
-                                                   shard_regions(geometry, o.ratio))
+            spans = call.run.host_reads.setdefault(read, shard_regions(geometry, o.ratio))
             if spans:
                 span = next(span for span in spans if span is not None)
                 call.note(f"{self.family.label}'s {kind.key} blocks on {geometry.world} GPUs: "
-                          f"each drops "
-                          f"{span.tokens - sum(span.counts)} grid tokens, "
+                          f"each drops {span.tokens - sum(span.counts)} grid tokens, "
                           f"{dropped_share(spans):.1%} of the {geometry.base.tokens}-token grid "
                           f"at ratio {o.ratio} (a GPU holding fewer grid tokens merges up to "
                           f"{local_cap(o.ratio):.0%} of its own)")
@@ -279,16 +254,15 @@ class DiTToMA:
         span = spans[call.shard.rank]
         return self.build(call, stream, offset, 1, span.tokens, span)
 
-    def fits(self, call: ModelCall, kind: BlockKind, args: dict, lay: Layout, layer: str,
-             options: dict) -> bool:
+    def fits(self, call: ModelCall, kind: BlockKind, args: dict, stream: torch.Tensor,
+             lay: Layout, layer: str, options: dict) -> bool:
         """Whether positional rows and mask line up with the sequence, no opaque argument is
-        set, and no other pack's in-block patch reads tokens by their grid position (else the
-        block runs unmerged)."""
+        set and no other pack patches inside the block (else it runs unmerged)."""
         for name in kind.pe_names:
-            seq = stream_layout(kind, lay, args) if name in kind.stream_pe else lay
-            value = args.get(name)
-            for pe in (position_tensors(value) if seq.pe_item is None
-                       else sequence_positions(value, seq.pe_item)):
+            # kind.stream_pe's rows follow the stream alone
+            seq = lay if name not in kind.stream_pe else Layout(lay.offset, lay.offset,
+                                                                 stream.shape[1])
+            for pe in position_tensors(args.get(name), seq.pe_item):
                 axis = token_axis(pe, seq.seq_len)
                 if axis is None or pe.shape[axis] != seq.seq_len:
                     call.note(f"positional rows {tuple(pe.shape)} do not match the "
@@ -296,10 +270,11 @@ class DiTToMA:
                               f"others like it run unmerged")
                     return False
         mask = args.get(kind.mask) if kind.mask else None
-        if isinstance(mask, torch.Tensor) and not mask_fits(mask, kind.mask_dims, lay.seq_len):
-            call.note(f"attention mask {tuple(mask.shape)} does not span the "
-                      f"{lay.seq_len}-token sequence; block {layer} and others like "
-                      f"it run unmerged")
+        # each token dim of the mask spans the sequence or broadcasts (size 1)
+        if isinstance(mask, torch.Tensor) and (mask.dim() < len(kind.mask_dims) or any(
+                mask.shape[d] not in (1, lay.seq_len) for d in kind.mask_dims)):
+            call.note(f"attention mask {tuple(mask.shape)} does not span the {lay.seq_len}-token "
+                      f"sequence; block {layer} and others like it run unmerged")
             return False
         opaque = kind.opaque and [name for name in kind.opaque if args.get(name) is not None]
         end = lay.offset + math.prod(call.grid)
@@ -325,8 +300,8 @@ class DiTToMA:
     def read_rows(self, kind: BlockKind, value: object,
                   length: int) -> tuple[torch.Tensor, int, bool] | None:
         """(rows [B, R, ...], tokens each row covers, held in an object) of a modulation-rows
-        argument over a stream of `length` tokens; None for no rows (absent, or one for all:
-        a single row, or a tensor of other dims than kind.rows_dims)."""
+        argument over `length` tokens; None for none, or one for all (a single row, or a
+        tensor of other dims than kind.rows_dims)."""
         held = self.family.held_rows.read(value) if self.family.held_rows else None
         if held is not None:
             rows, per_row = held
@@ -339,10 +314,9 @@ class DiTToMA:
 
     def row_forms(self, call: ModelCall, kind: BlockKind, args: dict, stream: torch.Tensor,
                   lay: Layout, layer: str) -> dict[str, RowForm] | None:
-        """How each modulation-rows argument of the block lines up with the merged sequence
-        (argument name -> RowForm; rows one for all are left out). None when some cannot be
-        lined up: rows spread over other than the whole stream, or per-frame rows where the
-        tokens around the grid are not whole frames."""
+        """Argument name -> RowForm of each modulation-rows argument (rows one for all left
+        out); None where some spread over other than the whole stream, or per-frame rows meet
+        tokens around the grid that are not whole frames."""
         t, h, w = call.grid
         forms: dict[str, RowForm] = {}
         for name in kind.rows:
@@ -351,18 +325,16 @@ class DiTToMA:
                 continue
             rows, per_row, held = found
             after = stream.shape[1] - lay.offset - t * h * w
-            if per_row * rows.shape[1] != stream.shape[1]:
-                mode = None
-            elif per_row == 1:
-                mode = "token"
-            elif per_row == h * w and lay.offset % per_row == 0 and after % per_row == 0:
-                mode = "frame"
-            else:
-                mode = None
+            mode = None
+            if per_row * rows.shape[1] == stream.shape[1]:
+                if per_row == 1:
+                    mode = "token"
+                elif per_row == h * w and lay.offset % per_row == 0 and after % per_row == 0:
+                    mode = "frame"
             if mode is None:
-                call.note(f"modulation rows {name} ({rows.shape[1]} rows) do not line "
-                          f"up with {stream.shape[1]} tokens of {t}x{h}x{w} frames; "
-                          f"block {layer} and others like it run unmerged")
+                call.note(f"modulation rows {name} ({rows.shape[1]} rows) do not line up with "
+                          f"{stream.shape[1]} tokens of {t}x{h}x{w} frames; block {layer} and "
+                          f"others like it run unmerged")
                 return None
             forms[name] = RowForm(mode, rows, held)
         return forms
@@ -372,22 +344,21 @@ class DiTToMA:
                     forms: dict[str, RowForm], key: tuple
                     ) -> tuple[dict, torch.Tensor | None, Pending | None]:
         """The block's arguments for the merged sequence, its merged grid tensor and
-        plan.begin's base for the stream's unmerge (both None, and the stream whole, when only
-        the attention merges: the attention helper merges it inside the block). Positional
-        rows, masks and modulation rows are the same for every block of a group in a call:
-        merged once, kept in call.merged_rows."""
+        plan.begin's base (both None, the stream whole, when only the attention merges: inside
+        the block). Rows and masks, alike for a group's blocks in a call, are merged `once`."""
         out, merged, base = dict(args), None, None
+        end, dropped = lay.offset + plan.tokens, plan.tokens - plan.merged_tokens
         if self.attention is None or not kind.attention_scope or call.shard is not None:
             merged, base = plan.begin(stream, lay.offset)
             out[kind.stream] = merged if kind.bare else with_stream(
                 kind, args[kind.stream], merged)      # a bare tensor without a further call
         for name in kind.pe_names:
-            seq = stream_layout(kind, lay, args) if name in kind.stream_pe else lay
+            seq = lay if name not in kind.stream_pe else Layout(lay.offset, lay.offset,
+                                                                 stream.shape[1])
             value = args.get(name)
             if position_tensors(value):
-                out[name] = self.once(call, ("pe", name, key), value, lambda v=value, q=seq: (
-                    map_positions(v, lambda pe: merged_rows_of(kind, plan, pe, q),
-                                  q.pe_item)))
+                out[name] = self.once(call, ("pe", name, key), value,
+                                      lambda v=value, q=seq: merged_positions(kind, plan, v, q))
         mask = args.get(kind.mask) if kind.mask else None
         if isinstance(mask, torch.Tensor):
             out[kind.mask] = self.once(call, ("mask", key), mask, lambda: merge_mask(
@@ -399,26 +370,23 @@ class DiTToMA:
         for name in kind.spans:
             value = args[name]
             out[name] = self.once(call, ("spans", name, key), value, lambda v=value: (
-                moved_positions(v, lay.offset, lay.offset + plan.tokens,
-                                plan.tokens - plan.merged_tokens, spans=True)))
+                moved_positions(v, lay.offset, end, dropped, spans=True)))
         if merged is not None:
             for name in kind.positions:
                 if name in args:
-                    out[name] = moved_positions(args[name], lay.offset, lay.offset + plan.tokens,
-                                                plan.tokens - plan.merged_tokens)
+                    out[name] = moved_positions(args[name], lay.offset, end, dropped)
             for name, shorten in kind.shortened:
                 value = args.get(name)
                 if value is not None:
-                    out[name] = self.once(call, ("shortened", name, key), value, lambda v=value,
-                                          f=shorten: f(v, lay.offset + plan.tokens,
-                                                       plan.tokens - plan.merged_tokens))
+                    out[name] = self.once(call, ("shortened", name, key), value,
+                                          lambda v=value, f=shorten: f(v, end, dropped))
         if not kind.takes_options:
             return out, merged, base
         out["transformer_options"] = sized = merged_options(
             options, lay.seq_start, plan, call.grid, None if merged is None else lay.offset,
             self, call.shard is not None and kind.shard.text_in_stream)
         if SIZE_WEIGHTED and call.shard is None:
-            length = lay.seq_len - plan.tokens + plan.merged_tokens
+            length = lay.seq_len - dropped
             bias = plan.size_biases.get((length, lay.seq_start, stream.dtype))  # no call when kept
             if bias is None:
                 bias = size_bias(plan, length, lay.seq_start, stream.dtype)
@@ -428,9 +396,8 @@ class DiTToMA:
 
     def merged_rows(self, call: ModelCall, plan: MergePlan, lay: Layout, value: object,
                     form: RowForm) -> object:
-        """A modulation-rows argument for the merged sequence: per-token rows those of the
-        destinations, per-frame rows regrouped (regroup_frame_rows; regions are one frame deep
-        then, so every merged frame holds merged_tokens / t tokens), in the form they came."""
+        """A modulation-rows argument for the merged sequence, in the form it came: per-token
+        rows the destinations', per-frame rows regrouped (regions one frame deep then)."""
         t, h, w = call.grid
         if form.mode == "token":
             rows, per_row = plan.merge_positions(form.rows, 1, lay.offset), 1
@@ -442,26 +409,22 @@ class DiTToMA:
     @staticmethod
     def once(call: ModelCall, key: tuple, source: torch.Tensor,
              make: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """make() for this source tensor, made once per call and key (the blocks of a group get
-        the same positional rows, mask and modulation rows) and again if the source differs."""
+        """make() for this source, made once per call and key (a group's blocks get the same
+        rows and mask) and again if the source differs."""
         kept = call.merged_rows.get(key)
-        if kept is None or not same_object(kept[0], source):
+        old = None if kept is None else kept[0]
+        # tuples (positional rows as a (rotation, split) pair) item by item: torch.compile
+        # cannot trace `is` between two tuples once a graph has broken before it
+        if isinstance(old, (tuple, list)) and isinstance(source, (tuple, list)):
+            fresh = len(old) != len(source) or any(
+                x is not y for x, y in zip(old, source, strict=True))
+        else:
+            fresh = old is not source
+        if fresh:
             with kept_allocations():       # kept for the group's later blocks
                 kept = (source, make())
             call.merged_rows[key] = kept
         return kept[1]
-
-    def restore(self, call: ModelCall, plan: MergePlan, out: torch.Tensor | None,
-                merged: torch.Tensor, base: Pending, offset: int) -> torch.Tensor | None:
-        """The full-length stream from the block's output on the merged one (plan.finish),
-        unless the block returned something else than a merged sequence (a caching pack
-        answering from its cache): that is passed on as it is."""
-        if out is None or out.shape[:2] != merged.shape[:2]:
-            got = "no stream" if out is None else f"{out.shape[1]} tokens"
-            call.note(f"a block returned {got} for a merged input of "
-                      f"{merged.shape[1]}; its output is passed on unchanged")
-            return out
-        return plan.finish(out, base, offset)
 
     # The two patch forms -------------------------------------------------------------------------
     def replace_patch(self, kind: BlockKind, index: int, previous: Callable | None) -> Callable:
@@ -481,10 +444,8 @@ class DiTToMA:
 
     def forward_patch(self, kind: BlockKind, index: int, module: torch.nn.Module,
                       original: Callable) -> Callable:
-        """An object patch for block `index`'s forward: its arguments by name, as the block's
-        own signature names them, through block_call; `original` is what ran there before. A
-        forward returning a tuple (kind.returns) is seen by name like a "dit" patch's outputs
-        and returns the same tuple."""
+        """An object patch for block `index`'s forward (`original`: what ran there before): its
+        arguments by name through block_call; a tuple it returns (kind.returns) by name too."""
         params = Parameters.of(types.MethodType(type(module).forward, module))
         layer = f"{kind.letter}{index}"
 
@@ -508,15 +469,13 @@ class DiTToMA:
             # routing) this line runs in a frame of its own, and dynamo refuses generator frames.
             return tuple([out[name] for name in kind.returns])
 
-        forward.toma_block = True       # what a second ToMA node finds (optionless_chain)
+        forward.toma_block = True       # what a second ToMA node finds (patch_dit)
         return forward
 
     def positions_forward(self, kind: BlockKind, original: Callable) -> Callable:
-        """An object patch for the forward of a block whose "dit" replace patch this node
-        installed, where ComfyUI's block loop hands the block kind.positions beside the
-        patch's arguments: in a call this node's patch merged (its MERGED_FLAG), positions
-        past the grid move back by the tokens merged away. The loop passes them and
-        transformer_options by name."""
+        """An object patch for the forward of a block holding this node's "dit" replace patch,
+        to which ComfyUI's loop hands kind.positions (by name, beside transformer_options): in
+        a call this node merged (its MERGED_FLAG), those past the grid move back."""
 
         def forward(*args, **kwargs):
             options = kwargs.get("transformer_options")
@@ -541,9 +500,9 @@ class DiTToMA:
 def sized_attention(func: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     heads: int, mask: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
     """ComfyUI's attention override in a merged block: keys k [B, L', H*D] or [B, H, L', D] of
-    the merged sequence's length get transformer_options[SIZE_BIAS]'s bias [B, 1, 1, L'] on
-    their logits (added to the block's own mask); other keys (a cross-attention's text) none.
-    Then the override that stood there before, or ComfyUI's attention `func`."""
+    the merged length get transformer_options[SIZE_BIAS]'s bias [B, 1, 1, L'] (added to the
+    block's own mask), others (a cross-attention's text) none; then the override that stood
+    there before, or ComfyUI's attention `func`."""
     bias, previous = kwargs["transformer_options"][SIZE_BIAS]
     if k.shape[-2] == bias.shape[-1]:
         if bias.dtype != q.dtype:
@@ -566,31 +525,14 @@ def with_bias(mask: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return mask + bias
 
 
-def stream_layout(kind: BlockKind, lay: Layout, args: dict) -> Layout:
-    """The layout of kind.stream_pe's rows: the stream's own tokens, where `lay` is the
-    attention sequence's."""
-    return Layout(lay.offset, lay.offset, stream_of(kind, args.get(kind.stream)).shape[1])
-
-
-def same_object(a: object, b: object) -> bool:
-    """Whether `b` is `a`, a tuple or list compared item by item (positional rows as a
-    (rotation, split) pair: torch.compile cannot trace `is` between two tuples once a graph
-    has broken before it)."""
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
-    return a is b
-
-
 @dataclass(frozen=True)
 class Parameters:
-    """A block forward's parameter names, read once when the patch is made: binding a call by
-    name is then plain tuple and dict work, which torch.compile traces (inspect.Signature.bind
-    reads a mappingproxy dynamo cannot follow: a graph break at every block).
+    """A block forward's parameter names, read once: binding a call by name is then tuple and
+    dict work torch.compile traces (inspect.Signature.bind breaks the graph at every block).
 
-    names: the parameters that take a value by position or name, in order; keywords: those
-    and the keyword-only ones; extra: whether it takes **kwargs; plain: whether that is all it
-    takes (a forward with positional-only parameters or *args is not bound: its calls run as
-    they came)."""
+    names: those taking a value by position or name, in order; keywords: those and the
+    keyword-only ones; extra: it takes **kwargs; plain: that is all it takes (else its calls
+    run as they came, unbound)."""
 
     names: tuple[str, ...]
     keywords: frozenset[str]
@@ -620,8 +562,7 @@ class Parameters:
         return named
 
     def call(self, passed: int, named: dict) -> tuple[tuple, dict]:
-        """(args, kwargs) for the values `named`, in the form of a call that passed `passed`
-        arguments by position: those positional, the rest by name."""
+        """(args, kwargs) for the values `named`, the first `passed` by position as called."""
         positional = self.names[:passed]
         return tuple(named[n] for n in positional), {
             k: v for k, v in named.items() if k not in positional}
@@ -647,7 +588,11 @@ def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatc
     toma.prefix_layers = reading.prefix_layers
     # Skipped blocks get a patch too: it records text lengths and counts them in the stats.
     for kind in family.kinds:
-        if optionless_chain(model, kind, reading.depths[kind.key]):
+        # blocks taking no transformer_options get no MERGED_FLAG: were another ToMA node's
+        # forward patch on them, this one would merge its merged sequence again
+        if not kind.takes_options and any(
+                getattr(model.object_patches.get(f"diffusion_model.{kind.modules}.{i}.forward"),
+                        "toma_block", False) for i in range(reading.depths[kind.key])):
             state.setup_note(f"another ToMA node already merges these {family.label} blocks, "
                              f"which take no transformer_options to tell a merged sequence "
                              f"by: this node leaves them to it")
@@ -669,11 +614,3 @@ def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatc
               sum(reading.depths.values()))
     return toma
 
-
-def optionless_chain(model, kind: BlockKind, depth: int) -> bool:
-    """Whether the blocks of `kind`, which take no transformer_options, already hold another
-    ToMA node's forward patch on ModelPatcher `model`: the merged sequence it hands them
-    carries no MERGED_FLAG, so a second node would merge it again."""
-    return not kind.takes_options and any(
-        getattr(model.object_patches.get(f"diffusion_model.{kind.modules}.{i}.forward"),
-                "toma_block", False) for i in range(depth))

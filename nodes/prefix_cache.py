@@ -2,30 +2,20 @@
 in place (a family's `prefix_cache`).
 
 Such a family's blocks run one sequence whose first `length` tokens (call.prompt_length) attend
-causally among themselves only, so their keys and values in every layer depend on the prompt
-alone, never on the step or the image. ToMA keeps them per run and cond batch:
+causally among themselves only: their keys and values in every layer depend on the prompt
+alone. ToMA keeps them per run and cond batch (the call's identity: cond uuids and order,
+context window, device), deciding on the host per model call (`open_prefix`): "cold" while the
+run holds no complete entry for it, each layer running the whole sequence and leaving its
+prompt keys and values (K, V [B, H_kv, length, D], after RoPE); else "hot", each layer running
+the tokens after the prompt (merged or not) over the kept ones, as ComfyUI's hot path does. A
+hot block still hands back the length it got, the prompt's rows as they came in: ComfyUI's
+loop picks the image rows by their place, and no layer reads the prompt's rows but to make
+the keys and values kept here. It is all or nothing over the layers (the rows a hot layer
+hands on are stale): DiTReading.keeps_prompt says when it applies.
 
-- The host decides per model call (`open_prefix`, from the APPLY_MODEL wrapper): "cold" when
-  this cond batch (the call's identity: cond uuids, cond/uncond order, context window,
-  device) has no complete entry yet in the run, else "hot". No device value is read.
-- Cold: each layer runs on the whole sequence, as ComfyUI's cold path runs it, and leaves its
-  prompt keys and values (K, V [B, H_kv, length, D], after RoPE) in the entry.
-- Hot: each layer runs on the tokens after the prompt (merged or not), attending over the kept
-  keys and values, as ComfyUI's hot path runs it. The block still hands back a sequence of the
-  length it got, the prompt's rows as they came in: ComfyUI's loop (on its cold path while
-  blocks are replaced) picks the image rows by their place in the whole sequence, and no
-  layer reads the prompt's rows but to make the keys and values kept here.
-
-It is all or nothing over the model's layers (the prompt rows a hot layer hands on are stale,
-so every layer must take them from the cache): DiTReading keeps the cache only while
-ToMA's own patch is in every layer with no other pack's replace patch inside it, and not under
-ComfyUI's TorchCompileModel, which compiles without guards on transformer_options: the
-compiled model would replay one call's way, cold or hot, on every call. Entries live in the
-run and go with it.
-
-The kept keys and values are copies (never views of the layer's own tensors) made under
-forward_patches.kept_allocations(): on ComfyUI 0.34 and later, a forward that opens the "Comfy
-model compiler"'s malloc graph must not record a tensor that outlives its step.
+The kept keys and values are copies made under forward_patches.kept_allocations(): on ComfyUI
+0.34 and later, a forward in the "Comfy model compiler"'s malloc graph must not record a tensor
+that outlives its step.
 """
 
 from __future__ import annotations
@@ -80,7 +70,6 @@ def prefix_run(call: ModelCall | None, layer: torch.nn.Module, index: int,
                              freqs_cis=a["freqs_cis"],
                              optimized_attention=a["optimized_attention"], past_key_value=())
         k, v, _ = present
-        # copies made outside any malloc graph (kept_allocations): they outlive this step
         with kept_allocations():
             entry.kv[index] = (k[:, :, :n].clone(memory_format=torch.contiguous_format),
                                v[:, :, :n].clone(memory_format=torch.contiguous_format))

@@ -5,7 +5,6 @@ work; dit_patch.py decides when it applies."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -87,10 +86,10 @@ def layout(kind: BlockKind, args: dict, stream: torch.Tensor, call: ModelCall,
 
 
 def token_axis(pe: torch.Tensor, seq_len: int) -> int | None:
-    """The token axis of positional rows over a `seq_len`-token sequence: [B, 1, L, ...], [B, L, 1,
-    ...], [B, L, D] (interleaved rows), [B, H, L, D/2] (split rows, heads first) or [B, L, H,
-    ...] (split rows, tokens first): where neither of axes 1 and 2 has size 1, the one
-    of length `seq_len`. None when that cannot tell (H = L), and the block runs unmerged."""
+    """The token axis of positional rows over a `seq_len`-token sequence: [B, 1, L, ...],
+    [B, L, 1, ...], [B, L, D] (interleaved), [B, H, L, D/2] or [B, L, H, ...] (split rows):
+    where neither of axes 1 and 2 has size 1, the one of length `seq_len`; None when that
+    cannot tell (H = L), and the block runs unmerged."""
     if pe.dim() > 2 and pe.shape[1] == 1:
         return 2
     if pe.dim() <= 3 or pe.shape[2] == 1:
@@ -99,9 +98,12 @@ def token_axis(pe: torch.Tensor, seq_len: int) -> int | None:
     return axes[0] if len(axes) == 1 else None
 
 
-def position_tensors(value: object) -> list[torch.Tensor]:
+def position_tensors(value: object, item: int | None = None) -> list[torch.Tensor]:
     """The tensors of a positional-rows argument: itself, or those in a tuple (a
-    (rotation, split) pair, a (cos, sin) pair)."""
+    (rotation, split) pair, a (cos, sin) pair); its item `item` alone where that is given."""
+    if item is not None:
+        picked = value[item] if isinstance(value, (tuple, list)) and len(value) > item else None
+        return [picked] if isinstance(picked, torch.Tensor) else []
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
@@ -109,35 +111,13 @@ def position_tensors(value: object) -> list[torch.Tensor]:
     return []
 
 
-def map_positions(value: object, fn: Callable[[torch.Tensor], torch.Tensor],
-                  item: int | None = None) -> object:
-    """A positional-rows argument with fn applied to each of its tensors (only to its item
-    `item` where that is given)."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    return type(value)(fn(v) if isinstance(v, torch.Tensor) and item in (None, i) else v
-                       for i, v in enumerate(value))
-
-
-def sequence_positions(value: object, item: int | None) -> list[torch.Tensor]:
-    """The tensors of a positional-rows argument that follow the attention sequence: all of
-    them, or its item `item` alone."""
-    found = position_tensors(value)
-    if item is None:
-        return found
-    picked = value[item] if isinstance(value, (tuple, list)) and len(value) > item else None
-    return [picked] if isinstance(picked, torch.Tensor) else []
-
-
 def merged_options(options: dict, start: int, plan: MergePlan, grid: tuple[int, ...],
-                   offset: int | None = None, by: object = None, shard: bool = False) -> dict:
-    """transformer_options for a block running on a merged sequence: MERGED_FLAG with where the
-    merged grid is (`offset`: its start in the block's stream where the stream itself merged,
-    None where only its attention does; `by`: the patch that merged it), and `img_slice` (the
-    image part of the sequence, [start, end)) shortened by the tokens merged away when it
-    holds the grid that starts at `start`. shard: a block of a sequence-parallel call, whose
-    img_slice is [the whole text's length, this shard's length] (raylight's single blocks): its
-    end is shortened on every rank, each rank dropping alike."""
+                   offset: int | None, by: object, shard: bool) -> dict:
+    """transformer_options for a block on a merged sequence: MERGED_FLAG with where the merged
+    grid is (`offset` in the stream, None where only the attention merged; `by`: the patch
+    that merged it), and `img_slice` ([start, end) of the image) shortened by the tokens merged
+    away where it holds the grid starting at `start`, or on every rank alike where `shard`
+    (sequence-parallel single blocks' [whole text's length, shard's length])."""
     out = {**options, MERGED_FLAG: {"start": start, "tokens": plan.tokens,
                                     "merged_tokens": plan.merged_tokens, "grid": grid,
                                     "offset": offset, "by": by}}
@@ -149,13 +129,11 @@ def merged_options(options: dict, start: int, plan: MergePlan, grid: tuple[int, 
 
 def moved_positions(value: object, start: int, end: int, dropped: int,
                     spans: bool = False) -> object | None:
-    """Token positions in a stream whose grid [start, end) merges `dropped` tokens away: an
-    index, or spans (first, stop, value...) whose items after the first two stay as they are.
-    Positions at or past `end` move back by `dropped`, the others stay. None where one lies
-    strictly inside the grid, which no merged stream has (so callers pass no None value); with
-    `spans` (BlockKind.spans) also where the value is not a list of spans, or a span covers
-    part of the grid or holds a tensor (values per token, which a merge would have to pick)
-    over it."""
+    """Token positions (an index, or spans (first, stop, value...)) in a stream whose grid
+    [start, end) merges `dropped` tokens away: those at or past `end` move back by `dropped`.
+    None where one lies strictly inside the grid; with `spans` (BlockKind.spans) also where
+    the value is no list of spans, or a span covers part of the grid or holds a tensor (values
+    per token) over it."""
     if isinstance(value, (int, torch.SymInt)) and not spans:
         return None if start < value < end else value - dropped if value >= end else value
     if not isinstance(value, (tuple, list)):
@@ -177,21 +155,20 @@ def moved_positions(value: object, start: int, end: int, dropped: int,
     return type(value)(out)
 
 
-def merged_rows_of(kind: BlockKind, plan: MergePlan, pe: torch.Tensor,
-                   lay: Layout) -> torch.Tensor:
-    """Positional rows for the merged sequence (plan.merge_positions along their token axis);
-    rows a block broadcasts over its heads (kind.pe_heads) get the head axis back when the
-    batch's items merged apart: [1, L, D] -> [B, 1, L', D]."""
-    merged = plan.merge_positions(pe, token_axis(pe, lay.seq_len), lay.seq_start)
-    if kind.pe_heads and pe.dim() == 3 and merged.shape[0] > 1:
-        return merged.unsqueeze(1)
-    return merged
+def merged_positions(kind: BlockKind, plan: MergePlan, value: object, lay: Layout) -> object:
+    """A positional-rows argument for the merged sequence: each of its tensors (its item
+    lay.pe_item alone where that is set) merged along its token axis; rows a block broadcasts
+    over its heads (kind.pe_heads) get the head axis back when the batch's items merged apart:
+    [1, L, D] -> [B, 1, L', D]."""
 
+    def merged(pe: torch.Tensor) -> torch.Tensor:
+        out = plan.merge_positions(pe, token_axis(pe, lay.seq_len), lay.seq_start)
+        return out.unsqueeze(1) if kind.pe_heads and pe.dim() == 3 and out.shape[0] > 1 else out
 
-def mask_fits(mask: torch.Tensor, dims: tuple[int, ...], length: int) -> bool:
-    """Whether an attention mask can be merged: each of its token dims spans the sequence of
-    `length` tokens or broadcasts (size 1)."""
-    return mask.dim() >= len(dims) and all(mask.shape[d] in (1, length) for d in dims)
+    if isinstance(value, torch.Tensor):
+        return merged(value)
+    return type(value)(merged(v) if isinstance(v, torch.Tensor) and lay.pe_item in (None, i)
+                       else v for i, v in enumerate(value))
 
 
 def merge_mask(plan: MergePlan, mask: torch.Tensor, dims: tuple[int, ...], start: int,
@@ -205,25 +182,17 @@ def merge_mask(plan: MergePlan, mask: torch.Tensor, dims: tuple[int, ...], start
     return out
 
 
-def gcd(a: int, b: int) -> int:
-    """Greatest common divisor by Euclid's steps: torch.compile traces these on symbolic sizes
-    (after a change of resolution), where math.gcd breaks the graph."""
-    while b:
-        a, b = b, a % b
-    return a
-
-
 def regroup_frame_rows(rows: torch.Tensor, kept: int, per_kept: int, per_frame: int,
-                       frames: int | None = None) -> tuple[torch.Tensor, int]:
+                       frames: int) -> tuple[torch.Tensor, int]:
     """Per-frame modulation rows [B, F, ...] for a sequence whose first `kept` frames hold
-    `per_kept` tokens each, the next `frames` (default: all the others) `per_frame` each and
-    any after those `per_kept` each again: (every frame's row repeated count / g times, g), g
-    = gcd of the counts, so that a model spreading R rows evenly over the sequence (g
-    tokens per row) gives each token its own
-    frame's row. Integer repeats only: no repeat count is read back from the device."""
-    frames = rows.shape[1] - kept if frames is None else frames
+    `per_kept` tokens each, the next `frames` `per_frame` each and any after those `per_kept`
+    each: (every frame's row repeated count / g times, g = gcd of the counts), so that a model
+    spreading rows evenly (g tokens each) gives each token its own frame's row (integer
+    repeats: no count is read back from the device)."""
     after = rows.shape[1] - kept - frames
-    g = gcd(per_kept, per_frame) if kept or after else per_frame
+    g, b = (per_kept, per_frame) if kept or after else (per_frame, 0)
+    while b:        # Euclid's steps: torch.compile traces them on symbolic sizes, not math.gcd
+        g, b = b, g % b
     parts = [rows[:, kept:kept + frames].repeat_interleave(per_frame // g, dim=1)]
     if kept:
         parts.insert(0, rows[:, :kept].repeat_interleave(per_kept // g, dim=1))
