@@ -23,15 +23,19 @@ import importlib
 import inspect
 import math
 import pkgutil
+from collections.abc import Callable
 
 import torch
 
 from ..contracts import Gives, Sets, block_mismatches, claimed, mismatches, refusal
-from ..dit_families import BlockKind, Family, latent_grid
+from ..dit_families import BlockKind, Family, describe_plain, latent_grid
 from ..model_call import ModelCall
 
-
 # Helpers the family modules share (defined before the modules below import them) -------------
+# The reference method whose references get timestep zero's modulation over their own tokens
+TIMESTEP_ZERO = "index_timestep_zero"
+
+
 def patch_of(size: object) -> tuple[int, int, int]:
     """A model's (t, h, w) patch from its patch_size: one side (square image patches), (h, w)
     or (t, h, w)."""
@@ -54,6 +58,29 @@ def unmerged(call: ModelCall, why: str | None = None, sep: str = ";") -> str | N
     such, or None where the user need not know."""
     call.mergeable = False
     return why and f"{why}{sep} those model calls run unmerged"
+
+
+def describe_references(label: str, patch: tuple[int, int, int], kinds: tuple[BlockKind, ...],
+                        default_method: object) -> Callable[[ModelCall, object, dict], str | None]:
+    """describe for families whose calls may carry "index_timestep_zero" references (the call's
+    ref_latents_method, else the model's `default_method`): the latent's grid, as
+    describe_plain's. Where this ComfyUI modulates them on their own (`kinds` move their
+    positions), such calls run unmerged under raylight's sequence parallelism, and say so:
+    raylight hands every GPU the whole sequence's reference positions, not its shard's."""
+    plain = describe_plain(patch)
+    if not any(kind.positions for kind in kinds):
+        return plain
+
+    def describe(call: ModelCall, base_model, arguments: dict) -> str | None:
+        if (call.shard is not None and arguments.get("ref_latents") is not None
+                and arguments.get("ref_latents_method", default_method) == TIMESTEP_ZERO):
+            return unmerged(call, f"under raylight's sequence parallelism {label}'s "
+                                  f"'{TIMESTEP_ZERO}' references get timestep zero's "
+                                  f"modulation by the whole sequence's positions on every GPU, "
+                                  f"not its shard's (raylight's forward does not split them)")
+        return plain(call, base_model, arguments)
+
+    return describe
 
 
 def latent_tokens(latent: object, patch: tuple[int, int, int]) -> int:

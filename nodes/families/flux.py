@@ -25,9 +25,9 @@ import torch
 
 from ...toma_core import MergePlan
 from ..contracts import Contract, Mentions, Takes
-from ..dit_families import BlockKind, Family, ShardKind, TextAt, describe_plain
+from ..dit_families import BlockKind, Family, ShardKind, TextAt
 from ..forward_patches import ForwardPatches
-from . import conditioning, patch_of, positions_taken
+from . import conditioning, describe_references, patch_of, positions_taken
 
 MODELS = ("Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma, "
           "Chroma Radiance")
@@ -69,11 +69,16 @@ def family(diffusion_model) -> Family:
     """The (1, h, w) grid of latent x; the modulation spans to move where this ComfyUI's model
     modulates "index_timestep_zero" references on their own."""
     return description(patch_of(diffusion_model.patch_size),
-                       positions_taken(KINDS, type(diffusion_model).forward_orig, TIMESTEP_ZERO))
+                       positions_taken(KINDS, type(diffusion_model).forward_orig, TIMESTEP_ZERO),
+                       getattr(getattr(diffusion_model, "params", None), "default_ref_method",
+                               None))
 
 
-def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = KINDS) -> Family:
-    return Family("flux", "Flux", kinds, patch, describe_plain(patch),
+def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = KINDS,
+                default_method: str | None = None) -> Family:
+    """default_method: the model's reference method where a call names none."""
+    return Family("flux", "Flux", kinds, patch,
+                  describe_references("Flux", patch, kinds, default_method),
                   attention_hooks=AttentionScope)
 
 

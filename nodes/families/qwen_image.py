@@ -7,8 +7,8 @@ block beside the replace patch's arguments: ToMA moves it with the merged image.
 from __future__ import annotations
 
 from ..contracts import Contract, Mentions, Takes
-from ..dit_families import BlockKind, Family, ShardKind, TextAt, describe_plain
-from . import conditioning, patch_of, positions_taken
+from ..dit_families import BlockKind, Family, ShardKind, TextAt
+from . import conditioning, describe_references, patch_of, positions_taken
 
 MODELS = "Qwen-Image (and Edit)"
 
@@ -41,8 +41,12 @@ def family(diffusion_model) -> Family:
     each a frame); reference positions to move where its blocks take them."""
     block = type(diffusion_model.transformer_blocks[0])
     return description(patch_of(diffusion_model.patch_size),
-                       positions_taken(KINDS, block.forward, TIMESTEP_ZERO))
+                       positions_taken(KINDS, block.forward, TIMESTEP_ZERO),
+                       getattr(diffusion_model, "default_ref_method", None))
 
 
-def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = KINDS) -> Family:
-    return Family("qwen_image", "Qwen-Image", kinds, patch, describe_plain(patch))
+def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = KINDS,
+                default_method: str | None = None) -> Family:
+    """default_method: the model's reference method where a call names none."""
+    return Family("qwen_image", "Qwen-Image", kinds, patch,
+                  describe_references("Qwen-Image", patch, kinds, default_method))

@@ -13,8 +13,9 @@ Checked per scenario (one launch per rank count runs them all):
   lengths); pad rows never merge (each rank's grid tokens add up to the grid);
 - all-to-all bytes per rank, counted at raylight's all_to_all_single calls, shrink with ToMA;
 - Flux's single blocks with the text on rank 0 only; raylight's own pad rows (odd sizes);
-- refusals: Wan 2.2 5B image-to-video's per-frame modulation, which raylight hands every rank
-  whole, runs unmerged and says so.
+- refusals: Wan 2.2 5B image-to-video's per-frame modulation, and "index_timestep_zero"
+  references' positions (Qwen-Image-Edit 2511, Flux 2), which raylight hands every rank whole,
+  run unmerged and say so.
 
 The destinations are discrete choices, and where two candidates tie to float precision (facility
 location's gains, once the coverage saturates), the ranks' float rounding (attention reduced
@@ -95,6 +96,15 @@ EXTRA_AT_TWO = {
     # a reference of about the output's size after the image: it fills rank 1
     "qwen_image_edit": {"family": "qwen_image_edit", "size": "1x16x16", "text": 8, "skip": "",
                         "steps": 1},
+    # "index_timestep_zero" references (Qwen-Image-Edit 2511's default; Flux 2 through Edit
+    # Model Reference Method), narrow enough that rank 1 also holds image tokens (7 and 14,
+    # beside 16 and 36 reference tokens), so that both ranks could merge; no pad rows
+    "qwen_image_edit_2511": {"family": "qwen_image_edit_2511", "size": "1x30x4", "text": 8,
+                             "skip": "", "steps": 1},
+    "flux2_timestep_zero": {"family": "flux2_timestep_zero", "size": "1x16x4", "text": 8,
+                            "skip": "", "steps": 1},
+    # Flux 2 without references: its text has positions of its own (txt_ids_dims)
+    "flux2": {"family": "flux2", "size": "1x8x8", "text": 8, "skip": "", "steps": 1},
 }
 EXACT = {"wan", "flux_double", "flux_single", "qwen_image", "lumina2"}
 EXACT_AT_TWO = {"wan21_i2v", "wan22_14b_i2v", "wan_vace", "chroma_double", "flux_chained",
@@ -298,6 +308,33 @@ def test_a_rank_without_image_tokens_leaves_every_rank_unmerged(runs) -> None:
     for stats in merged_ranks(result):
         assert stats["layers_merged"] == 0 and "too few" in stats["note"], stats["note"]
     assert result["sp_merged_vs_sp_unmerged"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["qwen_image_edit_2511", "flux2_timestep_zero"])
+def test_timestep_zero_references_run_unmerged_under_raylight(runs, name) -> None:
+    """References with "index_timestep_zero" get timestep zero's modulation from the whole
+    sequence's positions, which raylight hands every rank as they are, not its shard's: its
+    own samples part from one process (measured 2.3e-2 Qwen-Image-Edit 2511, where the same
+    geometry without timestep zero agrees to 1.0e-7; 5.8e-2 Flux 2, whose text RoPE raylight
+    also drops: 2.8e-2 without references). ToMA leaves such calls unmerged and says why,
+    naming the method."""
+    result = runs[2][name]
+    assert result["sp_unmerged_vs_plain"] > 1e-3            # raylight's own, recorded as such
+    assert result["merge_moves_output"] > 0.05              # one process merges these calls
+    for stats in merged_ranks(result):
+        assert stats["layers_merged"] == 0, stats
+        assert "raylight" in stats["note"] and "'index_timestep_zero' references" in \
+            stats["note"], stats["note"]
+    assert result["sp_merged_vs_sp_unmerged"] == 0.0
+
+
+def test_raylight_flux2_parts_from_one_process(runs) -> None:
+    """raylight's Flux double blocks rotate only the image's queries and keys (its pe_image:
+    Flux.1's text positions are all zero, where that changes nothing); Flux 2's text has
+    positions of its own, so raylight's Flux 2 parts from one process without any reference
+    (measured 3.0e-2; Flux.1 1.8e-7). raylight's, recorded here: ToMA's part is not checked
+    against one process there."""
+    assert runs[2]["flux2"]["sp_unmerged_vs_plain"] > 1e-3
 
 
 @pytest.mark.parametrize("world", [2, 4])
