@@ -33,7 +33,7 @@ from ..model_call import ModelCall
 
 # Helpers the family modules share (defined before the modules below import them) -------------
 # The reference method whose references get timestep zero's modulation over their own tokens
-TIMESTEP_ZERO = "index_timestep_zero"
+TIMESTEP_ZERO_METHOD = "index_timestep_zero"
 
 
 def patch_of(size: object) -> tuple[int, int, int]:
@@ -73,9 +73,9 @@ def describe_references(label: str, patch: tuple[int, int, int], kinds: tuple[Bl
 
     def describe(call: ModelCall, base_model, arguments: dict) -> str | None:
         if (call.shard is not None and arguments.get("ref_latents") is not None
-                and arguments.get("ref_latents_method", default_method) == TIMESTEP_ZERO):
+                and arguments.get("ref_latents_method", default_method) == TIMESTEP_ZERO_METHOD):
             return unmerged(call, f"under raylight's sequence parallelism {label}'s "
-                                  f"'{TIMESTEP_ZERO}' references get timestep zero's "
+                                  f"'{TIMESTEP_ZERO_METHOD}' references get timestep zero's "
                                   f"modulation by the whole sequence's positions on every GPU, "
                                   f"not its shard's (raylight's forward does not split them)")
         return plain(call, base_model, arguments)

@@ -27,7 +27,7 @@ from ...toma_core import MergePlan
 from ..contracts import Contract, Mentions, Takes
 from ..dit_families import BlockKind, Family, ShardKind, TextAt
 from ..forward_patches import ForwardPatches
-from . import conditioning, describe_references, patch_of, positions_taken
+from . import TIMESTEP_ZERO_METHOD, conditioning, describe_references, patch_of, positions_taken
 
 MODELS = ("Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma, "
           "Chroma Radiance")
@@ -47,7 +47,7 @@ CHROMA_RADIANCE = "comfy.ldm.chroma_radiance.model:ChromaRadiance"
 # The parameter of Flux.forward_orig that says this ComfyUI's Flux modulates
 # "index_timestep_zero" references on their own (its blocks then get spans to move).
 TIMESTEP_ZERO = "timestep_zero_index"
-_SEPARATE_MODULATION = Mentions("comfy.ldm.flux.model", ("index_timestep_zero",))
+_SEPARATE_MODULATION = Mentions("comfy.ldm.flux.model", (TIMESTEP_ZERO_METHOD,))
 
 CONTRACT = Contract(
     "Flux",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..contracts import Contract, Mentions, Takes
 from ..dit_families import BlockKind, Family, ShardKind, TextAt
-from . import conditioning, describe_references, patch_of, positions_taken
+from . import TIMESTEP_ZERO_METHOD, conditioning, describe_references, patch_of, positions_taken
 
 MODELS = "Qwen-Image (and Edit)"
 
@@ -20,7 +20,7 @@ KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.BEFORE,
                    positions=(TIMESTEP_ZERO,), shard=ShardKind(pe_item=0)),)
 
 QWEN_IMAGE = "comfy.ldm.qwen_image.model:QwenImageTransformer2DModel"
-_SEPARATE_MODULATION = Mentions("comfy.ldm.qwen_image.model", ("index_timestep_zero",))
+_SEPARATE_MODULATION = Mentions("comfy.ldm.qwen_image.model", (TIMESTEP_ZERO_METHOD,))
 
 CONTRACT = Contract(
     "Qwen-Image",
