@@ -8,6 +8,7 @@ model projected from them.
         [--ratio 0.5]
         [--reps 3] [--family-reps wan14b=2] [--size wan14b=832x480x17]
         [--toma-hook bench.speed.dit_toma:hook | none] [--out bench/results/<date>-cpu-dit.json]
+        [--baseline-hook bench.speed.dit_toma:baseline_hook]   (with TOMA_BASELINE=PATH)
 
 Builds ComfyUI's own block class of each family at the real model's width (seeded random
 weights from bench.shared.weights, fp32, CPU, SDPA attention) on the token count of a real
@@ -79,7 +80,9 @@ not handle, else a merged block: called with a fresh full-length argument dict (
 makes it) it returns what `case.original_block` would; `merged_tokens` is the image token count
 it runs on; `build_plan()` builds its plan again (timed apart; the block calls reuse the plan,
 as the blocks of a group do). bench/speed/dit_toma.py's is the default; the pack is importable as
-`toma_pack` (bench.shared.config.setup_comfy).
+`toma_pack` (bench.shared.config.setup_comfy). A --baseline-hook (e.g. ToMA of another checkout)
+is timed in the same interleaved repetitions as "toma baseline" rows (its own projected model
+too); the toma rows then give over_base (lo/hi): the baseline's time / toma's, per repetition.
 
 Writes nothing unless --out: then the JSON there and the same report as .md beside it (machine,
 commit, command, notes, table, targets, flags).
@@ -1000,18 +1003,21 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
-               merged: Any | None) -> tuple[list[dict], dict[str, Timing]]:
+def bench_case(case: BlockCase, ratio: float, reps: int, clock: str, merged: Any | None,
+               baseline: Any | None = None) -> tuple[list[dict], dict[str, Timing]]:
     """Rows plain / lower bound / toma (when `merged`, the hook's block, is not None) for one
-    case, and their timings by variant (see the module docstring)."""
+    case, and their timings by variant (see the module docstring); with `baseline` (the
+    baseline hook's block, needs `merged`) a "toma baseline" row after the toma row."""
     keep = (merged.merged_tokens if merged is not None
             else round(asked_tokens(case.image_tokens, case.protected_tokens, ratio)))
     calls: dict[str, Callable[[], Any]] = {
         "plain": lambda: case.original_block(case.args()),
         "lower bound": lambda: case.original_block(case.args(keep)),
     }
-    if merged is not None:
-        calls["toma"] = lambda: merged(case.args())
+    tomas = {"toma": merged, "toma baseline": baseline if merged is not None else None}
+    tomas = {name: block for name, block in tomas.items() if block is not None}
+    for name, block in tomas.items():
+        calls[name] = lambda block=block: block(case.args())
     with torch.inference_mode():        # the warm-up, whose outputs give the error
         img_in = case.image_out(case.args())
         first = {name: case.image_out(fn()) for name, fn in calls.items()}
@@ -1022,8 +1028,8 @@ def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
     base = {"family": case.family, "text_tokens": case.text_tokens}
     rows = [{**base, "variant": "plain", "image_tokens": case.image_tokens},
             {**base, "variant": "lower bound", "ratio": ratio, "image_tokens": keep}]
-    if merged is not None:
-        rows.append({**base, "variant": "toma", "ratio": ratio, "image_tokens": keep})
+    rows += [{**base, "variant": name, "ratio": ratio, "image_tokens": block.merged_tokens}
+             for name, block in tomas.items()]
     for row in rows:
         row.update(found[row["variant"]].fields())
         row.update(speedup(found["plain"], found[row["variant"]]))
@@ -1034,20 +1040,28 @@ def bench_case(case: BlockCase, ratio: float, reps: int, clock: str,
         if reps < MIN_REPS:
             row["note"] = "; ".join(filter(None, (
                 row.get("note"), f"{reps} repetition(s): spread from fewer than {MIN_REPS}")))
-    if merged is not None:
-        toma = rows[2]
-        if first["toma"].shape != first["plain"].shape:
-            raise ValueError(f"{case.family}: the ToMA hook's block returned image tokens "
-                             f"{tuple(first['toma'].shape)}, the plain block "
+    for toma, (name, block) in zip(rows[2:], tomas.items(), strict=False):
+        if first[name].shape != first["plain"].shape:
+            raise ValueError(f"{case.family}: the {name} hook's block returned image tokens "
+                             f"{tuple(first[name].shape)}, the plain block "
                              f"{tuple(first['plain'].shape)}")
-        toma["err_update"] = _rel(first["toma"] - img_in, first["plain"] - img_in)
-        versus_lower_bound(toma, found["toma"], found["lower bound"])
-        off = off_ratio(keep, case.image_tokens, ratio, case.protected_tokens)
+        toma["err_update"] = _rel(first[name] - img_in, first["plain"] - img_in)
+        versus_lower_bound(toma, found[name], found["lower bound"])
+        off = off_ratio(block.merged_tokens, case.image_tokens, ratio, case.protected_tokens)
         if off:
             toma["flag"] = "; ".join(filter(None, (toma.get("flag"), off)))
-        plans = interleaved({"plan": merged.build_plan}, warmup=0, reps=MIN_REPS, clock=clock)
+        plans = interleaved({"plan": block.build_plan}, warmup=0, reps=MIN_REPS, clock=clock)
         toma["plan_ms"] = 1e3 * plans["plan"].median
+    if "toma baseline" in tomas:
+        versus_baseline(rows[2], found["toma"], found["toma baseline"])
     return rows, found
+
+
+def versus_baseline(row: dict, toma: Timing, baseline: Timing) -> None:
+    """over_base / _lo / _hi: the baseline's time / toma's (> 1: toma faster), the ratio of
+    medians and the lowest and highest of the side-by-side repetitions."""
+    row.update({key.replace("speedup", "over_base"): value
+                for key, value in speedup(baseline, toma).items()})
 
 
 # The most ToMA's merged count may stray from (1 - ratio) x tokens and still be "at this ratio":
@@ -1104,29 +1118,34 @@ def project(rows: list[dict], found: dict[str, Timing], depth: int, skip: int) -
     return project_parts([Part(rows, found, depth, skip)])
 
 
-def project_parts(parts: list[Part], family: str | None = None) -> dict | None:
+def project_parts(parts: list[Part], family: str | None = None, variant: str = "toma",
+                  against: str | None = None) -> dict | None:
     """project for a model of one or more block kinds (HiDream, HunyuanImage: double and
     single; Wan Animate: main and face adapter blocks): per repetition i, the sum over kinds
     of skip x plain_i + (depth - skip) x merged_i, plus one plan build per kind that merges
     (each kind's merged blocks are one group); against the same sum of the lower bounds.
-    None when a kind that merges has no toma row."""
-    tomas = [next((r for r in part.rows if r["variant"] == "toma"), None) for part in parts]
+    None when a kind that merges has no `variant` row (toma, or "toma baseline"); `against`
+    (a variant, "toma baseline") adds over_base, that variant's projection / this one's."""
+    def rows_of(name: str) -> list[dict | None]:
+        return [next((r for r in part.rows if r["variant"] == name), None) for part in parts]
+
+    tomas = rows_of(variant)
     if not parts or tomas[0] is None or any(
             t is None and not p.unmerged for p, t in zip(parts, tomas, strict=True)):
         return None
     named = [t or p.rows[0] for p, t in zip(parts, tomas, strict=True)]
 
-    def model(variant: str | None, plan: bool = False) -> Timing:
+    def model(name: str | None, plan: bool = False) -> Timing:
         sums = [0.0] * len(parts[0].found["plain"].times)
-        for part, toma in zip(parts, tomas, strict=True):
-            merged = part.found["plain" if part.unmerged else variant or "plain"].times
+        for part, toma in zip(parts, rows_of(name) if plan else tomas, strict=True):
+            merged = part.found["plain" if part.unmerged else name or "plain"].times
             # a kind with every block unmerged builds no plan
             extra = toma["plan_ms"] / 1e3 if plan and not part.unmerged else 0.0
             for i, (p, m) in enumerate(zip(part.found["plain"].times, merged, strict=True)):
                 sums[i] += part.skip * p + (part.depth - part.skip) * m + extra
         return Timing(tuple(sums))
 
-    plain, merged, bound = model(None), model("toma", plan=True), model("lower bound")
+    plain, merged, bound = model(None), model(variant, plan=True), model("lower bound")
     first = tomas[0]
     model_name = family or first["family"]
     blocks = " + ".join(f"{p.depth}" + (f" {kind_word(r['family'], model_name)}"
@@ -1134,12 +1153,15 @@ def project_parts(parts: list[Part], family: str | None = None) -> dict | None:
                         for p, r in zip(parts, named, strict=True))
     unmerged = " + ".join(str(min(p.skip, p.depth)) for p in parts)
     row = {"family": model_name, "ratio": first["ratio"],
-           "variant": f"projected model: {blocks} blocks, {unmerged} unmerged",
+           "variant": (f"projected model{'' if variant == 'toma' else ', ' + variant}: "
+                       f"{blocks} blocks, {unmerged} unmerged"),
            **merged.fields(), **speedup(plain, merged),
            "note": "; ".join(dict.fromkeys(t["note"] for t in tomas if t and t.get("note")))
            or None}
     versus_lower_bound(row, merged, bound)
     row["lb_speedup"] = plain.median / bound.median
+    if against is not None:
+        versus_baseline(row, merged, model(against, plan=True))
     # the blocks' flags hold for the model made of them
     flags = (row.get("flag"), *(t.get("flag") for t in tomas if t))
     if any(flags):
@@ -1166,7 +1188,8 @@ def targets(rows: list[dict], ratio: float) -> list[dict]:
             out.append(goal(f"{row['family']}: ToMA block within 10% of its lower bound "
                             f"(vs_lb <= {LB_TARGET:.2f})", row, "vs_lb", LB_TARGET,
                             higher=False))
-        elif row["variant"].startswith("projected") and row["family"] in VIDEO_FAMILIES:
+        elif (row["variant"].startswith("projected model:")      # not a baseline's
+              and row["family"] in VIDEO_FAMILIES):
             out.append(goal(f"{row['family']}: projected whole-model speedup >= {VIDEO_TARGET} "
                             f"(video, CPU)", row, "speedup", VIDEO_TARGET))
     return [t for t in out if t is not None]
@@ -1197,11 +1220,13 @@ def _setup() -> None:
 def run(families: list[str] | None = None, quick: bool = False, ratio: float = RATIO,
         reps: int = MIN_REPS, clock: str = "cpu", sizes: dict[str, Size] | None = None,
         hook: str | Callable | None = DEFAULT_HOOK, threads: int | None = None,
-        family_reps: dict[str, int] | None = None) -> list[dict]:
+        family_reps: dict[str, int] | None = None,
+        baseline_hook: str | Callable | None = None) -> list[dict]:
     """Rows for every family (plain, lower bound, toma, projection); a family this ComfyUI
-    lacks gets one row saying so. hook: see load_hook; family_reps: reps per family name."""
+    lacks gets one row saying so. hook, baseline_hook: see load_hook; family_reps: reps per
+    family name."""
     _setup()
-    merged_block = load_hook(hook)
+    merged_block, baseline_block = load_hook(hook), load_hook(baseline_hook)
     if threads:
         torch.set_num_threads(threads)
     rows: list[dict] = []
@@ -1218,26 +1243,30 @@ def run(families: list[str] | None = None, quick: bool = False, ratio: float = R
             log.warning("%s: grid %s, %d image + %d text tokens", case.label, case.grid,
                         case.image_tokens, case.text_tokens)
             kind_parts = bench_kind(case, ratio, (family_reps or {}).get(name, reps), clock,
-                                    merged_block)
+                                    merged_block, baseline_block)
             for part in kind_parts:
                 rows += part.rows
                 log_rows(part.rows)     # each block's figures as soon as they exist
             parts += kind_parts
-        projected = project_parts(parts, name)
-        if projected:
-            rows.append(projected)
-            log_rows([projected])
+        against = "toma baseline" if baseline_block is not None else None
+        projected = [project_parts(parts, name, against=against),
+                     against and project_parts(parts, name, against)]
+        for row in filter(None, projected):
+            rows.append(row)
+            log_rows([row])
         del built, parts
     return rows
 
 
 def bench_kind(case: BlockCase, ratio: float, reps: int, clock: str,
-               merged_block: Callable | None) -> list[Part]:
+               merged_block: Callable | None, baseline_block: Callable | None = None
+               ) -> list[Part]:
     """bench_case of one block kind, its rows named by case.label, as a Part of the model, and
     a Part for each of the case's full-length blocks (rows "<label> <name>", all unmerged)."""
-    merged = merged_block(case.family, case, ratio) if merged_block is not None else None
+    merged, baseline = (hook(case.family, case, ratio) if hook is not None else None
+                        for hook in (merged_block, baseline_block))
     with torch.inference_mode():
-        block_rows, found = bench_case(case, ratio, reps, clock, merged)
+        block_rows, found = bench_case(case, ratio, reps, clock, merged, baseline)
     extra = {f"{b.name} block": b for b in case.full_length}
     for row in block_rows:
         block = extra.get(row["variant"])
@@ -1278,7 +1307,9 @@ def report(result: dict[str, Any]) -> str:
     """The Markdown report of a result dict."""
     lines = report_head("DiT families: one block at full width per family, and the projected "
                         "model", result)
-    lines += ["", markdown_table(result["rows"], COLUMNS), "", "## Targets", ""]
+    compared = any("over_base" in row for row in result["rows"])
+    columns = (*COLUMNS, "over_base", "over_base_lo", "over_base_hi") if compared else COLUMNS
+    lines += ["", markdown_table(result["rows"], columns), "", "## Targets", ""]
     lines += [markdown_table(result["targets"], ["target", "value", "met", "why"])
               if result["targets"] else "- none checked (no ToMA rows at ratio 0.5)"]
     flagged = [r for r in result["rows"] if r.get("flag")]
@@ -1322,6 +1353,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="name=WxH[xFRAMES] pixels, overrides one family's size")
     parser.add_argument("--toma-hook", default=DEFAULT_HOOK,
                         help="module:function, or none (see docstring)")
+    parser.add_argument("--baseline-hook", default=None,
+                        help="module:function timed beside the toma hook (see docstring)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path for the results (the .md report beside it)")
     a = parser.parse_args(argv)
@@ -1335,11 +1368,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--reps must be >= {MIN_REPS} (use --family-reps for a slow family)")
     family_reps = dict(a.family_reps)
     rows = run(families, a.quick, a.ratio, a.reps, a.clock, dict(a.size), a.toma_hook,
-               a.threads, family_reps)
+               a.threads, family_reps, a.baseline_hook)
     result = {"machine": machine_info(),
               "config": {"commit": commit(), "comfyui": os.environ.get("COMFYUI_PATH"),
                          "command": "python -m bench.speed.dit_families " + " ".join(
                              sys.argv[1:] if argv is None else argv),
+                         "baseline": a.baseline_hook and os.environ.get("TOMA_BASELINE"),
                          "clock": a.clock, "threads": torch.get_num_threads(),
                          "reps": a.reps, "family_reps": family_reps, "ratio": a.ratio,
                          "quick": a.quick, "sizes": {n: FAMILIES[n][2 if a.quick else 1]

@@ -1,5 +1,7 @@
 """ToMA's block patch as bench/speed/dit_families.py's hook: `--toma-hook
-bench.speed.dit_toma:hook`.
+bench.speed.dit_toma:hook`; `--baseline-hook bench.speed.dit_toma:baseline_hook` with
+TOMA_BASELINE=PATH times the pack of another checkout (e.g. `git archive <commit> __init__.py
+nodes toma_core` unpacked there) side by side, loaded as the package `toma_baseline`.
 
 The pack's own DiTToMA (nodes/dit_patch.py) with each family's description (nodes/families/),
 its node defaults (tile_count 0) unless `tiles` / `frames` say otherwise, and a model call
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+from pathlib import Path
 
 import torch
 
@@ -55,17 +59,16 @@ class MergedBlock:
 
     Its plan is built on construction and kept, as the blocks of a group reuse their group's
     plan; build_plan() builds it again (to time it) and returns it. merged_tokens: the image
-    tokens the block runs on."""
+    tokens the block runs on. package: the pack's package name (toma_baseline: another
+    checkout's)."""
 
     def __init__(self, family: str, case, ratio: float, tokens_per_region: int | None = None,
-                 frames: int | None = None) -> None:
-        from toma_pack.nodes.dit_families import set_grid
-        from toma_pack.nodes.dit_patch import DiTToMA
-        from toma_pack.nodes.model_call import ModelCall
-        from toma_pack.nodes.options import make_options
-        from toma_pack.nodes.run_state import ToMAState
+                 frames: int | None = None, package: str = "toma_pack") -> None:
+        def nodes(name: str):
+            return importlib.import_module(f"{package}.nodes.{name}")
 
-        module = importlib.import_module(f"toma_pack.nodes.families.{FAMILIES[family]}")
+        self.stream_of = nodes("token_layout").stream_of
+        module = nodes(f"families.{FAMILIES[family]}")
         spec = family_spec(family, module)
         if tokens_per_region is not None:
             spec = dataclasses.replace(spec, tokens_per_region=tokens_per_region)
@@ -76,16 +79,16 @@ class MergedBlock:
         if kind.hook == "object" and not forward:   # Z-Image's layer arguments by dit names
             kind = dataclasses.replace(kind, stream="img", pe="pe", mask="mask")
         self.case, self.kind = case, kind
-        self.state = ToMAState(make_options(ratio, skip_blocks="none", recompute_every=1000),
-                               spec.name)
+        options = nodes("options").make_options(ratio, skip_blocks="none", recompute_every=1000)
+        self.state = nodes("run_state").ToMAState(options, spec.name)
         # the model call the block runs in (sampling opens it in the APPLY_MODEL wrapper and
         # hands it to the blocks in their transformer_options); its plans dict keeps the plan
-        self.call = ModelCall(self.state.new_run(), grid=case.grid, merging=True,
-                              txt_len=case.text_tokens)
+        self.call = nodes("model_call").ModelCall(self.state.new_run(), grid=case.grid,
+                                                  merging=True, txt_len=case.text_tokens)
         if case.protect_frames or case.prefix_tokens:    # as the family's describe says it
-            set_grid(self.call, case.grid, prefix=case.prefix_tokens,
-                     protect_frames=case.protect_frames)
-        self.toma = DiTToMA(self.state, spec, {(kind.key, 0): 0})
+            nodes("dit_families").set_grid(self.call, case.grid, prefix=case.prefix_tokens,
+                                           protect_frames=case.protect_frames)
+        self.toma = nodes("dit_patch").DiTToMA(self.state, spec, {(kind.key, 0): 0})
         self.forward = (self.toma.forward_patch(kind, 0, case.block, case.block.forward)
                         if forward else None)
         self.patch = self.toma.replace_patch(kind, 0, None)
@@ -109,13 +112,11 @@ class MergedBlock:
 
     def build_plan(self):
         """Forget the plan and build it again from the case's inputs; returns the MergePlan."""
-        from toma_pack.nodes.token_layout import stream_of
-
         self.call.plans.clear()
         args = self._in_call(self.case.args())
         with torch.inference_mode():
             found = self.toma.plan_for(self.kind, 0, args,
-                                       stream_of(self.kind, args[self.kind.stream]),
+                                       self.stream_of(self.kind, args[self.kind.stream]),
                                        args["transformer_options"], self.call,
                                        f"{self.kind.letter}0")
         if found is None:
@@ -132,3 +133,16 @@ def hook(family: str, case, ratio: float, tokens_per_region: int | None = None,
     if family not in FAMILIES:
         return None
     return MergedBlock(family, case, ratio, tokens_per_region, frames)
+
+
+def baseline_hook(family: str, case, ratio: float) -> MergedBlock | None:
+    """hook with the pack at TOMA_BASELINE (another checkout) instead of this one."""
+    from .whole_call import load_baseline
+
+    path = os.environ.get("TOMA_BASELINE")
+    if not path:
+        raise RuntimeError("set TOMA_BASELINE to the other checkout's pack")
+    if family not in FAMILIES:
+        return None
+    load_baseline(Path(path))
+    return MergedBlock(family, case, ratio, package="toma_baseline")

@@ -483,6 +483,39 @@ def test_dit_projection_skips_what_the_node_skips() -> None:
     assert dit_families.default_skipped(40) == len(skipped) == 5      # "d0-4, s0-4": 0-4
 
 
+def test_dit_baseline_is_timed_beside_toma_and_projected_with_its_own_plan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--baseline-hook: a "toma baseline" row after the toma row, in the same interleaved
+    repetitions, its plan timed; over_base = the baseline's time / toma's, per repetition and
+    for the projected model (each with its own plan build); no target for the baseline."""
+    monkeypatch.setattr(common, "now", FakeClock())
+    case = _tiny_dit_case()
+    merged, baseline = _PairMerge(case), _PairMerge(case)
+    with torch.inference_mode():
+        rows, found = dit_families.bench_case(case, 0.5, 3, "cpu", merged, baseline)
+    assert [r["variant"] for r in rows] == ["plain", "lower bound", "toma", "toma baseline"]
+    assert baseline.builds == 3 and len(found["toma baseline"].times) == 3
+    assert rows[3]["err_update"] == rows[2]["err_update"] and rows[3]["plan_ms"] == 1e3
+    # fake clock: 1 s per call for both
+    assert (rows[2]["over_base"], rows[2]["over_base_lo"], rows[2]["over_base_hi"]) == (1, 1, 1)
+    assert "over_base" not in rows[3]
+    found = {"plain": Timing((10.0, 10.0, 10.0)), "lower bound": Timing((5.0, 5.0, 5.0)),
+             "toma": Timing((6.0, 6.0, 6.0)), "toma baseline": Timing((7.0, 6.0, 8.0))}
+    rows = [{"family": "wan14b", "variant": "toma", "ratio": 0.5, "plan_ms": 1e3},
+            {"family": "wan14b", "variant": "toma baseline", "ratio": 0.5, "plan_ms": 2e3}]
+    parts = [dit_families.Part(rows, found, 10, 2)]
+    toma = dit_families.project_parts(parts, against="toma baseline")
+    base = dit_families.project_parts(parts, variant="toma baseline")
+    # 2 x 10 + 8 x merged + plan: toma 69 s; baseline 78, 70, 86 s
+    assert toma["ms"] == 69e3 and base["ms"] == 78e3
+    assert base["variant"] == "projected model, toma baseline: 10 blocks, 2 unmerged"
+    assert toma["over_base"] == pytest.approx(78 / 69)
+    assert (toma["over_base_lo"], toma["over_base_hi"]) == (pytest.approx(70 / 69),
+                                                            pytest.approx(86 / 69))
+    judged = dit_families.targets([toma, base], 0.5)
+    assert [t["value"] for t in judged] == [toma["speedup"]]     # the baseline is no result
+
+
 def test_dit_targets_say_what_was_missed() -> None:
     rows = [{"family": "wan14b", "variant": "toma", "ratio": 0.5, "vs_lb": 1.2},
             {"family": "wan14b", "variant": "projected model: 40 blocks, 5 unmerged",
