@@ -25,14 +25,14 @@ from toma_pack.nodes.apply import apply_toma
 from toma_pack.nodes.options import make_options
 
 # ToMA's extra kernel launches per steady call over the unmerged call's, as a share of it.
-# Measured on v0.8.0 and v0.33.0: SDXL 1692 -> 1928 (+13.9%), Flux 2448 -> 2759 (+12.7%).
+# Measured: SDXL 1692 -> 1932 (+14.2%) on all three trees; Flux 2448 -> 2759 (+12.7%) on v0.8.0
+# and v0.33.0, 2733 -> 3044 (+11.4%) on v0.3.64.
 LAUNCH_BUDGET = {"sdxl": 0.15, "flux": 0.15}
 # ToMA's extra Python function calls per block call (the unmerged calls' own count differs by
-# ComfyUI version; ToMA's does not). Measured on all three trees: SDXL 27.4-27.5 (1917-1925
-# over 70 blocks), Flux 35.5 (2026 over 57); on v0.33.0 Flux 36.8 (2095), whose merged blocks'
-# forwards carry one more patch (the reference spans of "index_timestep_zero" calls; 36.0
-# without it).
-PYTHON_BUDGET = {"sdxl": 29, "flux": 37}
+# ComfyUI version; ToMA's barely does). Measured: SDXL 24.6-24.8 (1725-1733 over 70 blocks),
+# Flux 34.3 (1956 over 57) on v0.3.64 and v0.8.0; on v0.33.0 Flux 35.2 (2004), whose merged
+# blocks' forwards carry one more patch (the reference spans of "index_timestep_zero" calls).
+PYTHON_BUDGET = {"sdxl": 26.5, "flux": 37}
 BLOCKS = {"sdxl": 70, "flux": 19 + 38}
 OPTIONS = {"sdxl": {"unet_levels": "all"}, "flux": {}}
 SIDE = 32       # latent side: SDXL's 16x16 and 8x8 attention levels, Flux's 16x16 tokens
