@@ -43,7 +43,7 @@ def model_family(model) -> str | Family:
     what is supported otherwise (at every ratio), or what changed where the running ComfyUI
     fails the contract of ToMA's sampling wrappers or of the model's family."""
     from . import unet_patch
-    from .families import family_of, not_merged_reason
+    from .families import NOT_MERGED, family_of
 
     problems = mismatches(CONTRACT)
     if problems:
@@ -61,7 +61,7 @@ def model_family(model) -> str | Family:
         return "unet"
     family = family_of(diffusion_model)
     if family is None:
-        reason = not_merged_reason(diffusion_model)
+        reason = NOT_MERGED.get(type(diffusion_model).__name__)
         raise ValueError(f"ToMA cannot patch {type(diffusion_model).__name__} models"
                          + (f" ({reason})" if reason else "") + f"; supported: {SUPPORTED}")
     return family

@@ -1,20 +1,13 @@
-"""What ToMA needs to know about each diffusion transformer family ComfyUI runs (dit_patch.py
-is the one patch that reads it): which blocks get a patch and how, and where the image grid
-sits in a block call's arguments (`BlockKind`); the patch size that turns the latent into the
-(t, h, w) token grid, the default regions, and how one model call's inputs are read into the
-ModelCall (`Family.describe`).
+"""What ToMA needs to know about each diffusion transformer family (dit_patch.py, the one patch,
+reads it): its blocks and where their calls carry the tokens (`BlockKind`); its (t, h, w) token
+grid, default regions and how one model call's inputs are read into the ModelCall (`Family`).
 
-Token layout in a block call, per kind (stream = the tensor holding the image grid):
-
-    stream = [prefix][grid: t*h*w tokens][suffix]
-
-prefix: the text when it is in the stream and comes first (TextAt.STREAM_BEFORE), then tokens
-that never merge (reference latents put in front, image-to-video conditioning frames); suffix:
-everything after the grid (reference images, padding, text that comes last, guide frames).
-Positional rows (RoPE) and attention masks follow the attention sequence, which also holds the
-text when the block attends over [text; image] (BEFORE) or [image; text] (AFTER). Modulation
-rows are spread evenly over the stream: R rows of L / R tokens each (one row for all, one per
-token or one per frame).
+A block call's stream (the tensor holding the image grid) is [prefix][grid: t*h*w][suffix].
+prefix: the text where the stream holds it first (TextAt.STREAM_BEFORE), then tokens that never
+merge (reference latents put in front, image-to-video conditioning frames); suffix: everything
+after the grid (references, padding, text that comes last, guide frames). Positional rows and
+masks follow the attention sequence, which holds a text stream of its own too (TextAt.BEFORE,
+AFTER). Modulation rows are spread evenly over the stream: R rows of L / R tokens each.
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ import torch
 from .model_call import ModelCall
 
 # tile_count 0: regions of about REGION_TOKENS tokens, VIDEO_REGION_FRAMES frames deep for
-# video: the sizes whose merged blocks and samples stayed closest to unmerged among those tried
-# (docs/compatibility.md, settings for the transformer families).
+# video: the sizes tried that stayed closest to unmerged (docs/compatibility.md)
 REGION_TOKENS = 64
 VIDEO_REGION_FRAMES = 2
 
@@ -49,94 +41,68 @@ class TextAt(Enum):
 
 @dataclass(frozen=True)
 class ShardKind:
-    """How raylight's sequence-parallel forward (sequence_parallel.py) hands one kind of block
-    its shard. text_in_stream: the stream is a shard of [text; grid; ...], the text length the
-    first item of transformer_options["img_slice"] (the whole text's on every rank) where
-    raylight sets it, else ModelCall.txt_len; pe_item: the positional-rows argument is a list
-    whose item `pe_item` holds the stream's rows ([image rows, text rows]), None: it is the
-    stream's rows alone."""
+    """How raylight's sequence-parallel forward (sequence_parallel.py) hands a block its shard."""
 
+    # the stream is a shard of [text; grid; ...], the text's length the first item of
+    # transformer_options["img_slice"] where raylight sets it, else ModelCall.txt_len
     text_in_stream: bool = False
+    # the positional rows are a list whose item `pe_item` holds the stream's rows ([image
+    # rows, text rows]); None: the stream's rows alone
     pe_item: int | None = None
 
 
 @dataclass(frozen=True)
 class BlockKind:
-    """One kind of block and how its call carries the tokens (argument names; None: none).
+    """One kind of block and the arguments by which its call carries the tokens (None: none)."""
 
-    key: the "dit" replace key ("double_block"/"single_block"); modules: the diffusion model's
-    attribute holding these blocks; letter: its skip_blocks label ("" in one-kind families);
-    text: where the text is; stream / txt / pe / mask: the image stream, the separate text
-    stream, the positional rows and the attention mask; mask_dims: the mask's token dims;
-    rows: arguments holding modulation rows along dim 1 (per-frame or per-token timestep
-    embeddings), plain tensors or held in an object the family's `held_rows` reads;
-    rows_dims: how many dims a plain tensor of rows has (None: 3 or more); one of other dims
-    is one modulation for every token (an e0 [B, 6, C] that other packs' copies of a forward
-    pass instead of ComfyUI's [B, F, 6, C]);
-    more_pe: other positional rows over the same sequence (the video side of an audio-video
-    attention); positional rows are a tensor or a tuple whose tensors are rows (a (rotation,
-    split) pair);
-    stream_pe: positional rows over the stream alone, for a block that also attends over the
-    stream without the text (an image self-attention beside a joint one);
-    pe_heads: the positional rows are [1, L, D], broadcast over the block's [B, H, L, D]
-    queries and keys: merged per batch item they become [B, 1, L', D];
-    stream_item: the stream argument is a tuple ((video, audio)) whose item this is;
-    opaque: arguments the patch cannot line up with a merged sequence (an attention mask
-    addressing fixed token spans): a block call where one is set runs unmerged;
-    shortened: (name, shorten) pairs of arguments over the sequence whose entries are alike
-    for every token up to the grid's end (an attention bias): shorten(value, end, removed)
-    gives the argument with `removed` of its first `end` tokens merged away (those entries
-    dropped, the ones after moved back), or None where the alike entries do not end at `end`
-    (the block then runs unmerged); for kinds whose blocks merge their whole stream;
-    batched: False where the stream argument is one item's tokens [L, C] without a batch axis;
-    spans: arguments listing the stream's token spans as (start, stop, value...) tuples (one
-    modulation row per span): spans before the grid are kept, the grid's own becomes the
-    merged grid's, those after it move with it; a span cutting into the grid, or holding a
-    tensor of per-token values over it, makes the block run unmerged;
-    positions: arguments holding token positions in the stream, fixed before the blocks run
-    (where references get timestep zero's modulation: an index or (start, end, ...) spans),
-    moved back past the grid in a merged call (token_layout.moved_positions); with hook "dit"
-    ComfyUI's block loop hands them to the block's forward, which ToMA then patches too;
-    grid_axes: the stream argument is the grid alone, [B, T, H, W, C]: read as [B, T*H*W, C],
-    a merged one handed over as [B, 1, 1, M, C];
-    hook: "dit" (replace patch) or "object" (patch of the block's forward);
-    attention_scope: merge_scope "attention" merges only these blocks' image attention (the
-    family's attention_hooks);
-    shard: how raylight's sequence-parallel forward (read in raylight 1.5.1) hands these
-    blocks their shard; None: such blocks run unmerged under it;
-    returns: for an object-patched block whose forward returns a tuple (image and text
-    tokens), the argument names of its items; () when it returns the stream alone;
-    takes_options: False where the block's forward takes no transformer_options (hook
-    "object"): a merged call hands it none (its attention gets no size bias), and a second
-    ToMA node, which could not see the sequence flagged as merged, leaves such blocks to the
-    first.
-    """
-
-    key: str
-    modules: str
-    letter: str
+    key: str        # the "dit" replace key ("double_block", "single_block")
+    modules: str    # the diffusion model's attribute holding these blocks
+    letter: str     # its skip_blocks label ("" in one-kind families)
     text: TextAt
-    stream: str = "img"
-    txt: str | None = "txt"
+    stream: str = "img"         # the image stream
+    txt: str | None = "txt"     # the text stream of its own
+    # positional rows (as more_pe, stream_pe): a tensor, or a tuple whose tensors are rows
     pe: str | None = "pe"
-    mask: str | None = None
-    mask_dims: tuple[int, ...] = (-2, -1)
+    mask: str | None = None     # the attention mask
+    mask_dims: tuple[int, ...] = (-2, -1)   # the mask's token dims
+    # modulation rows along dim 1 (per-frame or per-token timestep embeddings): plain tensors,
+    # or held in an object (Family.held_rows)
     rows: tuple[str, ...] = ()
+    # dims of a plain tensor of rows (None: 3 or more); one of other dims is one modulation for
+    # every token (an e0 [B, 6, C] that other packs' forwards pass for ComfyUI's [B, F, 6, C])
     rows_dims: int | None = None
+    # more positional rows over the same sequence (the video side of an audio-video attention)
     more_pe: tuple[str, ...] = ()
+    # positional rows over the stream alone (an image self-attention beside a joint one)
     stream_pe: tuple[str, ...] = ()
+    # positional rows [1, L, D] broadcast over the heads: merged per item, [B, 1, L', D]
     pe_heads: bool = False
-    stream_item: int | None = None
+    stream_item: int | None = None  # the stream is a tuple ((video, audio)): its item holding it
+    # arguments the patch cannot line up with a merged sequence (an attention mask addressing
+    # fixed token spans): a block call where one is set runs unmerged
     opaque: tuple[str, ...] = ()
+    # (name, shorten): arguments alike for every token up to the grid's end (an attention
+    # bias); shorten(value, end, removed) drops `removed` of the first `end` tokens' entries, or
+    # gives None where the alike ones do not end at `end` (the block runs unmerged)
     shortened: tuple[tuple[str, Callable[[object, int, int], object | None]], ...] = ()
-    batched: bool = True
+    batched: bool = True    # False: the stream is one item's tokens [L, C]
+    # the stream's token spans (start, stop, value...), one modulation row each, moved with the
+    # grid (token_layout.moved_positions; the block runs unmerged where they cannot be)
     spans: tuple[str, ...] = ()
+    # token positions in the stream set before the blocks run (where references get timestep
+    # zero's modulation), moved with the grid (token_layout.moved_positions); with hook "dit"
+    # the block loop hands them to the block's forward, which ToMA then patches too
     positions: tuple[str, ...] = ()
-    grid_axes: bool = False
-    hook: str = "dit"
+    grid_axes: bool = False     # the stream is the grid alone, [B, T, H, W, C]
+    hook: str = "dit"   # "dit" (replace patch) or "object" (patch of the block's forward)
+    # an object-patched forward returning a tuple (image, text): its items' argument names
     returns: tuple[str, ...] = ()
+    # merge_scope "attention" merges only these blocks' image attention (Family.attention_hooks)
     attention_scope: bool = False
+    # how raylight's sequence-parallel forward hands these blocks their shard (None: unmerged)
     shard: ShardKind | None = None
+    # False: the forward takes no transformer_options, so a merged call hands it none (no size
+    # bias), and a second ToMA node, blind to the merge, leaves these blocks to the first
     takes_options: bool = True
     # the stream argument is the grid tensor itself (read without a further call per block)
     bare: bool = field(init=False, repr=False, compare=False)
@@ -172,39 +138,30 @@ class HeldRows:
 
 @dataclass(frozen=True)
 class Family:
-    """One model family: its blocks, token grid and per-call reading.
-
-    patch: (t, h, w) patch size (images: t 1); tile_count 0 gives regions of about
-    `tokens_per_region` tokens, `frames_per_region` frames deep;
-    describe(call, base_model, arguments): reads one model call (apply_model's arguments by
-    name) into `call`; returns why the call cannot merge when the user should know, else None;
-    held_rows: how its blocks hold modulation rows that are not plain tensors, if they do;
-    prefix_cache: its one kind of block attends over a causal prompt first in the sequence,
-    whose keys and values ToMA keeps across steps (prefix_cache.py; describe puts its length
-    in call.prompt_length);
-    foreign_block(patch): why a block holding another node's "dit" replace patch `patch` must
-    not merge (it reads the block's whole sequence by a layout merging would break), or None;
-    such blocks run unmerged when ToMA wraps the patch (the run says so where it replaced
-    ToMA's);
-    sequence_parallel_refusal: why ToMA leaves this family alone under raylight's
-    sequence-parallel forward (saying so), or None;
-    attention_hooks: where merge_scope "attention" applies to some of its kinds
-    (BlockKind.attention_scope), what makes the hooks of one node: `install(model, patches,
-    indices)` puts them on those blocks, `run(index, plan, merged_args, run)` runs one block
-    with only its attention merged.
-    """
+    """One model family: its blocks, token grid and per-call reading."""
 
     name: str
-    label: str
+    label: str      # as messages name it
     kinds: tuple[BlockKind, ...]
-    patch: tuple[int, int, int]
+    patch: tuple[int, int, int]     # (t, h, w) patch size (images: t 1)
+    # describe(call, base_model, arguments): reads one model call (apply_model's arguments by
+    # name) into `call`; returns why the call cannot merge when the user should know, else None
     describe: Callable[[ModelCall, object, dict], str | None]
+    # tile_count 0: regions of about this many tokens, this many frames deep
     tokens_per_region: int = REGION_TOKENS
     frames_per_region: int = 1
-    held_rows: HeldRows | None = None
+    held_rows: HeldRows | None = None   # how its blocks hold rows that are not plain tensors
+    # its one kind of block attends over a causal prompt first in the sequence, whose keys and
+    # values ToMA keeps across steps (prefix_cache.py; describe sets call.prompt_length)
     prefix_cache: bool = False
+    # foreign_block(patch): why a block holding another node's "dit" replace patch `patch` must
+    # not merge (it reads the sequence by a layout merging breaks; ToMA wraps it unmerged), or None
     foreign_block: Callable[[Callable], str | None] | None = None
+    # why ToMA leaves this family alone under raylight's sequence parallelism, or None
     sequence_parallel_refusal: str | None = None
+    # merge_scope "attention" (BlockKind.attention_scope): makes one node's hooks, whose
+    # install(model, patches, indices) puts them on the blocks, run(index, plan, merged_args, run)
+    # runs one block with only its attention merged
     attention_hooks: Callable[[], object] | None = None
 
 
@@ -227,8 +184,8 @@ def set_grid(call: ModelCall, grid: tuple[int, int, int] | None, prefix: int = 0
              protect_frames: int = 0) -> None:
     """call.grid = the grid's mergeable part: `protect_frames` leading frames join the prefix
     (tokens before the grid that never merge), together with `prefix` other tokens. Its name in
-    the stats ("HxW", "TxHxW") is made here, outside the model: under torch.compile a size can
-    turn symbolic inside it after a change of resolution, and no string is made from one."""
+    the stats ("HxW", "TxHxW") is made here on the host: in a compiled model a size can turn
+    symbolic after a change of resolution, and no string is made from one."""
     if grid is None or grid[0] <= protect_frames:
         call.grid, call.mergeable = None, False
         return
@@ -282,12 +239,11 @@ def given_frames(call: ModelCall, mask: object) -> int:
 
 def conditioned_frames(call: ModelCall, mask: object, frames: int, total: int) -> int | None:
     """Leading latent frames of a denoise mask [B|1, C|1, total, H, W] that are not all 1:
-    frames the sampler does not fully denoise (image-to-video and in-place guide frames,
-    timestep (1 - strength) * t), whose tokens' timesteps differ from the generated ones'.
-    Only the first `frames` frames (the video; guide frames may follow it) are read.
-    None when the mask cannot be held as such a prefix: a value below 1 after the first frame
-    of all 1 (an inpainting mask inside the video), a negative value (a token ComfyUI drops), or
-    a mask of another length. 0 without a mask (host_read)."""
+    frames the sampler does not fully denoise (image-to-video and in-place guide frames), whose
+    tokens' timesteps differ from the generated ones'. Only the first `frames` (the video; guide
+    frames may follow) are read. None where the mask is no such prefix: a value below 1 after
+    the first frame of all 1 (inpainting inside the video), a negative value (a token ComfyUI
+    drops), or another length. 0 without a mask (host_read)."""
     if mask is None:
         return 0
     if not torch.is_tensor(mask) or mask.dim() != 5 or mask.shape[2] != total:

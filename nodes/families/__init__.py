@@ -10,8 +10,7 @@ patch is dit_patch.py). Each module gives:
 
 Classes are matched exactly, not by isinstance: ComfyUI subclasses these models for variants
 with other token layouts, which must get the "not supported" error rather than a wrong merge.
-`family_of` checks a model's family contract against the running ComfyUI before it describes
-the model: a family whose contract fails refuses its models with what changed, and every other
+A family whose contract this ComfyUI fails refuses its models (family_of), and every other
 family keeps working (no family imports its classes outside contracts.py's guards). Adding a
 family is adding its module here: the registry finds it.
 """
@@ -23,12 +22,11 @@ import importlib
 import inspect
 import math
 import pkgutil
-from collections.abc import Callable
 
 import torch
 
 from ..contracts import Gives, Sets, block_mismatches, claimed, mismatches, refusal
-from ..dit_families import BlockKind, Family, describe_plain, latent_grid
+from ..dit_families import BlockKind, Family, latent_grid
 from ..model_call import ModelCall
 
 # Helpers the family modules share (defined before the modules below import them) -------------
@@ -60,27 +58,26 @@ def unmerged(call: ModelCall, why: str | None = None, sep: str = ";") -> str | N
     return why and f"{why}{sep} those model calls run unmerged"
 
 
-def describe_references(label: str, patch: tuple[int, int, int], kinds: tuple[BlockKind, ...],
-                        default_method: object) -> Callable[[ModelCall, object, dict], str | None]:
-    """describe for families whose calls may carry "index_timestep_zero" references (the call's
-    ref_latents_method, else the model's `default_method`): the latent's grid, as
-    describe_plain's. Where this ComfyUI modulates them on their own (`kinds` move their
-    positions), such calls run unmerged under raylight's sequence parallelism, and say so:
-    raylight hands every GPU the whole sequence's reference positions, not its shard's."""
-    plain = describe_plain(patch)
-    if not any(kind.positions for kind in kinds):
-        return plain
+def with_references(family: Family, default_method: object) -> Family:
+    """`family`, whose calls may carry "index_timestep_zero" references (the call's
+    ref_latents_method, else the model's `default_method`). Where this ComfyUI modulates them
+    on their own (its kinds move their positions), such calls run unmerged under raylight's
+    sequence parallelism, and say so: raylight hands every GPU the whole sequence's reference
+    positions, not its shard's."""
+    if not any(kind.positions for kind in family.kinds):
+        return family
+    plain = family.describe
 
     def describe(call: ModelCall, base_model, arguments: dict) -> str | None:
         if (call.shard is not None and arguments.get("ref_latents") is not None
                 and arguments.get("ref_latents_method", default_method) == TIMESTEP_ZERO_METHOD):
-            return unmerged(call, f"under raylight's sequence parallelism {label}'s "
+            return unmerged(call, f"under raylight's sequence parallelism {family.label}'s "
                                   f"'{TIMESTEP_ZERO_METHOD}' references get timestep zero's "
                                   f"modulation by the whole sequence's positions on every GPU, "
                                   f"not its shard's (raylight's forward does not split them)")
         return plain(call, base_model, arguments)
 
-    return describe
+    return dataclasses.replace(family, describe=describe)
 
 
 def latent_tokens(latent: object, patch: tuple[int, int, int]) -> int:
@@ -115,15 +112,9 @@ NOT_MERGED = {name: why for module in MODULES
 
 
 def supported_models() -> str:
-    """Every model the node supports, as its error names them: the UNet ones, then each
-    family's."""
+    """Every model the node supports, as its error names them: the UNet's, then each family's."""
     names = [UNET_MODELS, *(module.MODELS for module in MODULES)]
     return ", ".join(names[:-1]) + " and " + names[-1]
-
-
-def not_merged_reason(diffusion_model) -> str | None:
-    """Why a known model class is left alone, or None."""
-    return NOT_MERGED.get(type(diffusion_model).__name__)
 
 
 def family_of(diffusion_model) -> Family | None:
@@ -145,7 +136,11 @@ def family_of(diffusion_model) -> Family | None:
             raise ValueError(refusal(contract, name, [
                 f"reading its {name} model failed ({type(error).__name__}: {error})"])) \
                 from error
-        problems = block_mismatches(blocks_read(contract.blocks, found), diffusion_model)
+        blocks = dict(contract.blocks)     # with the token positions the family moves
+        for kind in found.kinds:
+            blocks[kind.modules] = tuple(dict.fromkeys((*blocks.get(kind.modules, ()),
+                                                        *kind.positions)))
+        problems = block_mismatches(blocks, diffusion_model)
         if problems:
             raise ValueError(refusal(contract, name, problems))
         return found
@@ -160,12 +155,3 @@ def _claims(module, diffusion_model) -> bool:
         return claims is None or bool(claims(diffusion_model))
     except Exception:
         return True
-
-
-def blocks_read(blocks: dict[str, tuple[str, ...]], family: Family) -> dict[str, tuple[str, ...]]:
-    """The contract's block forwards' parameters, with the token positions the family moves
-    (which reach the block's forward)."""
-    out = dict(blocks)
-    for kind in family.kinds:
-        out[kind.modules] = tuple(dict.fromkeys((*out.get(kind.modules, ()), *kind.positions)))
-    return out

@@ -25,9 +25,9 @@ import torch
 
 from ...toma_core import MergePlan
 from ..contracts import Contract, Mentions, Takes
-from ..dit_families import BlockKind, Family, ShardKind, TextAt
+from ..dit_families import BlockKind, Family, ShardKind, TextAt, describe_plain
 from ..forward_patches import ForwardPatches
-from . import TIMESTEP_ZERO_METHOD, conditioning, describe_references, patch_of, positions_taken
+from . import TIMESTEP_ZERO_METHOD, conditioning, patch_of, positions_taken, with_references
 
 MODELS = ("Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma, "
           "Chroma Radiance")
@@ -77,9 +77,8 @@ def family(diffusion_model) -> Family:
 def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = KINDS,
                 default_method: str | None = None) -> Family:
     """default_method: the model's reference method where a call names none."""
-    return Family("flux", "Flux", kinds, patch,
-                  describe_references("Flux", patch, kinds, default_method),
-                  attention_hooks=AttentionScope)
+    return with_references(Family("flux", "Flux", kinds, patch, describe_plain(patch),
+                                  attention_hooks=AttentionScope), default_method)
 
 
 @dataclass

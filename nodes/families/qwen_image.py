@@ -7,8 +7,8 @@ block beside the replace patch's arguments: ToMA moves it with the merged image.
 from __future__ import annotations
 
 from ..contracts import Contract, Mentions, Takes
-from ..dit_families import BlockKind, Family, ShardKind, TextAt
-from . import TIMESTEP_ZERO_METHOD, conditioning, describe_references, patch_of, positions_taken
+from ..dit_families import BlockKind, Family, ShardKind, TextAt, describe_plain
+from . import TIMESTEP_ZERO_METHOD, conditioning, patch_of, positions_taken, with_references
 
 MODELS = "Qwen-Image (and Edit)"
 
@@ -48,5 +48,5 @@ def family(diffusion_model) -> Family:
 def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = KINDS,
                 default_method: str | None = None) -> Family:
     """default_method: the model's reference method where a call names none."""
-    return Family("qwen_image", "Qwen-Image", kinds, patch,
-                  describe_references("Qwen-Image", patch, kinds, default_method))
+    return with_references(Family("qwen_image", "Qwen-Image", kinds, patch,
+                                  describe_plain(patch)), default_method)
