@@ -69,7 +69,7 @@ class BlockKind:
     # or held in an object (Family.held_rows)
     rows: tuple[str, ...] = ()
     # dims of a plain tensor of rows (None: 3 or more); one of other dims is one modulation for
-    # every token (an e0 [B, 6, C] that other packs' forwards pass for ComfyUI's [B, F, 6, C])
+    # every token (other packs' forwards pass an e0 [B, 6, C] instead of ComfyUI's [B, F, 6, C])
     rows_dims: int | None = None
     # more positional rows over the same sequence (the video side of an audio-video attention)
     more_pe: tuple[str, ...] = ()
