@@ -23,11 +23,9 @@ def format_percent(fraction: float) -> str | None:
     if not _finite(fraction) or fraction < 0:
         return None
     pct = fraction * 100
-    if pct == 0:
-        return "0%"
-    if pct < 1:
+    if 0 < pct < 1:
         return "<1%"
-    if round(pct) >= 100 and pct < 100:
+    if pct < 100 <= round(pct):
         return ">99%"
     return f"{round(pct)}%"
 
