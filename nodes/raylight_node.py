@@ -89,8 +89,7 @@ def patch_ray_actors(ray_actors: Any, ratio: float, tile_count: int, skip_blocks
                 "recompute_every": recompute_every}
     import ray
 
-    # the model lives on the GPUs: the first one says whether ToMA can patch it (at every
-    # ratio, as the ToMA node refuses a model it cannot patch)
+    # the first GPU's model says whether ToMA can patch it, at every ratio (as the ToMA node)
     refusal = ray.get(workers[0].model_function_runner_get_values.remote(shipped("check_on")))
     if refusal is not None:
         raise ValueError(refusal)

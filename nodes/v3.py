@@ -61,10 +61,7 @@ class _PackNode(io.ComfyNode):
 
 
 class _TokenMergeNode(_PackNode):
-    """ToMA and ToMAAdvanced (and ToMARay, which runs its own): the same widgets checked at
-    queue time, one implementation."""
-
-    RUN = staticmethod(patch_model)
+    """ToMA, ToMAAdvanced and ToMARay: the same widgets checked at queue time."""
 
     @classmethod
     def validate_inputs(cls, skip_blocks: str | None = None,
@@ -87,23 +84,16 @@ class _TokenMergeNode(_PackNode):
         return True
 
 
-class ToMA(_TokenMergeNode):
-    """Token merging with the measured defaults."""
-
-    SPEC = TOMA
-
-
-class ToMAAdvanced(_TokenMergeNode):
-    """Token merging with every setting exposed."""
-
-    SPEC = TOMA_ADVANCED
+def pack_node(spec: NodeSpec, base: type[_PackNode], run: Callable[..., Any]) -> type[_PackNode]:
+    """The class ComfyUI loads for node `spec`, named by its id: `base` running `run`."""
+    return type(spec.node_id, (base,), {"SPEC": spec, "RUN": staticmethod(run),
+                                        "__doc__": spec.description})
 
 
-class ToMAPreview(_PackNode):
-    """Preview of tiles, destinations and assignments over an image."""
-
-    SPEC = PREVIEW
-    RUN = staticmethod(render_preview)
+ToMA = pack_node(TOMA, _TokenMergeNode, patch_model)
+ToMAAdvanced = pack_node(TOMA_ADVANCED, _TokenMergeNode, patch_model)
+ToMAPreview = pack_node(PREVIEW, _PackNode, render_preview)
+ToMARay = pack_node(TOMA_RAY, _TokenMergeNode, patch_ray_actors)
 
 
 class ToMASpeedCheck(_PackNode):
@@ -115,13 +105,6 @@ class ToMASpeedCheck(_PackNode):
     def execute(cls, **inputs: Any) -> io.NodeOutput:
         _, chart = speed_check(**inputs, node_id=cls.hidden.unique_id)
         return io.NodeOutput(chart)
-
-
-class ToMARay(_TokenMergeNode):
-    """ToMA on every GPU of a raylight graph (RAY_ACTORS in and out)."""
-
-    SPEC = TOMA_RAY
-    RUN = staticmethod(patch_ray_actors)
 
 
 class ToMAExtension(ComfyExtension):
