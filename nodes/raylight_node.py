@@ -67,8 +67,6 @@ TOMA_RAY = NodeSpec(
 def raylight_installed() -> bool:
     """Whether raylight can run here: Ray importable, and raylight importable or its node
     folder (custom_nodes/<folder>/src/raylight) beside this pack's."""
-    import importlib.util
-
     if importlib.util.find_spec("ray") is None:
         return False
     if importlib.util.find_spec("raylight") is not None:
