@@ -2,22 +2,17 @@
 
 raylight's nodes pass RAY_ACTORS (one Ray actor per GPU, each holding its own ComfyUI
 ModelPatcher), not MODEL, so a patch on a graph's MODEL never reaches its GPUs. This node checks
-the first GPU's model (refused as the ToMA node refuses it) and returns the actors each wrapped
-(RayWorkerWithToMA): before a sampler after it samples, ToMA is installed on every actor's
-ModelPatcher through raylight's own `model_function_runner`, as its "(Ray)" nodes do; a failure
-on any GPU is raised, with ToMA taken off the others, before anything samples (ToMAOnActors).
-After sampling, each actor puts its ModelPatcher back (a failure there is raised once the
-sampling returns), so nothing stays on the actors. Ratio 0 returns the actors as they came. A
-method of the actors that ToMA does not know is refused rather than let it sample unmerged.
-
-The function an actor runs reaches a process that never imported this pack, maybe on another
-machine, by pickle: a closure holding the pack's sources, which imports the pack from them there
-under the same package name with the standard library alone (shipped).
+the first GPU's model (refused as the ToMA node refuses it) and wraps each actor
+(RayWorkerWithToMA), so that ToMA is on every actor's ModelPatcher only while a sampler after it
+samples (ToMAOnActors), installed through raylight's own `model_function_runner` by a function
+that carries the pack's sources to the actor's process (shipped).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import json
 import logging
 import operator
@@ -45,8 +40,8 @@ OTHER_METHODS = frozenset((
     "get_local_rank", "get_is_model_loaded", "patch_cfg", "patch_usp", "patch_pipefusion",
     "load_unet", "load_gguf_unet", "set_lora_list", "get_lora_list", "load_lora", "kill",
     "ray_vae_loader", "ray_vae_decode", "ray_vae_decode_partial", "ray_vae_decode_finalize",
-    "load_controlnet", "free_cached_controlnet", "free_cached_vae"))
-RAY_METHODS = frozenset(("__ray_ready__", "__ray_terminate__"))
+    "load_controlnet", "free_cached_controlnet", "free_cached_vae", "__ray_ready__",
+    "__ray_terminate__"))
 # where an installed ToMA keeps the ModelPatcher it was installed on
 BASE = "toma_ray_base"
 
@@ -72,8 +67,6 @@ TOMA_RAY = NodeSpec(
 def raylight_installed() -> bool:
     """Whether raylight can run here: Ray importable, and raylight importable or its node
     folder (custom_nodes/<folder>/src/raylight) beside this pack's."""
-    import importlib.util
-
     if importlib.util.find_spec("ray") is None:
         return False
     if importlib.util.find_spec("raylight") is not None:
@@ -94,8 +87,7 @@ def patch_ray_actors(ray_actors: Any, ratio: float, tile_count: int, skip_blocks
                 "recompute_every": recompute_every}
     import ray
 
-    # the model lives on the GPUs: the first one says whether ToMA can patch it (at every
-    # ratio, as the ToMA node refuses a model it cannot patch)
+    # the first GPU's model says whether ToMA can patch it, at every ratio (as the ToMA node)
     refusal = ray.get(workers[0].model_function_runner_get_values.remote(shipped("check_on")))
     if refusal is not None:
         raise ValueError(refusal)
@@ -185,9 +177,9 @@ class RayWorkerWithToMA:
         self._actor = group.actors[index]
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") and name not in RAY_METHODS:
+        if name.startswith("_") and name not in OTHER_METHODS:
             raise AttributeError(name)
-        if name in OTHER_METHODS or name in RAY_METHODS:    # clear_sampling_vram among them
+        if name in OTHER_METHODS:    # clear_sampling_vram among them
             if self._group.removals and not self._group.waiting:    # every actor sampled
                 self._group.settle()
             return getattr(self._actor, name)
@@ -232,20 +224,14 @@ def pack_sources() -> bytes:
 
 def shipped(function: str, *args: Any) -> Callable:
     """fn(model) -> model for an actor's model_function_runner: imports this pack under PACKAGE
-    in the actor's process (once) from the sources that travel with it, then runs
+    in the actor's process (once; a process that never imported it, maybe on another machine)
+    from the sources that travel with it, with the standard library alone, then runs
     `function`(model, *args) of this module there."""
     package, sources = PACKAGE, pack_sources()
 
     def run(model: Any) -> Any:
-        import importlib
-        import importlib.abc
-        import importlib.util
-        import json as json_module
-        import sys as system
-        import zlib as zlib_module
-
-        if package not in system.modules:
-            code = json_module.loads(zlib_module.decompress(sources))
+        if package not in sys.modules:
+            code = json.loads(zlib.decompress(sources))
 
             class ShippedPack(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 """The pack's modules from the shipped sources: first on the meta path (so that
@@ -257,9 +243,8 @@ def shipped(function: str, *args: Any) -> Callable:
                     self.start = f"{below}." if below else ""
 
                 def find_spec(self, name, path=None, target=None):
-                    below = "" if name == package else name[len(package) + 1:]
-                    if (name != package and not name.startswith(package + ".")) \
-                            or below not in code:
+                    below = name[len(package) + 1:]
+                    if not f"{name}.".startswith(f"{package}.") or below not in code:
                         return None
                     return importlib.util.spec_from_loader(name, self, origin=code[below][2],
                                                            is_package=code[below][0])
@@ -268,13 +253,12 @@ def shipped(function: str, *args: Any) -> Callable:
                     return None
 
                 def exec_module(self, module):
-                    below = "" if module.__name__ == package else \
-                        module.__name__[len(package) + 1:]
+                    below = module.__name__[len(package) + 1:]
                     is_package, source, origin = code[below]
                     module.__file__ = origin
                     if is_package:
                         module.__path__ = [f"{origin}:shipped"]
-                        system.path_importer_cache[module.__path__[0]] = ShippedPack(below)
+                        sys.path_importer_cache[module.__path__[0]] = ShippedPack(below)
                     exec(compile(source, origin, "exec"), module.__dict__)
 
                 def iter_modules(self, prefix=""):
@@ -283,7 +267,7 @@ def shipped(function: str, *args: Any) -> Callable:
                         if name.startswith(self.start) and rest and "." not in rest:
                             yield prefix + rest, is_package
 
-            system.meta_path.insert(0, ShippedPack())
+            sys.meta_path.insert(0, ShippedPack())
             importlib.import_module(package)
         target = importlib.import_module(f"{package}.nodes.raylight_node")
         return getattr(target, function)(model, *args)

@@ -5,10 +5,8 @@ raylight (komikndr/raylight) replaces a diffusion transformer's forward with its
 the token sequence to a multiple of the GPU count P, splits it into P equal shards before the
 block loop (positional rows sliced alike) and gathers it after; ComfyUI's "dit" replace patches
 still run, each on its own GPU's shard, and ToMA merges that shard (toma_core.shards says how).
-
-What raylight hands a block's patch differs per family (its own forwards); a family's block kinds
-say it (BlockKind.shard) where its sequence-parallel forward was read and tested. A kind without
-one runs unmerged under sequence parallelism, and says so.
+What raylight hands a block's patch differs per family (BlockKind.shard, set where its forward
+was read and tested); a kind without one runs unmerged there, and says so.
 """
 
 from __future__ import annotations

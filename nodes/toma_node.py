@@ -1,9 +1,8 @@
 """The ToMA and ToMAAdvanced nodes: their definitions (node_spec.NodeSpec) and what they do
-when they run. A widget appended later must also cope with text in its slot: ComfyUI's frontend
-1.35 (ComfyUI 0.8.0) saves the node's progress text (the stats of the last run,
-nodes/ui_stats.py) after the widget values.
-
-Tooltips and the description quote the defaults from the constants that define them.
+when they run (their queue-time check is nodes/v3.py's). A widget appended later must also cope
+with text in its slot: ComfyUI's frontend 1.35 (ComfyUI 0.8.0) saves the node's progress text
+(the stats of the last run, nodes/ui_stats.py) after the widget values. Tooltips and the
+description quote the defaults from the constants that define them.
 """
 
 from __future__ import annotations
@@ -20,9 +19,7 @@ from .options import (
     MAX_TILE_COUNT,
     MERGE_SCOPES,
     UNET_LEVELS,
-    check_number,
     make_options,
-    parse_skip_blocks,
 )
 from .unet_patch import AUTO_MIN_TOKENS, TOKENS_PER_TILE
 
@@ -108,9 +105,6 @@ DESCRIPTION = (
     "the sampler; it helps most at 1024x1024 and above. The help page lists the supported "
     "models and settings per model.")
 
-# The node's id in ComfyUI, which its stats are sent to (nodes/ui_stats.py).
-HIDDEN = ("unique_id",)
-
 TOMA = NodeSpec(
     node_id="ToMA",
     display_name="ToMA Token Merge",
@@ -118,7 +112,7 @@ TOMA = NodeSpec(
     description=DESCRIPTION,
     inputs=BASIC_INPUTS,
     outputs=("MODEL",),
-    hidden=HIDDEN,
+    hidden=("unique_id",),
 )
 TOMA_ADVANCED = NodeSpec(
     node_id="ToMAAdvanced",
@@ -129,30 +123,8 @@ TOMA_ADVANCED = NodeSpec(
     "batch policy and logging.",
     inputs={**BASIC_INPUTS, **ADVANCED_INPUTS},
     outputs=("MODEL",),
-    hidden=HIDDEN,
+    hidden=("unique_id",),
 )
-
-
-def check_inputs(skip_blocks: str | None = None, ratio: float | None = None) -> bool | str:
-    """ComfyUI's check before the graph runs (the nodes' validate_inputs): an unreadable
-    skip_blocks fails the queueing on every model (a typo should not wait for a transformer to
-    surface), and so does a NaN ratio (it compares false with both bounds, and ComfyUI leaves
-    the range check of the inputs a node validates to the node). None: the value comes through
-    a link, and make_options checks it when the node runs.
-
-    True, or a message naming the widget within its text: ComfyUI shows it under the name of
-    every input validate_inputs takes ("ratio - ..."), so it cannot start with the name."""
-    try:
-        if ratio is not None:
-            check_number("ratio", ratio, 0.0, MAX_RATIO)
-        if skip_blocks is not None:
-            parse_skip_blocks(skip_blocks)
-    except ValueError as error:
-        message = str(error)
-        if message.startswith("skip_blocks: "):
-            return f"{message.removeprefix('skip_blocks: ')} (skip_blocks)"
-        return message
-    return True
 
 
 def patch_model(model: Any, ratio: float, tile_count: int, skip_blocks: str,

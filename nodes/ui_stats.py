@@ -23,11 +23,9 @@ def format_percent(fraction: float) -> str | None:
     if not _finite(fraction) or fraction < 0:
         return None
     pct = fraction * 100
-    if pct == 0:
-        return "0%"
-    if pct < 1:
+    if 0 < pct < 1:
         return "<1%"
-    if round(pct) >= 100 and pct < 100:
+    if pct < 100 <= round(pct):
         return ">99%"
     return f"{round(pct)}%"
 
@@ -66,14 +64,14 @@ def format_stats(stats: dict) -> str:
 
 
 def send_stats(node_id: str | None, stats: dict) -> None:
-    """Show format_stats(stats) on node `node_id` (its execution id, "12" or "5:12" inside a
-    subgraph) in every connected browser; a no-op without a server (tests, scripts) or
-    without a node id (model patched outside a graph)."""
+    """Show format_stats(stats) on node `node_id` (send_text)."""
     send_text(node_id, format_stats(stats))
 
 
 def send_text(node_id: str | None, text: str) -> None:
-    """Show `text` on node `node_id` as ComfyUI's progress text (see send_stats)."""
+    """Show `text` on node `node_id` (its execution id, "12" or "5:12" inside a subgraph) in
+    every connected browser, as ComfyUI's progress text; a no-op without a server (tests,
+    scripts) or without a node id (model patched outside a graph)."""
     if node_id is None:
         return
     try:

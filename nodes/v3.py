@@ -1,9 +1,6 @@
 """The pack's nodes in ComfyUI's V3 node API (comfy_api.latest), built from their plain
-definitions (node_spec.NodeSpec).
-
-This module needs ComfyUI to import: only the pack's comfy_entrypoint, which only ComfyUI calls,
-imports it. It uses only what comfy_api.latest has in ComfyUI v0.3.64, the oldest version the
-pack supports.
+definitions (node_spec.NodeSpec), with only what comfy_api.latest has in ComfyUI v0.3.64, the
+oldest version the pack supports. Only comfy_entrypoint imports it (it needs ComfyUI).
 """
 
 from __future__ import annotations
@@ -14,10 +11,11 @@ from typing import Any, ClassVar
 from comfy_api.latest import ComfyExtension, io
 
 from .node_spec import NodeSpec
+from .options import MAX_RATIO, check_number, parse_skip_blocks
 from .preview_node import PREVIEW, render_preview
 from .raylight_node import TOMA_RAY, patch_ray_actors, raylight_installed
 from .speed_check import SPEED_CHECK, speed_check
-from .toma_node import TOMA, TOMA_ADVANCED, check_inputs, patch_model
+from .toma_node import TOMA, TOMA_ADVANCED, patch_model
 
 IO_TYPES: dict[str, type[io.ComfyTypeIO]] = {
     "MODEL": io.Model, "IMAGE": io.Image, "FLOAT": io.Float, "INT": io.Int,
@@ -63,35 +61,39 @@ class _PackNode(io.ComfyNode):
 
 
 class _TokenMergeNode(_PackNode):
-    """ToMA and ToMAAdvanced (and ToMARay, which runs its own): the same widgets checked at
-    queue time, one implementation."""
-
-    RUN = staticmethod(patch_model)
+    """ToMA, ToMAAdvanced and ToMARay: the same widgets checked at queue time."""
 
     @classmethod
     def validate_inputs(cls, skip_blocks: str | None = None,
                         ratio: float | None = None) -> bool | str:
-        """toma_node.check_inputs, when the workflow is queued."""
-        return check_inputs(skip_blocks, ratio)
+        """ComfyUI's check when the workflow is queued: an unreadable skip_blocks fails it on
+        every model (a typo should not wait for a transformer to surface), and so does a NaN
+        ratio (ComfyUI leaves the range check of the inputs a node validates to the node); a
+        linked value (None) is checked by make_options when the node runs. A message names the
+        widget inside, not first: ComfyUI shows it after each validated input's name."""
+        try:
+            if ratio is not None:
+                check_number("ratio", ratio, 0.0, MAX_RATIO)
+            if skip_blocks is not None:
+                parse_skip_blocks(skip_blocks)
+        except ValueError as error:
+            message = str(error)
+            if message.startswith("skip_blocks: "):
+                return f"{message.removeprefix('skip_blocks: ')} (skip_blocks)"
+            return message
+        return True
 
 
-class ToMA(_TokenMergeNode):
-    """Token merging with the measured defaults."""
-
-    SPEC = TOMA
-
-
-class ToMAAdvanced(_TokenMergeNode):
-    """Token merging with every setting exposed."""
-
-    SPEC = TOMA_ADVANCED
+def pack_node(spec: NodeSpec, base: type[_PackNode], run: Callable[..., Any]) -> type[_PackNode]:
+    """The class ComfyUI loads for node `spec`, named by its id: `base` running `run`."""
+    return type(spec.node_id, (base,), {"SPEC": spec, "RUN": staticmethod(run),
+                                        "__doc__": spec.description})
 
 
-class ToMAPreview(_PackNode):
-    """Preview of tiles, destinations and assignments over an image."""
-
-    SPEC = PREVIEW
-    RUN = staticmethod(render_preview)
+ToMA = pack_node(TOMA, _TokenMergeNode, patch_model)
+ToMAAdvanced = pack_node(TOMA_ADVANCED, _TokenMergeNode, patch_model)
+ToMAPreview = pack_node(PREVIEW, _PackNode, render_preview)
+ToMARay = pack_node(TOMA_RAY, _TokenMergeNode, patch_ray_actors)
 
 
 class ToMASpeedCheck(_PackNode):
@@ -103,13 +105,6 @@ class ToMASpeedCheck(_PackNode):
     def execute(cls, **inputs: Any) -> io.NodeOutput:
         _, chart = speed_check(**inputs, node_id=cls.hidden.unique_id)
         return io.NodeOutput(chart)
-
-
-class ToMARay(_TokenMergeNode):
-    """ToMA on every GPU of a raylight graph (RAY_ACTORS in and out)."""
-
-    SPEC = TOMA_RAY
-    RUN = staticmethod(patch_ray_actors)
 
 
 class ToMAExtension(ComfyExtension):
