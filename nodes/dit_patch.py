@@ -244,7 +244,6 @@ class DiTToMA:
         """Whether positional rows and mask line up with the sequence, no opaque argument is
         set and no other pack patches inside the block (else it runs unmerged)."""
         for name in kind.pe_names:
-            # kind.stream_pe's rows follow the stream alone
             seq = lay if name not in kind.stream_pe else Layout(lay.offset, lay.offset,
                                                                  stream.shape[1])
             for pe in position_tensors(args.get(name), seq.pe_item):
@@ -482,10 +481,9 @@ class DiTToMA:
 
 def sized_attention(func: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     heads: int, mask: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
-    """ComfyUI's attention override in a merged block: keys k [B, L', H*D] or [B, H, L', D] of
-    the merged length get transformer_options[SIZE_BIAS]'s bias [B, 1, 1, L'] (added to the
-    block's own mask), others (a cross-attention's text) none; then the override that stood
-    there before, or ComfyUI's attention `func`."""
+    """ComfyUI's attention override in a merged block: keys k [B, L', H*D] or [B, H, L', D] of the
+    merged length get transformer_options[SIZE_BIAS]'s bias [B, 1, 1, L'] (on the block's own
+    mask), others (a cross-attention's text) none; then the override that stood there, or `func`."""
     bias, previous = kwargs["transformer_options"][SIZE_BIAS]
     if k.shape[-2] == bias.shape[-1]:
         if bias.dtype != q.dtype:

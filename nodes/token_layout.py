@@ -1,7 +1,6 @@
-"""Where a diffusion transformer's tokens are, and how merging changes the rows that describe
-them: the layout of a block's sequence (text, grid, references), positional (RoPE) rows, attention
-masks and per-frame modulation rows, read and rewritten for a merge plan. Pure tensor and shape
-work; dit_patch.py decides when it applies."""
+"""Where a diffusion transformer's tokens are (text, grid, references), and its positional (RoPE)
+rows, attention masks and modulation rows rewritten for a merge plan: pure tensor and shape work;
+dit_patch.py decides when it applies."""
 
 from __future__ import annotations
 
