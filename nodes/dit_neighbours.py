@@ -1,12 +1,9 @@
-"""Other nodes that change a diffusion transformer's blocks from outside the "dit" patches,
-seen on the host once per run (before any block runs); their calls or blocks run unmerged,
-and the user is told which node did it.
-
-- Replaced blocks: a node swapping the block list for its own (First Block Cache's
-  CachedTransformerBlocks calls them as modules, past ToMA's replace patches).
-- Patched self-attention: an object patch of a block's self-attention module may read tokens
-  as whole frames (KJNodes' Enhance-A-Video scores frames from the query length). Patches of
-  cross-attention or feed-forward modules (NAG, chunked feed-forward) work token by token.
+"""Other nodes that change a diffusion transformer's blocks from outside the "dit" patches, seen
+on the host once per run: a replaced block list (First Block Cache's CachedTransformerBlocks
+calls the blocks as modules, past ToMA's replace patches) or a patched self-attention module
+(which may read tokens as whole frames, as KJNodes' Enhance-A-Video does; cross-attention and
+feed-forward patches work token by token). Those calls or blocks run unmerged, and the user is
+told which node did it.
 """
 
 from __future__ import annotations

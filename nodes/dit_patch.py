@@ -1,25 +1,15 @@
 """ToMA for ComfyUI's diffusion transformers: one block patch for every family in families/
 (dit_families says how each hooks its blocks and where their tokens are).
 
-A merged block runs ComfyUI's own block (or the patch another pack put there, which ToMA wraps)
-on a shorter sequence: the grid merged with the destinations' positional, mask and per-token
-modulation rows, per-frame modulation rows regrouped, every other token (text, references,
-padding, guide frames...) untouched. Only the block's update of the grid is unmerged:
-    grid_out = grid + unmerge(block(merge(grid)) - merge(grid))
-Destinations come from the layer-normed grid entering the first block of a group (dit_reading),
-on the recompute_every schedule; blocks in skip_blocks run unchanged (and are counted).
-
-What other packs' code sees, decided at every block call from what ComfyUI hands the block:
-- Patches run inside the block (attn1/attn2 and their output patches) may read tokens by grid
-  position: the block runs unmerged, and the user is told once; so do arguments the family
-  marks opaque, when set. Those it marks shortened are shortened with the grid.
-- Another pack's "dit" replace or object patch of the block runs on the merged arguments.
-- An attention override gets the merged queries, keys and values; with SIZE_WEIGHTED,
-  sized_attention stands in front of it (not in sequence-parallel calls, nor for attention
-  handed the model call's transformer_options).
-- A merged block's transformer_options carry MERGED_FLAG and `img_slice` shortened
-  (token_layout.merged_options); `grid_sizes` and `reference_image_num_tokens` still describe
-  the unmerged input. Patches after a block and before the blocks see full length.
+A merged block runs ComfyUI's block (or another pack's patch there, which ToMA wraps) on the grid
+merged with its positional, mask and modulation rows (token_layout), other tokens untouched; only
+the block's update of the grid is unmerged: grid + unmerge(block(merge(grid)) - merge(grid)).
+Destinations come from the layer-normed grid entering a group's first block (dit_reading).
+Patches inside the block (attn1/attn2 and their output patches) and opaque arguments may read
+tokens by grid position: such calls run unmerged, and the user is told. Other packs' "dit"
+replace or object patches get the merged arguments, an attention override the merged q, k, v
+(with SIZE_WEIGHTED, sized_attention in front of it), transformer_options MERGED_FLAG and a
+shortened `img_slice` (`grid_sizes` still describe the unmerged input).
 """
 from __future__ import annotations
 
@@ -70,19 +60,18 @@ SIZE_BIAS = "toma_size_bias"
 class DiTToMA:
     """The patch functions for one ToMA node on one diffusion transformer.
 
-    groups: (kind key, block index) -> first index of its group, for merged blocks only.
-    attention: the family's attention_hooks for merge_scope "attention", or None (whole
-    blocks).
+    groups: (kind key, block index) -> first index of its group, for merged blocks only;
+    attention: the family's attention_hooks for merge_scope "attention", or None (whole blocks);
+    prefix_layers: the layers whose prompt keys and values it keeps (DiTReading.prefix_layers).
     """
 
     def __init__(self, state: ToMAState, family: Family, groups: dict[tuple[str, int], int],
-                 attention=None) -> None:
+                 attention=None, prefix_layers: list[torch.nn.Module] | None = None) -> None:
         self.state = state
         self.family = family
         self.groups = groups
         self.attention = attention
-        # the layers whose prompt keys and values it keeps (DiTReading.prefix_layers)
-        self.prefix_layers: list[torch.nn.Module] | None = None
+        self.prefix_layers = prefix_layers
 
     # One block call ------------------------------------------------------------------------------
     def block_call(self, kind: BlockKind, index: int, args: dict,
@@ -182,23 +171,19 @@ class DiTToMA:
     def shard_plan_for(self, kind: BlockKind, group: int, args: dict, stream: torch.Tensor,
                        options: dict, call: ModelCall, layer: str
                        ) -> tuple[MergePlan, Layout, dict, tuple] | None:
-        """plan_for on a sequence shard [B, S, C] (sequence_parallel.py). Every decision comes
-        from what is alike on every rank (shapes, options, the call's grid), so that every rank
-        merges or none does: the attention's all-to-all needs equal lengths."""
+        """plan_for on a sequence shard [B, S, C] (sequence_parallel.py), deciding from what is
+        alike on every rank: every rank merges or none does (the all-to-all needs equal lengths)."""
         shard, spec, label = call.shard, kind.shard, self.family.label
         if spec is None:
             call.note(f"ToMA does not merge {label} under raylight's sequence parallelism "
                       f"({shard.forward}): those model calls run unmerged")
             return None
-        text = 0
-        if spec.text_in_stream:
-            span = options.get("img_slice")
-            text = int(span[0]) if span else call.txt_len
-            if text is None:
-                call.note(f"{label}'s {kind.key} blocks under raylight's sequence parallelism "
-                          f"got no text length (img_slice): those blocks run unmerged")
-                return None
-        geometry = ShardGeometry(shard.world, stream.shape[1], text + call.prefix,
+        lay = layout(kind, args, stream, call, options)  # text_in_stream kinds: STREAM_BEFORE
+        if lay is None:
+            call.note(f"{label}'s {kind.key} blocks under raylight's sequence parallelism "
+                      f"got no text length (img_slice): those blocks run unmerged")
+            return None
+        geometry = ShardGeometry(shard.world, stream.shape[1], lay.offset,
                                  self.regions_of(call.grid, self.family.frames_per_region))
         if not geometry.fits():
             call.note(f"a {shard.world} x {stream.shape[1]}-token split sequence cannot hold "
@@ -259,7 +244,6 @@ class DiTToMA:
         """Whether positional rows and mask line up with the sequence, no opaque argument is
         set and no other pack patches inside the block (else it runs unmerged)."""
         for name in kind.pe_names:
-            # kind.stream_pe's rows follow the stream alone
             seq = lay if name not in kind.stream_pe else Layout(lay.offset, lay.offset,
                                                                  stream.shape[1])
             for pe in position_tensors(args.get(name), seq.pe_item):
@@ -383,8 +367,8 @@ class DiTToMA:
         if not kind.takes_options:
             return out, merged, base
         out["transformer_options"] = sized = merged_options(
-            options, lay.seq_start, plan, call.grid, None if merged is None else lay.offset,
-            self, call.shard is not None and kind.shard.text_in_stream)
+            options, lay.seq_start, plan, None if merged is None else lay.offset, self,
+            call.shard is not None and kind.shard.text_in_stream)
         if SIZE_WEIGHTED and call.shard is None:
             length = lay.seq_len - dropped
             bias = plan.size_biases.get((length, lay.seq_start, stream.dtype))  # no call when kept
@@ -409,8 +393,7 @@ class DiTToMA:
     @staticmethod
     def once(call: ModelCall, key: tuple, source: torch.Tensor,
              make: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """make() for this source, made once per call and key (a group's blocks get the same
-        rows and mask) and again if the source differs."""
+        """make() for this source, once per call and key (a group's blocks share rows and mask)."""
         kept = call.merged_rows.get(key)
         old = None if kept is None else kept[0]
         # tuples (positional rows as a (rotation, split) pair) item by item: torch.compile
@@ -473,9 +456,8 @@ class DiTToMA:
         return forward
 
     def positions_forward(self, kind: BlockKind, original: Callable) -> Callable:
-        """An object patch for the forward of a block holding this node's "dit" replace patch,
-        to which ComfyUI's loop hands kind.positions (by name, beside transformer_options): in
-        a call this node merged (its MERGED_FLAG), those past the grid move back."""
+        """An object patch for the forward of a block holding this node's "dit" replace patch:
+        in a call this node merged (its MERGED_FLAG), kind.positions past the grid move back."""
 
         def forward(*args, **kwargs):
             options = kwargs.get("transformer_options")
@@ -499,10 +481,9 @@ class DiTToMA:
 
 def sized_attention(func: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     heads: int, mask: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
-    """ComfyUI's attention override in a merged block: keys k [B, L', H*D] or [B, H, L', D] of
-    the merged length get transformer_options[SIZE_BIAS]'s bias [B, 1, 1, L'] (added to the
-    block's own mask), others (a cross-attention's text) none; then the override that stood
-    there before, or ComfyUI's attention `func`."""
+    """ComfyUI's attention override in a merged block: keys k [B, L', H*D] or [B, H, L', D] of the
+    merged length get transformer_options[SIZE_BIAS]'s bias [B, 1, 1, L'] (on the block's own
+    mask), others (a cross-attention's text) none; then the override that stood there, or `func`."""
     bias, previous = kwargs["transformer_options"][SIZE_BIAS]
     if k.shape[-2] == bias.shape[-1]:
         if bias.dtype != q.dtype:
@@ -529,10 +510,8 @@ def with_bias(mask: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 class Parameters:
     """A block forward's parameter names, read once: binding a call by name is then tuple and
     dict work torch.compile traces (inspect.Signature.bind breaks the graph at every block).
-
-    names: those taking a value by position or name, in order; keywords: those and the
-    keyword-only ones; extra: it takes **kwargs; plain: that is all it takes (else its calls
-    run as they came, unbound)."""
+    names: positional-or-keyword, in order; keywords: those and the keyword-only ones; extra: it
+    takes **kwargs; plain: that is all it takes (else its calls run as they came, unbound)."""
 
     names: tuple[str, ...]
     keywords: frozenset[str]
@@ -584,8 +563,7 @@ def patch_dit(model, state: ToMAState, reading: DiTReading, patches: ForwardPatc
                              f"variant; whole blocks merge")
     for why in reading.aside:
         state.setup_note(f"{why}: ToMA leaves those {family.label} blocks unmerged")
-    toma = DiTToMA(state, family, groups, attention)
-    toma.prefix_layers = reading.prefix_layers
+    toma = DiTToMA(state, family, groups, attention, reading.prefix_layers)
     # Skipped blocks get a patch too: it records text lengths and counts them in the stats.
     for kind in family.kinds:
         # blocks taking no transformer_options get no MERGED_FLAG: were another ToMA node's

@@ -1,21 +1,15 @@
-"""The keys and values of a causal prompt kept across a run's steps, while ToMA's patches are
-in place (a family's `prefix_cache`).
+"""A causal prompt's keys and values kept across a run's steps while ToMA's patches are in place
+(a family's `prefix_cache`).
 
-Such a family's blocks run one sequence whose first `length` tokens (call.prompt_length) attend
-causally among themselves only: their keys and values in every layer depend on the prompt
-alone. ToMA keeps them per run and cond batch (the call's identity: cond uuids and order,
-context window, device), deciding on the host per model call (`open_prefix`): "cold" while the
-run holds no complete entry for it, each layer running the whole sequence and leaving its
-prompt keys and values (K, V [B, H_kv, length, D], after RoPE); else "hot", each layer running
-the tokens after the prompt (merged or not) over the kept ones, as ComfyUI's hot path does. A
-hot block still hands back the length it got, the prompt's rows as they came in: ComfyUI's
-loop picks the image rows by their place, and no layer reads the prompt's rows but to make
-the keys and values kept here. It is all or nothing over the layers (the rows a hot layer
-hands on are stale): DiTReading.keeps_prompt says when it applies.
-
-The kept keys and values are copies made under forward_patches.kept_allocations(): on ComfyUI
-0.34 and later, a forward in the "Comfy model compiler"'s malloc graph must not record a tensor
-that outlives its step.
+The first call.prompt_length tokens attend causally among themselves only: their keys and values
+in every layer depend on the prompt alone. They are kept per run and cond batch (the call's
+identity), decided on the host per model call (open_prefix): "cold" until the run holds every
+layer's, each layer running the whole sequence and keeping its prompt K, V; then "hot", each
+layer running the tokens after the prompt over the kept ones and handing the prompt's rows back
+as they came (ComfyUI's loop picks the image rows by their place; no layer reads the prompt's
+rows but to make the kept keys and values). All or nothing over the layers: DiTReading.keeps_prompt
+says when it applies. Copies are made under kept_allocations(): a forward in a malloc graph
+("Comfy model compiler") must not record a tensor that outlives its step.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Where a diffusion transformer's tokens are, and how merging changes the rows that describe
-them: the layout of a block's sequence (text, grid, references), positional (RoPE) rows, attention
-masks and per-frame modulation rows, read and rewritten for a merge plan. Pure tensor and shape
-work; dit_patch.py decides when it applies."""
+"""Where a diffusion transformer's tokens are (text, grid, references), and its positional (RoPE)
+rows, attention masks and modulation rows rewritten for a merge plan: pure tensor and shape work;
+dit_patch.py decides when it applies."""
 
 from __future__ import annotations
 
@@ -31,9 +30,8 @@ class Layout:
 
 
 def stream_of(kind: BlockKind, value: object) -> torch.Tensor | None:
-    """The tensor [B, L, C] holding the grid in the stream argument's `value` (its
-    `stream_item` where the stream is a tuple; a batch axis of one put in front where the
-    stream has none), None when it is not there."""
+    """The tensor [B, L, C] holding the grid in the stream argument's `value` (as BlockKind's
+    stream_item, batched and grid_axes say), None when it is not there."""
     if not kind.batched:
         return value.unsqueeze(0) if isinstance(value, torch.Tensor) else None
     if kind.grid_axes:
@@ -48,9 +46,8 @@ def stream_of(kind: BlockKind, value: object) -> torch.Tensor | None:
 
 def with_stream(kind: BlockKind, value: object, tensor: torch.Tensor,
                 full: torch.Tensor | None = None) -> object:
-    """The stream argument's `value` holding `tensor` [B, L, C] in place of its grid tensor; a
-    grid laid out on its axes (kind.grid_axes) takes the shape of `full`, the block's input,
-    where it holds as many tokens, else [B, 1, 1, L, C]."""
+    """The stream argument's `value` holding `tensor` [B, L, C] in place of its grid tensor;
+    with kind.grid_axes, in the shape of `full` (the block's input) where it holds as many."""
     if not kind.batched:
         return tensor[0]
     if kind.grid_axes:
@@ -68,8 +65,7 @@ def layout(kind: BlockKind, args: dict, stream: torch.Tensor, call: ModelCall,
     """The grid's place in this call of a block whose grid tensor is `stream` [B, L, C]
     (dit_families' module docstring), None when the text length a single-stream block needs
     is unknown."""
-    n_stream = stream.shape[1]
-    prefix = call.prefix
+    n_stream, prefix = stream.shape[1], call.prefix
     txt = args.get(kind.txt) if kind.txt else None
     n_txt = txt.shape[1] if isinstance(txt, torch.Tensor) else 0
     if kind.text is TextAt.BEFORE:
@@ -79,9 +75,7 @@ def layout(kind: BlockKind, args: dict, stream: torch.Tensor, call: ModelCall,
     if kind.text is TextAt.STREAM_BEFORE:
         span = options.get("img_slice")
         text = int(span[0]) if span else call.txt_len
-        if text is None:
-            return None
-        return Layout(text + prefix, text + prefix, n_stream)
+        return None if text is None else Layout(text + prefix, text + prefix, n_stream)
     return Layout(prefix, prefix, n_stream)
 
 
@@ -111,15 +105,14 @@ def position_tensors(value: object, item: int | None = None) -> list[torch.Tenso
     return []
 
 
-def merged_options(options: dict, start: int, plan: MergePlan, grid: tuple[int, ...],
-                   offset: int | None, by: object, shard: bool) -> dict:
-    """transformer_options for a block on a merged sequence: MERGED_FLAG with where the merged
-    grid is (`offset` in the stream, None where only the attention merged; `by`: the patch
-    that merged it), and `img_slice` ([start, end) of the image) shortened by the tokens merged
-    away where it holds the grid starting at `start`, or on every rank alike where `shard`
-    (sequence-parallel single blocks' [whole text's length, shard's length])."""
-    out = {**options, MERGED_FLAG: {"start": start, "tokens": plan.tokens,
-                                    "merged_tokens": plan.merged_tokens, "grid": grid,
+def merged_options(options: dict, start: int, plan: MergePlan, offset: int | None, by: object,
+                   shard: bool) -> dict:
+    """transformer_options for a block on a merged sequence: MERGED_FLAG with the grid's tokens
+    before and after merging, `offset` in the stream (None where only the attention merged) and
+    `by`, the patch that merged it; `img_slice` ([start, end) of the image) shortened by the
+    tokens merged away where it holds the grid starting at `start`, or on every rank alike where
+    `shard` (sequence-parallel single blocks' [whole text's length, shard's length])."""
+    out = {**options, MERGED_FLAG: {"tokens": plan.tokens, "merged_tokens": plan.merged_tokens,
                                     "offset": offset, "by": by}}
     span = options.get("img_slice")
     if span is not None and len(span) == 2 and (shard or span[0] <= start < span[1]):
@@ -131,9 +124,8 @@ def moved_positions(value: object, start: int, end: int, dropped: int,
                     spans: bool = False) -> object | None:
     """Token positions (an index, or spans (first, stop, value...)) in a stream whose grid
     [start, end) merges `dropped` tokens away: those at or past `end` move back by `dropped`.
-    None where one lies strictly inside the grid; with `spans` (BlockKind.spans) also where
-    the value is no list of spans, or a span covers part of the grid or holds a tensor (values
-    per token) over it."""
+    None where one lies strictly inside the grid; with `spans`, also where BlockKind.spans
+    says the block runs unmerged, or the value is no list of spans."""
     if isinstance(value, (int, torch.SymInt)) and not spans:
         return None if start < value < end else value - dropped if value >= end else value
     if not isinstance(value, (tuple, list)):
@@ -157,9 +149,8 @@ def moved_positions(value: object, start: int, end: int, dropped: int,
 
 def merged_positions(kind: BlockKind, plan: MergePlan, value: object, lay: Layout) -> object:
     """A positional-rows argument for the merged sequence: each of its tensors (its item
-    lay.pe_item alone where that is set) merged along its token axis; rows a block broadcasts
-    over its heads (kind.pe_heads) get the head axis back when the batch's items merged apart:
-    [1, L, D] -> [B, 1, L', D]."""
+    lay.pe_item alone where that is set) merged along its token axis (kind.pe_heads: [1, L, D]
+    -> [B, 1, L', D] when the batch's items merged apart)."""
 
     def merged(pe: torch.Tensor) -> torch.Tensor:
         out = plan.merge_positions(pe, token_axis(pe, lay.seq_len), lay.seq_start)
