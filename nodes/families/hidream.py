@@ -1,10 +1,8 @@
-"""HiDream-I1 (and E1's edit calls, which run unmerged): double-stream blocks with the image in
-one stream and the text in the other (attention over [image; text]), then single-stream blocks
-on one sequence [image; text; this block's Llama layer], the text (T5 and Llama states) after
-the image. ComfyUI calls the blocks without replace patches: ToMA patches each block's forward.
-The double blocks return (image, text); the single blocks drop the Llama layer they were given
-again after the block. The MoE feed-forward routes each merged token like any other token.
-"""
+"""HiDream-I1 (and E1's edit calls, which run unmerged): double-stream blocks with image and
+text apart (attention over [image; text]), returning (image, text), then single-stream blocks
+on [image; text; this block's Llama layer], which drop that layer again after the block.
+Object patches (no replace patches); the MoE feed-forward routes each merged token like any
+other."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """HiDream-O1: a Qwen3-VL decoder (pixel space, 32-pixel patches) over one sequence
-[prompt; tms; image; reference patches], the prompt causal and first. One kind of layer, which
-ComfyUI's forward hands to "dit" replace patches ("double_block"). Only the image merges: the
-prompt (with an edit's ViT tokens spliced in) stays in front, the reference patches behind.
-
-ComfyUI keeps the prompt's keys and values across steps only while no block is replaced, so
-ToMA keeps them itself while its patches are in place (prefix_cache.py): from a prompt's second
-call the layers run on the tokens after the prompt, merged or not.
-"""
+[prompt; tms; image; reference patches], the causal prompt first, its layers handed to "dit"
+replace patches. Only the image merges. ToMA keeps the prompt's keys and values across steps
+itself while its patches are in place (prefix_cache.py): ComfyUI does so only while no block
+is replaced."""
 
 from __future__ import annotations
 

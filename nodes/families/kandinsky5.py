@@ -1,11 +1,8 @@
-"""Kandinsky 5 (comfy/ldm/kandinsky5, ComfyUI 0.8 and later): video (Kandinsky5) and image
-(Kandinsky5Image) models of one class. The text runs through its own encoder blocks first
-(never patched: text only); the visual blocks, one kind, attend over the image tokens only (the
-text is cross-attention context), with RoPE over (t, h, w) and one modulation vector per batch
-item. They get object patches of their forward: the "dit" replace patches' original_block calls
-the block with keywords it does not take (x=, context=). The leading frames
-Kandinsky5ImageToVideo's start image latent (`time_dim_replace`) overwrites are given and never
-merge."""
+"""Kandinsky 5 (comfy/ldm/kandinsky5, ComfyUI 0.8 and later): video and image models of one
+class. Its visual blocks, one kind, attend over the image tokens only (the text runs through its
+own blocks first, unpatched, then is cross-attention context). They get object patches of
+their forward: the "dit" replace patches' original_block calls the block with keywords it does
+not take (x=, context=). The start image's frames (`time_dim_replace`) never merge."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Qwen-Image and Qwen-Image-Edit: one kind of block with text and image in two streams
-(attention over [text; image]); edit reference images are appended after the image tokens and
-never merge. References with "index_timestep_zero" (Qwen-Image-Edit 2511) get timestep zero's
-modulation from the token index where the image ends, which ComfyUI's block loop hands the
-block beside the replace patch's arguments: ToMA moves it with the merged image."""
+(attention over [text; image]); edit references after the image never merge. With
+"index_timestep_zero" (Edit 2511) ComfyUI's block loop hands the blocks the index where the
+references start, beside the replace patch's arguments: it moves with the merged image."""
 
 from __future__ import annotations
 
