@@ -21,12 +21,9 @@ KINDS = (BlockKind("double_block", "double_stream_blocks", "d", TextAt.AFTER, tx
 
 MODELS = "HiDream-I1"
 
-
-HIDREAM = "comfy.ldm.hidream.model:HiDreamImageTransformer2DModel"
-
 CONTRACT = Contract(
     "HiDream",
-    models={HIDREAM: ()},
+    models={"comfy.ldm.hidream.model:HiDreamImageTransformer2DModel": ()},
     needs=(conditioning("HiDream", ("image_cond",)),),
     kinds=KINDS,
 )
@@ -38,9 +35,8 @@ def family(diffusion_model) -> Family:
 
 def description(patch: tuple[int, int, int]) -> Family:
     def describe(call, base_model, arguments: dict) -> str | None:
-        """The (1, h, w) grid of latent x [B, C, H, W]. HiDream-E1's edit image (image_cond) is
-        put beside the latent along the width before patching, so its tokens sit inside every
-        row of the token grid: those calls run unmerged rather than merge it."""
+        """The (1, h, w) grid of latent x [B, C, H, W]; calls with HiDream-E1's edit image
+        (image_cond, beside the latent along the width before patching) run unmerged."""
         if arguments.get("image_cond") is not None:
             return unmerged(call, "HiDream-E1's edit image shares every row of the token "
                                   "grid with the image")

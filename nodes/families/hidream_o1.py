@@ -17,11 +17,10 @@ MODELS = "HiDream-O1"
 KINDS = (BlockKind("double_block", "language_model.layers", "", TextAt.STREAM_BEFORE, stream="x",
                    txt=None, pe="freqs_cis", mask="attention_mask", pe_heads=True),)
 PATCH = (1, 32, 32)
-HIDREAM_O1 = "comfy.ldm.hidream_o1.model:HiDreamO1Transformer"
 
 CONTRACT = Contract(
     "HiDream-O1",
-    models={HIDREAM_O1: ()},
+    models={"comfy.ldm.hidream_o1.model:HiDreamO1Transformer": ()},
     needs=(Gives("comfy.ldm.hidream_o1.conditioning:build_extra_conds", ("input_ids", "ar_len"),
                  what="conditioning"),),
     # how prefix_cache.py runs a layer on its own
@@ -31,17 +30,16 @@ CONTRACT = Contract(
 )
 
 
-RAYLIGHT_REFUSAL = ("raylight's HiDream-O1 forward puts the whole prompt in front of every GPU's "
-                    "share of the image tokens, a split ToMA's shard plans do not describe")
-
-
 def family(diffusion_model) -> Family:
     return description()
 
 
 def description() -> Family:
     return Family("hidream_o1", "HiDream-O1", KINDS, PATCH, describe, prefix_cache=True,
-                  sequence_parallel_refusal=RAYLIGHT_REFUSAL)
+                  sequence_parallel_refusal=(
+                      "raylight's HiDream-O1 forward puts the whole prompt in front of every "
+                      "GPU's share of the image tokens, a split ToMA's shard plans do not "
+                      "describe"))
 
 
 def describe(call, base_model, arguments: dict) -> str | None:

@@ -14,11 +14,10 @@ MODELS = "Ideogram 4"
 KINDS = (BlockKind("layer", "layers", "", TextAt.STREAM_BEFORE, stream="x", txt=None,
                    pe="freqs_cis", mask="attn_mask", hook="object"),)
 
-IDEOGRAM4 = "comfy.ldm.ideogram4.model:Ideogram4Transformer2DModel"
 
 CONTRACT = Contract(
     "Ideogram 4",
-    models={IDEOGRAM4: ()},
+    models={"comfy.ldm.ideogram4.model:Ideogram4Transformer2DModel": ()},
     needs=(conditioning("Ideogram4", ("c_crossattn", "attention_mask")),),
     kinds=KINDS,
 )

@@ -29,12 +29,9 @@ KINDS = (BlockKind("double_block", "visual_transformer_blocks", "", TextAt.NONE,
                    stream="visual_embed", txt="text_embed", pe="freqs", hook="object",
                    shard=ShardKind()),)
 
-
-KANDINSKY5 = "comfy.ldm.kandinsky5.model:Kandinsky5"
-
 CONTRACT = Contract(
     "Kandinsky 5",
-    models={KANDINSKY5: ()},
+    models={"comfy.ldm.kandinsky5.model:Kandinsky5": ()},
     needs=(conditioning("Kandinsky5", ("time_dim_replace",)),),
     kinds=KINDS,
 )

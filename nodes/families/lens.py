@@ -12,11 +12,10 @@ MODELS = "Lens"
 KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.AFTER, mask="attn_mask",
                    mask_dims=(-1,)),)
 
-LENS = "comfy.ldm.lens.model:LensTransformer2DModel"
 
 CONTRACT = Contract(
     "Lens",
-    models={LENS: ()},
+    models={"comfy.ldm.lens.model:LensTransformer2DModel": ()},
     blocks={KINDS[0].modules: ()},
     kinds=KINDS,
 )

@@ -104,14 +104,12 @@ def family(diffusion_model) -> Family:
                        held_rows(av_model))
 
 
-RAYLIGHT_REFUSAL = ("raylight's LTX forward hands each GPU its share of the per-token timestep "
-                    "rows, which ToMA's shard plans do not merge")
-
-
 def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = (VIDEO,),
                 label: str = "LTX-Video", describe=None, held: HeldRows | None = None) -> Family:
     return Family("ltx", label, kinds, patch, describe, frames_per_region=VIDEO_REGION_FRAMES,
-                  held_rows=held, sequence_parallel_refusal=RAYLIGHT_REFUSAL)
+                  held_rows=held, sequence_parallel_refusal=(
+                      "raylight's LTX forward hands each GPU its share of the per-token timestep "
+                      "rows, which ToMA's shard plans do not merge"))
 
 
 def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> str | None:

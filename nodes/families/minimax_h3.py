@@ -19,18 +19,15 @@ MODELS = "MiniMax H3"
 
 BLOCK = BlockKind("double_block", "blocks", "", TextAt.NONE, txt=None, pe="rope_freqs",
                   spans=("mod_segments",), batched=False)
-MODEL = "comfy.ldm.minimax.model:MiniMaxH3Model"
-BASE = "comfy.model_base:MiniMaxH3"
-LAYOUT = "comfy.ldm.minimax.model:PackedLayout"
 # the module of ComfyUI's BlockSparseAttention node, whose blocks run unmerged (foreign_block)
 SPARSE_MODULE = "nodes_sparse_attention"
 
 CONTRACT = Contract(
     "MiniMax H3",
-    models={MODEL: (
-        Gives(f"{BASE}.extra_conds", ("latent_shapes", "minimax_payload", "layout"),
-              what="conditioning"),
-        Sets(f"{LAYOUT}.__init__", ("segments", "signature", "seq_len"),
+    models={"comfy.ldm.minimax.model:MiniMaxH3Model": (
+        Gives("comfy.model_base:MiniMaxH3.extra_conds",
+              ("latent_shapes", "minimax_payload", "layout"), what="conditioning"),
+        Sets("comfy.ldm.minimax.model:PackedLayout.__init__", ("segments", "signature", "seq_len"),
              why="where the video sits in the packed sequence"),
     )},
     blocks={BLOCK.modules: ()},

@@ -18,12 +18,11 @@ TIMESTEP_ZERO = "timestep_zero_index"
 KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.BEFORE,
                    positions=(TIMESTEP_ZERO,), shard=ShardKind(pe_item=0)),)
 
-QWEN_IMAGE = "comfy.ldm.qwen_image.model:QwenImageTransformer2DModel"
 _SEPARATE_MODULATION = Mentions("comfy.ldm.qwen_image.model", (TIMESTEP_ZERO_METHOD,))
 
 CONTRACT = Contract(
     "Qwen-Image",
-    models={QWEN_IMAGE: (
+    models={"comfy.ldm.qwen_image.model:QwenImageTransformer2DModel": (
         Takes("comfy.ldm.qwen_image.model:QwenImageTransformerBlock.forward", (TIMESTEP_ZERO,),
               when=_SEPARATE_MODULATION,
               why="where 'index_timestep_zero' references start, which ToMA moves"),
