@@ -38,12 +38,12 @@ CHROMA = "comfy.ldm.chroma.model:Chroma"
 CHROMA_RADIANCE = "comfy.ldm.chroma_radiance.model:ChromaRadiance"
 # Flux.forward_orig's parameter where it modulates "index_timestep_zero" references on their own
 TIMESTEP_ZERO = "timestep_zero_index"
-_SEPARATE_MODULATION = Mentions("comfy.ldm.flux.model", (TIMESTEP_ZERO_METHOD,))
 
 CONTRACT = Contract(
     "Flux",
     models={
-        FLUX: (Takes(f"{FLUX}.forward_orig", (TIMESTEP_ZERO,), when=_SEPARATE_MODULATION,
+        FLUX: (Takes(f"{FLUX}.forward_orig", (TIMESTEP_ZERO,),
+                     when=Mentions("comfy.ldm.flux.model", (TIMESTEP_ZERO_METHOD,)),
                      why="ToMA reads from it that 'index_timestep_zero' references are "
                          "modulated on their own, over spans it moves"),),
         CHROMA: (),

@@ -6,8 +6,6 @@ not take (x=, context=). The start image's frames (`time_dim_replace`) never mer
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..contracts import Contract
@@ -44,9 +42,7 @@ def family(diffusion_model) -> Family:
 def replaced_frames(replace: object, patch: tuple[int, int, int]) -> int:
     """Token frames a start image latent [B, C, T', H, W] overwrites (x[:, :C, :T'] in
     Kandinsky5's _forward), from its shape; 0 without one."""
-    if not torch.is_tensor(replace) or replace.dim() != 5:
-        return 0
-    return math.ceil(int(replace.shape[2]) / patch[0])
+    return latent_grid(replace, patch)[0] if torch.is_tensor(replace) and replace.dim() == 5 else 0
 
 
 def description(patch: tuple[int, int, int]) -> Family:

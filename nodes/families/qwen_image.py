@@ -11,20 +11,16 @@ from . import TIMESTEP_ZERO_METHOD, conditioning, describe_references, patch_of,
 
 MODELS = "Qwen-Image (and Edit)"
 
-# The block forward's parameter holding where the references start in the image stream, in
-# ComfyUI versions whose Qwen-Image modulates "index_timestep_zero" references on their own.
+# the blocks' parameter where their forward modulates "index_timestep_zero" references apart
 TIMESTEP_ZERO = "timestep_zero_index"
 # raylight hands the blocks positional rows [image rows, text rows]
 KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.BEFORE,
                    positions=(TIMESTEP_ZERO,), shard=ShardKind(pe_item=0)),)
-
-_SEPARATE_MODULATION = Mentions("comfy.ldm.qwen_image.model", (TIMESTEP_ZERO_METHOD,))
-
 CONTRACT = Contract(
     "Qwen-Image",
     models={"comfy.ldm.qwen_image.model:QwenImageTransformer2DModel": (
         Takes("comfy.ldm.qwen_image.model:QwenImageTransformerBlock.forward", (TIMESTEP_ZERO,),
-              when=_SEPARATE_MODULATION,
+              when=Mentions("comfy.ldm.qwen_image.model", (TIMESTEP_ZERO_METHOD,)),
               why="where 'index_timestep_zero' references start, which ToMA moves"),
     )},
     needs=(conditioning("QwenImage", ("ref_latents",)),),
