@@ -1,9 +1,7 @@
-"""Anima (comfy/ldm/anima, ComfyUI 0.33 and later): Cosmos Predict2's blocks (MiniTrainDIT), an
-image model. ComfyUI calls the blocks without replace patches: ToMA patches each block's
-forward. The stream is the image grid alone, laid out [B, T, H, W, C]; the text reaches the
-blocks only as cross-attention context (after Anima's LLM adapter) and never merges. The RoPE
-rows (one per grid token) follow the merged tokens; the timestep modulation is one row per
-latent frame, and an image has one, which every merged token shares."""
+"""Anima (comfy/ldm/anima, ComfyUI 0.33 and later): Cosmos Predict2's blocks (MiniTrainDIT),
+an image model, object patches (no replace patches). The stream is the image grid alone,
+[B, T, H, W, C]; the text is cross-attention context. The timestep modulation is one row per
+latent frame: an image's one row is every merged token's."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""Boogu-Image (comfy/ldm/boogu, ComfyUI 0.33 and later): OmniGen2's blocks with a double-stream
-stage, which ComfyUI calls without replace patches: ToMA patches each block's forward. The
-double-stream blocks take the image stream [references; image] and the text apart, attend
-jointly over [text; references; image] and over the image stream alone; the single-stream
-blocks run on [text; references; image]. The text and the edit references
-(TextEncodeBooguEdit's reference latents) never merge; the RoPE rows of both attentions follow
-the merged image. The refiners before these stages run unmerged."""
+"""Boogu-Image (comfy/ldm/boogu, ComfyUI 0.33 and later): OmniGen2's blocks with a
+double-stream stage, object patches (no replace patches). The double-stream blocks take the
+image stream [references; image] and the text apart, attending over [text; references; image]
+and over the image stream alone; the single-stream blocks run on [text; references; image].
+The refiners before these stages run unmerged."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """ERNIE-Image (comfy/ldm/ernie, ComfyUI 0.33 and later): one kind of single-stream block on
-[image; text], which ComfyUI calls without replace patches and without transformer_options:
-ToMA patches each block's forward, which finds its model call as the one in flight on its
-thread. The text after the image never merges; the RoPE rows follow the merged image; the
-modulation is one row for every token."""
+[image; text], called without replace patches or transformer_options: ToMA patches each
+block's forward, which finds its model call as the one in flight on its thread."""
 
 from __future__ import annotations
 

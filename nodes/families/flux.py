@@ -1,25 +1,18 @@
-"""Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image (Flux's class), Chroma
-and Chroma Radiance (Chroma's blocks on pixel patches): double blocks with text and image in two
-streams (attention over [text; image]), then single blocks on [text; image]; reference images
-(Kontext, Flux 2, LongCat-Image Edit) are appended after the main image tokens and never merge.
-References with "index_timestep_zero" get timestep zero's modulation over token spans
-(modulation_dims) that ComfyUI's block loop hands the blocks beside the replace patch's
-arguments: ToMA moves them with the merged image.
+"""Flux.1 dev/schnell, Flux Kontext, Flux 2, LongCat-Image, Ovis-Image, Chroma and Chroma
+Radiance: double blocks with text and image in two streams (attention over [text; image]), then
+single blocks on [text; image]; reference images after the image never merge. The modulation
+spans of "index_timestep_zero" references (modulation_dims, handed beside the replace patch's
+arguments) move with the merged image.
 
-Merge scope "attention" (the paper's variant, AttentionScope): only the double blocks' image
-attention runs merged. Such a block gets the whole image stream, with merged RoPE and mask rows;
-object patches on its img_attn.qkv and img_attn.proj forwards merge the projection's input
-(image Q/K/V come from merged tokens, text Q/K/V stay full, the joint attention runs on [text;
-merged image]) and unmerge the attention projection's output; the image MLP runs at full
-length. This route is the same on every ComfyUI version (the >= 0.17 attn1 patches would only
-see Q/K/V after the full-length projection). Merging whole double blocks is much faster, at a
-block error like a merged single block's (docs/benchmarks.md, Flux blocks); hence merge_scope
-"auto" merges whole blocks."""
+Merge scope "attention" (the paper's variant, AttentionScope) merges only the double blocks'
+image attention, through object patches on img_attn.qkv and img_attn.proj on every ComfyUI
+version (attn1 patches would see Q/K/V only after the full-length projection). "auto" merges
+whole blocks: much faster, at a block error like a merged single block's (docs/benchmarks.md,
+Flux blocks)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -41,18 +34,16 @@ KINDS = (BlockKind("double_block", "double_blocks", "d", TextAt.BEFORE, mask="at
 
 FLUX = "comfy.ldm.flux.model:Flux"
 CHROMA = "comfy.ldm.chroma.model:Chroma"
-# Chroma's blocks and block loop on 16-pixel patches of the image, its pixels then made by a
-# per-patch head from the blocks' full-length output
+# Chroma's blocks on 16-pixel patches; a per-patch head makes pixels of their full-length output
 CHROMA_RADIANCE = "comfy.ldm.chroma_radiance.model:ChromaRadiance"
-# The parameter of Flux.forward_orig that says this ComfyUI's Flux modulates
-# "index_timestep_zero" references on their own (its blocks then get spans to move).
+# Flux.forward_orig's parameter where it modulates "index_timestep_zero" references on their own
 TIMESTEP_ZERO = "timestep_zero_index"
-_SEPARATE_MODULATION = Mentions("comfy.ldm.flux.model", (TIMESTEP_ZERO_METHOD,))
 
 CONTRACT = Contract(
     "Flux",
     models={
-        FLUX: (Takes(f"{FLUX}.forward_orig", (TIMESTEP_ZERO,), when=_SEPARATE_MODULATION,
+        FLUX: (Takes(f"{FLUX}.forward_orig", (TIMESTEP_ZERO,),
+                     when=Mentions("comfy.ldm.flux.model", (TIMESTEP_ZERO_METHOD,)),
                      why="ToMA reads from it that 'index_timestep_zero' references are "
                          "modulated on their own, over spans it moves"),),
         CHROMA: (),
@@ -81,22 +72,16 @@ def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = KIND
                                   attention_hooks=AttentionScope), default_method)
 
 
-@dataclass
-class AttentionCall:
-    """A double block running in scope "attention": its plan, and whether the qkv hook merged."""
-
-    plan: MergePlan
-    merged: bool = False
-
-
 class AttentionScope:
     """The img_attn hooks of one ToMA node. A double block running in this scope leaves its
     plan here, under its index and device, for the hooks inside it (which see no
     transformer_options); two calls of one block on one device never overlap, and calls on
-    other devices (v0.33's per-GPU threads) have their own entries."""
+    other devices (v0.33's per-GPU threads) have their own entries. merged: the entries whose
+    qkv hook merged."""
 
     def __init__(self) -> None:
-        self.entries: dict[tuple[int, torch.device], AttentionCall] = {}
+        self.entries: dict[tuple[int, torch.device], MergePlan] = {}
+        self.merged: set[tuple[int, torch.device]] = set()
 
     def install(self, model, patches: ForwardPatches, indices: list[int]) -> None:
         """Object patches on img_attn.qkv and img_attn.proj of the double blocks `indices`
@@ -110,21 +95,23 @@ class AttentionScope:
             run: Callable[[dict], dict]) -> dict:
         """Run double block `index` with only its image attention merged."""
         key = (index, plan.merge_w.device)
-        self.entries[key] = AttentionCall(plan)
+        self.entries[key] = plan
         try:
             return run(merged_args)
         finally:
             self.entries.pop(key, None)
+            self.merged.discard(key)
 
     def qkv_forward(self, index: int, original: Callable) -> Callable:
         """img_attn.qkv: project merged image tokens [B, N + refs, C] -> [B, N' + refs, 3C]."""
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            entry = self.entries.get((index, x.device))
-            if entry is None or entry.merged or x.shape[1] < entry.plan.tokens:
+            key = (index, x.device)
+            plan = self.entries.get(key)
+            if plan is None or key in self.merged or x.shape[1] < plan.tokens:
                 return original(x, *args, **kwargs)
-            entry.merged = True
-            return original(entry.plan.merge(x), *args, **kwargs)
+            self.merged.add(key)
+            return original(plan.merge(x), *args, **kwargs)
 
         return forward
 
@@ -133,8 +120,8 @@ class AttentionScope:
         Unmerge rows sum to 1, so unmerging after the projection equals unmerging before it."""
 
         def forward(y: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            entry = self.entries.get((index, y.device))
+            key = (index, y.device)
             out = original(y, *args, **kwargs)
-            return out if entry is None or not entry.merged else entry.plan.unmerge(out)
+            return out if key not in self.merged else self.entries[key].unmerge(out)
 
         return forward

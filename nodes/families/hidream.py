@@ -1,10 +1,8 @@
-"""HiDream-I1 (and E1's edit calls, which run unmerged): double-stream blocks with the image in
-one stream and the text in the other (attention over [image; text]), then single-stream blocks
-on one sequence [image; text; this block's Llama layer], the text (T5 and Llama states) after
-the image. ComfyUI calls the blocks without replace patches: ToMA patches each block's forward.
-The double blocks return (image, text); the single blocks drop the Llama layer they were given
-again after the block. The MoE feed-forward routes each merged token like any other token.
-"""
+"""HiDream-I1 (and E1's edit calls, which run unmerged): double-stream blocks with image and
+text apart (attention over [image; text]), returning (image, text), then single-stream blocks
+on [image; text; this block's Llama layer], which drop that layer again after the block.
+Object patches (no replace patches); the MoE feed-forward routes each merged token like any
+other."""
 
 from __future__ import annotations
 
@@ -23,12 +21,9 @@ KINDS = (BlockKind("double_block", "double_stream_blocks", "d", TextAt.AFTER, tx
 
 MODELS = "HiDream-I1"
 
-
-HIDREAM = "comfy.ldm.hidream.model:HiDreamImageTransformer2DModel"
-
 CONTRACT = Contract(
     "HiDream",
-    models={HIDREAM: ()},
+    models={"comfy.ldm.hidream.model:HiDreamImageTransformer2DModel": ()},
     needs=(conditioning("HiDream", ("image_cond",)),),
     kinds=KINDS,
 )
@@ -40,9 +35,8 @@ def family(diffusion_model) -> Family:
 
 def description(patch: tuple[int, int, int]) -> Family:
     def describe(call, base_model, arguments: dict) -> str | None:
-        """The (1, h, w) grid of latent x [B, C, H, W]. HiDream-E1's edit image (image_cond) is
-        put beside the latent along the width before patching, so its tokens sit inside every
-        row of the token grid: those calls run unmerged rather than merge it."""
+        """The (1, h, w) grid of latent x [B, C, H, W]; calls with HiDream-E1's edit image
+        (image_cond, beside the latent along the width before patching) run unmerged."""
         if arguments.get("image_cond") is not None:
             return unmerged(call, "HiDream-E1's edit image shares every row of the token "
                                   "grid with the image")

@@ -1,12 +1,8 @@
 """HiDream-O1: a Qwen3-VL decoder (pixel space, 32-pixel patches) over one sequence
-[prompt; tms; image; reference patches], the prompt causal and first. One kind of layer, which
-ComfyUI's forward hands to "dit" replace patches ("double_block"). Only the image merges: the
-prompt (with an edit's ViT tokens spliced in) stays in front, the reference patches behind.
-
-ComfyUI keeps the prompt's keys and values across steps only while no block is replaced, so
-ToMA keeps them itself while its patches are in place (prefix_cache.py): from a prompt's second
-call the layers run on the tokens after the prompt, merged or not.
-"""
+[prompt; tms; image; reference patches], the causal prompt first, its layers handed to "dit"
+replace patches. Only the image merges. ToMA keeps the prompt's keys and values across steps
+itself while its patches are in place (prefix_cache.py): ComfyUI does so only while no block
+is replaced."""
 
 from __future__ import annotations
 
@@ -21,11 +17,10 @@ MODELS = "HiDream-O1"
 KINDS = (BlockKind("double_block", "language_model.layers", "", TextAt.STREAM_BEFORE, stream="x",
                    txt=None, pe="freqs_cis", mask="attention_mask", pe_heads=True),)
 PATCH = (1, 32, 32)
-HIDREAM_O1 = "comfy.ldm.hidream_o1.model:HiDreamO1Transformer"
 
 CONTRACT = Contract(
     "HiDream-O1",
-    models={HIDREAM_O1: ()},
+    models={"comfy.ldm.hidream_o1.model:HiDreamO1Transformer": ()},
     needs=(Gives("comfy.ldm.hidream_o1.conditioning:build_extra_conds", ("input_ids", "ar_len"),
                  what="conditioning"),),
     # how prefix_cache.py runs a layer on its own
@@ -35,17 +30,16 @@ CONTRACT = Contract(
 )
 
 
-RAYLIGHT_REFUSAL = ("raylight's HiDream-O1 forward puts the whole prompt in front of every GPU's "
-                    "share of the image tokens, a split ToMA's shard plans do not describe")
-
-
 def family(diffusion_model) -> Family:
     return description()
 
 
 def description() -> Family:
     return Family("hidream_o1", "HiDream-O1", KINDS, PATCH, describe, prefix_cache=True,
-                  sequence_parallel_refusal=RAYLIGHT_REFUSAL)
+                  sequence_parallel_refusal=(
+                      "raylight's HiDream-O1 forward puts the whole prompt in front of every "
+                      "GPU's share of the image tokens, a split ToMA's shard plans do not "
+                      "describe"))
 
 
 def describe(call, base_model, arguments: dict) -> str | None:

@@ -1,7 +1,5 @@
-"""HunyuanImage 2.1: ComfyUI builds it from HunyuanVideo's model class with 2-D patches over its
-64-channel image latent (supported_models.HunyuanImage21), so its blocks, token layout and
-contract are HunyuanVideo's (families/hunyuan_video.py). The text stream (the refined
-Qwen2.5-VL states, then the ByT5 glyph tokens) never merges. Its refiner has 3-D patches and is
+"""HunyuanImage 2.1: HunyuanVideo's model class with 2-D patches (supported_models.HunyuanImage21),
+so its blocks, token layout and contract are HunyuanVideo's. Its refiner has 3-D patches and is
 a HunyuanVideo model to ToMA."""
 
 from __future__ import annotations

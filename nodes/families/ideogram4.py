@@ -1,9 +1,7 @@
 """Ideogram 4 (comfy/ldm/ideogram4, ComfyUI 0.33 and later): one kind of single-stream block
-on [text; image] (the image alone where a call has no text), which ComfyUI calls without
-replace patches: ToMA patches each block's forward. The latent's channels hold its 2x2 patches,
-so a token is one latent pixel. The text never merges; the RoPE rows and the segment attention
-mask (text padding in a segment of its own) follow the merged image; the modulation is one row
-for every token."""
+on [text; image] (the image alone where a call has no text), object patches (no replace
+patches), one token a latent pixel (the latent's channels hold its 2x2 patches). Its segment
+attention mask (text padding in a segment of its own) follows the merged image."""
 
 from __future__ import annotations
 
@@ -16,11 +14,10 @@ MODELS = "Ideogram 4"
 KINDS = (BlockKind("layer", "layers", "", TextAt.STREAM_BEFORE, stream="x", txt=None,
                    pe="freqs_cis", mask="attn_mask", hook="object"),)
 
-IDEOGRAM4 = "comfy.ldm.ideogram4.model:Ideogram4Transformer2DModel"
 
 CONTRACT = Contract(
     "Ideogram 4",
-    models={IDEOGRAM4: ()},
+    models={"comfy.ldm.ideogram4.model:Ideogram4Transformer2DModel": ()},
     needs=(conditioning("Ideogram4", ("c_crossattn", "attention_mask")),),
     kinds=KINDS,
 )

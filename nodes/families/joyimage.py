@@ -1,8 +1,6 @@
 """JoyImage (comfy/ldm/joyimage, ComfyUI 0.33 and later: JoyAI Image Edit): double-stream
-blocks with "dit" replace patches; the image stream is [image; reference latents]
-(TextEncodeJoyImageEdit's), the text apart, attention over [image stream; text] with RoPE rows
-over the image stream alone. The references and the text never merge; the RoPE rows follow the
-merged image; the modulation is one row for every token."""
+blocks with "dit" replace patches; the image stream is [image; reference latents], the text
+apart, attention over [image stream; text] with RoPE rows over the image stream alone."""
 
 from __future__ import annotations
 

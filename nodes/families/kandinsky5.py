@@ -1,15 +1,10 @@
-"""Kandinsky 5 (comfy/ldm/kandinsky5, ComfyUI 0.8 and later): video (Kandinsky5) and image
-(Kandinsky5Image) models of one class. The text runs through its own encoder blocks first
-(never patched: text only); the visual blocks, one kind, attend over the image tokens only (the
-text is cross-attention context), with RoPE over (t, h, w) and one modulation vector per batch
-item. They get object patches of their forward: the "dit" replace patches' original_block calls
-the block with keywords it does not take (x=, context=). The leading frames
-Kandinsky5ImageToVideo's start image latent (`time_dim_replace`) overwrites are given and never
-merge."""
+"""Kandinsky 5 (comfy/ldm/kandinsky5, ComfyUI 0.8 and later): video and image models of one
+class. Its visual blocks, one kind, attend over the image tokens only (the text runs through its
+own blocks first, unpatched, then is cross-attention context). They get object patches of
+their forward: the "dit" replace patches' original_block calls the block with keywords it does
+not take (x=, context=). The start image's frames (`time_dim_replace`) never merge."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -32,12 +27,9 @@ KINDS = (BlockKind("double_block", "visual_transformer_blocks", "", TextAt.NONE,
                    stream="visual_embed", txt="text_embed", pe="freqs", hook="object",
                    shard=ShardKind()),)
 
-
-KANDINSKY5 = "comfy.ldm.kandinsky5.model:Kandinsky5"
-
 CONTRACT = Contract(
     "Kandinsky 5",
-    models={KANDINSKY5: ()},
+    models={"comfy.ldm.kandinsky5.model:Kandinsky5": ()},
     needs=(conditioning("Kandinsky5", ("time_dim_replace",)),),
     kinds=KINDS,
 )
@@ -50,9 +42,7 @@ def family(diffusion_model) -> Family:
 def replaced_frames(replace: object, patch: tuple[int, int, int]) -> int:
     """Token frames a start image latent [B, C, T', H, W] overwrites (x[:, :C, :T'] in
     Kandinsky5's _forward), from its shape; 0 without one."""
-    if not torch.is_tensor(replace) or replace.dim() != 5:
-        return 0
-    return math.ceil(int(replace.shape[2]) / patch[0])
+    return latent_grid(replace, patch)[0] if torch.is_tensor(replace) and replace.dim() == 5 else 0
 
 
 def description(patch: tuple[int, int, int]) -> Family:

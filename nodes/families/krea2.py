@@ -1,9 +1,8 @@
-"""Krea 2 (comfy/ldm/krea2, ComfyUI 0.33 and later): one kind of single-stream block on
-[text; image; reference images], which ComfyUI calls without replace patches: ToMA patches each
-block's forward. Reference images never merge; with "index_timestep_zero" they get timestep
-zero's modulation from the token position ComfyUI hands the blocks (`timestep_zero_index`),
-which ToMA moves with the merged image. A 5-D latent's frames are batch items to it: the grid
-is one frame's."""
+"""Krea 2 (comfy/ldm/krea2, ComfyUI 0.33 and later): one kind of single-stream block on [text;
+image; reference images], object patches (no replace patches). "index_timestep_zero"
+references get timestep zero's modulation from the position `timestep_zero_index`, which
+moves with the merged image. A 5-D latent's frames are batch items to it: the grid is one
+frame's."""
 
 from __future__ import annotations
 

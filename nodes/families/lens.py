@@ -1,7 +1,6 @@
 """Lens (comfy/ldm/lens, ComfyUI 0.33 and later): double-stream blocks with "dit" replace
-patches, attention over [image; text]. The latent's channels hold its 2x2 patches, so a token
-is one latent pixel. The text never merges; the RoPE rows and the text's key mask (padding
-masked out) follow the merged image; the modulation is one row for every token."""
+patches, attention over [image; text], one token a latent pixel (the latent's channels hold its
+2x2 patches)."""
 
 from __future__ import annotations
 
@@ -13,11 +12,10 @@ MODELS = "Lens"
 KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.AFTER, mask="attn_mask",
                    mask_dims=(-1,)),)
 
-LENS = "comfy.ldm.lens.model:LensTransformer2DModel"
 
 CONTRACT = Contract(
     "Lens",
-    models={LENS: ()},
+    models={"comfy.ldm.lens.model:LensTransformer2DModel": ()},
     blocks={KINDS[0].modules: ()},
     kinds=KINDS,
 )

@@ -1,22 +1,12 @@
 """LTX-Video and LTX-2 (comfy/ldm/lightricks): one kind of block on the video tokens of
-1x1x1 patches of the latent, frame by frame, with RoPE over (t, h, w) and the text as
-cross-attention context.
-
-- LTX-2 (LTXAVModel) runs a video and an audio stream through each block (`img` = (video,
-  audio)); the audio tokens, their own attention and the text never merge. The video side of
-  its audio-video attention (queries, and keys for the audio's queries) takes the merged video.
-  LTX-2.3 / 2.5 (`cross_attention_adaln`) carry 9 modulation vectors a row in `v_timestep`
-  instead of 6 (the text cross-attention's query shift, scale and gate) and move with it;
-  their `v_prompt_timestep` modulates the text, one row a call, and passes as it came.
-- Guide frames (LTXVAddGuide) are appended to the latent after the video, their token
-  positions in `keyframe_idxs`: their tokens are the stream's suffix and never merge. A guide
-  at strength other than 1 gets the blocks a guide attention mask (`self_attention_mask`,
-  ComfyUI 0.33), which the merged video shortens (shortened_guide_mask).
-- Image-to-video and in-place guide frames are the leading frames the denoise mask does not
-  leave all to the sampler (LTXVImgToVideo: 1 - strength on the image's frames): their tokens
-  get other timesteps and never merge. Timesteps come per token (LTX-Video, LTX-2 before
-  ComfyUI 0.33) or per frame (LTX-2 on 0.33, held compressed): merged with the tokens.
-"""
+1x1x1 patches of the latent, with RoPE over (t, h, w) and the text as cross-attention context.
+LTX-2 (LTXAVModel) runs a video and an audio stream through each block (`img` = (video,
+audio)): only the video merges, and the video side of its audio-video attention takes the
+merged video. What never merges (guide and conditioned frames): docs/compatibility.md and
+describe. Timesteps come per token (LTX-Video, LTX-2 before ComfyUI 0.33) or per frame (LTX-2
+on 0.33, held compressed: held_rows), merged with the tokens; LTX-2.3 / 2.5's 9 modulation
+vectors a row (`cross_attention_adaln`) move with them, and `v_prompt_timestep` (the text's,
+one row a call) passes as it came."""
 
 from __future__ import annotations
 
@@ -114,21 +104,19 @@ def family(diffusion_model) -> Family:
                        held_rows(av_model))
 
 
-# raylight splits the per-token (or per-frame, then per-token) timestep rows with the tokens
-RAYLIGHT_REFUSAL = ("raylight's LTX forward hands each GPU its share of the per-token timestep "
-                    "rows, which ToMA's shard plans do not merge")
-
-
 def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = (VIDEO,),
                 label: str = "LTX-Video", describe=None, held: HeldRows | None = None) -> Family:
     return Family("ltx", label, kinds, patch, describe, frames_per_region=VIDEO_REGION_FRAMES,
-                  held_rows=held, sequence_parallel_refusal=RAYLIGHT_REFUSAL)
+                  held_rows=held, sequence_parallel_refusal=(
+                      "raylight's LTX forward hands each GPU its share of the per-token timestep "
+                      "rows, which ToMA's shard plans do not merge"))
 
 
 def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> str | None:
-    """The (t, h, w) grid of the video latent's frames before the guide frames (x, or the
-    first of `latent_shapes` where LTX-2 packs video and audio into one latent), the leading
-    frames the denoise mask conditions in front of it (conditioned_frames)."""
+    """The (t, h, w) grid of the video latent's frames before the guide frames (LTXVAddGuide's,
+    their token positions in `keyframe_idxs`) of x, or of the first of `latent_shapes` where
+    LTX-2 packs video and audio into one latent; the leading frames the denoise mask
+    conditions (conditioned_frames) in front of it."""
     shapes = arguments.get("latent_shapes")
     shape = shapes[0] if shapes else getattr(arguments.get("x"), "shape", None)
     grid = shape_grid(shape, patch)
@@ -154,14 +142,12 @@ def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> 
 def held_rows(av_model) -> HeldRows | None:
     """LTX-2's compressed timesteps (CompressedTimestep of ComfyUI's av_model module: rows
     [B, R, C] of `patches_per_frame` tokens each), where this ComfyUI has them."""
-    held = getattr(av_model, "CompressedTimestep", None) if av_model is not None else None
+    held = getattr(av_model, "CompressedTimestep", None)
     if held is None:
         return None
 
     def read(value: object) -> tuple[torch.Tensor, int] | None:
-        if not isinstance(value, held):
-            return None
-        return value.data, int(value.patches_per_frame)
+        return (value.data, int(value.patches_per_frame)) if isinstance(value, held) else None
 
     def write(value: object, rows: torch.Tensor, tokens: int) -> object:
         return held(rows, tokens, per_frame=True)

@@ -20,8 +20,7 @@ KINDS = (BlockKind("layer", "layers", "", TextAt.STREAM_BEFORE, stream="x", txt=
                    shard=ShardKind(text_in_stream=True)),)
 
 NEXT_DIT = "comfy.ldm.lumina.model:NextDiT"
-# The attribute whose presence says the text is padded to a multiple (Z-Image), not cut to
-# each item's own length.
+# where NextDiT has it (0.8 on), the text is padded to a multiple, not cut to each item's length
 PAD = "pad_tokens_multiple"
 
 CONTRACT = Contract(
@@ -35,8 +34,7 @@ CONTRACT = Contract(
 )
 
 
-# Conditioning that adds tokens ToMA cannot place: MingImage's context appended to the text and
-# its reference frames
+# MingImage's conditioning that adds tokens ToMA cannot place (after the text, its references)
 EXTRA_TOKENS = ("direct_context", "ref_frames")
 
 

@@ -1,7 +1,6 @@
 """Mage-Flow (comfy/ldm/mage_flow, ComfyUI 0.33 and later): Qwen-Image's double-stream blocks
-on a latent taken one pixel a token (patch size 1), attention over [text; image]. Edit
-references (TextEncodeMageFlowEdit's reference latents) are appended after the image tokens
-and never merge; the RoPE rows of the image follow its merged tokens."""
+on one latent pixel a token (attention over [text; image]); edit references
+(TextEncodeMageFlowEdit's) after the image never merge."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """MiniMax H3 (comfy/ldm/minimax): video with synchronized audio in one packed sequence per
-call, [text | conditioning rows | audio | video] (text to video; image to video and
-MiniMaxH3AddGuide put keyframe rows after the text; MiniMaxH3ReferenceToVideo puts reference
-images, videos and audio there instead). One kind of block, batch size one: the stream is the
-sequence itself, [L, C], without a batch axis.
-
-Only the video, last in the sequence, merges; the text, the keyframes and references and the
-generated audio before it never do. Each block modulates its tokens by segment (`mod_segments`:
-(start, stop, timestep row) over the packed sequence): the video's span follows the merged
-video. A denoise mask that gives video tokens timesteps of their own makes that row a tensor
-of one row per token, and those blocks run unmerged. The fused RoPE table (`rope_freqs`
-[1, L, 1, D/2, 2, 2]) takes the rows of the merged tokens' destinations. Blocks that ComfyUI's
-BlockSparseAttention node patches run unmerged (foreign_block), applied before or after ToMA."""
+call, [text | conditioning rows | audio | video] (which conditioning: docs/compatibility.md),
+batch size one: the stream is the sequence itself, [L, C]. Only the video, last, merges. Each
+block modulates its tokens by segment (`mod_segments`: (start, stop, timestep row)); the video's
+span follows the merged video, and a per-token row tensor (a denoise mask inside the video)
+makes the block run unmerged. The fused RoPE table (`rope_freqs` [1, L, 1, D/2, 2, 2]) takes
+the rows of the merged tokens' destinations."""
 
 from __future__ import annotations
 
@@ -25,18 +19,15 @@ MODELS = "MiniMax H3"
 
 BLOCK = BlockKind("double_block", "blocks", "", TextAt.NONE, txt=None, pe="rope_freqs",
                   spans=("mod_segments",), batched=False)
-MODEL = "comfy.ldm.minimax.model:MiniMaxH3Model"
-BASE = "comfy.model_base:MiniMaxH3"
-LAYOUT = "comfy.ldm.minimax.model:PackedLayout"
-# the module of ComfyUI's BlockSparseAttention node
+# the module of ComfyUI's BlockSparseAttention node, whose blocks run unmerged (foreign_block)
 SPARSE_MODULE = "nodes_sparse_attention"
 
 CONTRACT = Contract(
     "MiniMax H3",
-    models={MODEL: (
-        Gives(f"{BASE}.extra_conds", ("latent_shapes", "minimax_payload", "layout"),
-              what="conditioning"),
-        Sets(f"{LAYOUT}.__init__", ("segments", "signature", "seq_len"),
+    models={"comfy.ldm.minimax.model:MiniMaxH3Model": (
+        Gives("comfy.model_base:MiniMaxH3.extra_conds",
+              ("latent_shapes", "minimax_payload", "layout"), what="conditioning"),
+        Sets("comfy.ldm.minimax.model:PackedLayout.__init__", ("segments", "signature", "seq_len"),
              why="where the video sits in the packed sequence"),
     )},
     blocks={BLOCK.modules: ()},
@@ -48,7 +39,7 @@ def family(diffusion_model) -> Family:
     return description(patch_of(diffusion_model.patch_size))
 
 
-def description(patch: tuple[int, int, int] = (1, 2, 2)) -> Family:
+def description(patch: tuple[int, int, int]) -> Family:
     return Family("minimax_h3", "MiniMax H3", (BLOCK,), patch, functools.partial(describe, patch),
                   frames_per_region=VIDEO_REGION_FRAMES, foreign_block=foreign_block)
 

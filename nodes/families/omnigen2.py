@@ -1,7 +1,5 @@
-"""OmniGen2 (comfy/ldm/omnigen): Boogu-Image's single-stream blocks alone, on [text; edit
-references; image], which ComfyUI calls without replace patches: ToMA patches each block's
-forward. The text and the reference latents never merge (Boogu-Image's reading of a call);
-the RoPE rows follow the merged image. The refiners before these blocks run unmerged."""
+"""OmniGen2 (comfy/ldm/omnigen): Boogu-Image's single-stream blocks alone on [text; edit
+references; image], read as Boogu-Image reads a call; the refiners before them run unmerged."""
 
 from __future__ import annotations
 

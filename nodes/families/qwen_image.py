@@ -1,8 +1,7 @@
 """Qwen-Image and Qwen-Image-Edit: one kind of block with text and image in two streams
-(attention over [text; image]); edit reference images are appended after the image tokens and
-never merge. References with "index_timestep_zero" (Qwen-Image-Edit 2511) get timestep zero's
-modulation from the token index where the image ends, which ComfyUI's block loop hands the
-block beside the replace patch's arguments: ToMA moves it with the merged image."""
+(attention over [text; image]); edit references after the image never merge. With
+"index_timestep_zero" (Edit 2511) ComfyUI's block loop hands the blocks the index where the
+references start, beside the replace patch's arguments: it moves with the merged image."""
 
 from __future__ import annotations
 
@@ -12,21 +11,16 @@ from . import TIMESTEP_ZERO_METHOD, conditioning, patch_of, positions_taken, wit
 
 MODELS = "Qwen-Image (and Edit)"
 
-# The block forward's parameter holding where the references start in the image stream, in
-# ComfyUI versions whose Qwen-Image modulates "index_timestep_zero" references on their own.
+# the blocks' parameter where their forward modulates "index_timestep_zero" references apart
 TIMESTEP_ZERO = "timestep_zero_index"
 # raylight hands the blocks positional rows [image rows, text rows]
 KINDS = (BlockKind("double_block", "transformer_blocks", "", TextAt.BEFORE,
                    positions=(TIMESTEP_ZERO,), shard=ShardKind(pe_item=0)),)
-
-QWEN_IMAGE = "comfy.ldm.qwen_image.model:QwenImageTransformer2DModel"
-_SEPARATE_MODULATION = Mentions("comfy.ldm.qwen_image.model", (TIMESTEP_ZERO_METHOD,))
-
 CONTRACT = Contract(
     "Qwen-Image",
-    models={QWEN_IMAGE: (
+    models={"comfy.ldm.qwen_image.model:QwenImageTransformer2DModel": (
         Takes("comfy.ldm.qwen_image.model:QwenImageTransformerBlock.forward", (TIMESTEP_ZERO,),
-              when=_SEPARATE_MODULATION,
+              when=Mentions("comfy.ldm.qwen_image.model", (TIMESTEP_ZERO_METHOD,)),
               why="where 'index_timestep_zero' references start, which ToMA moves"),
     )},
     needs=(conditioning("QwenImage", ("ref_latents",)),),

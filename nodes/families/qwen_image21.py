@@ -1,10 +1,8 @@
 """Qwen-Image 2.1 (comfy/ldm/qwen_image21, ComfyUI 0.35 and later): single-stream blocks with
-"dit" replace patches on [text, with the edit references' tokens spliced in; image], a token
-one latent pixel. The block's attention (`attn_fn`) runs segments fixed before the blocks: the
-text's causal ones and the references' end before the image, and the image's own, last and
-unmasked, takes the queries and keys up to the sequence's end, so a merged image is its whole
-segment. Its modulation rows split at `prefix_len`, which merging leaves in place. The text and
-the references never merge; the RoPE rows follow the merged image."""
+"dit" replace patches on [text, the edit references' tokens spliced in; image], one token a
+latent pixel. Its attention (`attn_fn`) runs segments fixed before the blocks; the image's,
+last and unmasked, reaches the sequence's end, so a merged image is its whole segment. Its
+modulation rows split at `prefix_len`, which merging leaves in place."""
 
 from __future__ import annotations
 

@@ -11,11 +11,10 @@ MODELS = "SD3/SD3.5"
 
 KINDS = (BlockKind("double_block", "joint_blocks", "", TextAt.BEFORE, pe=None),)
 
-MMDIT = "comfy.ldm.modules.diffusionmodules.mmdit:OpenAISignatureMMDITWrapper"
 
 CONTRACT = Contract(
     "SD3",
-    models={MMDIT: ()},
+    models={"comfy.ldm.modules.diffusionmodules.mmdit:OpenAISignatureMMDITWrapper": ()},
     blocks={"joint_blocks": ()},
     kinds=KINDS,
 )

@@ -1,23 +1,12 @@
-"""Wan 2.1 / 2.2 (text- and image-to-video, 14B and 5B) and its variants on Wan's blocks: one
-kind of block, self-attention over the video tokens only (the text is cross-attention context),
-per-frame modulation rows where each latent frame has its own timestep (Wan 2.2 5B
-image-to-video), one row for every token on VACE and camera control.
+"""Wan 2.1 / 2.2 and its variants on Wan's blocks: one kind of block, self-attention over the
+video tokens (the text is cross-attention context), per-frame modulation rows where each latent
+frame has its own timestep (Wan 2.2 5B), one row for every token on VACE and camera control.
 
-Given frames never merge: merged with generated ones, their tokens blur what the video takes
-from them (test_dit_families.py's test_start_image_dependence holds the output's dependence on
-the start image and on VACE's reference frame to the unmerged model's). They are the leading
-frames the denoise mask keeps (Wan 2.2 5B's start frame), those the concatenated mask gives
-(Wan 2.1 / 2.2 A14B image-to-video, first and last frame, Camera 2.2, Animate's reference image
-and a continued chunk's motion frames), those a mask-less concatenated image latent fills
-(Camera 2.1, Fun control 2.1: image_frames) and VACE's frames whose VACE mask is all 0
-(WanVaceToVideo's reference images, frames a control mask keeps whole).
-
-Embeddings added to the patch embeddings before the blocks (Fun camera control's camera,
-Animate's pose latents) travel inside every token and merge with it. The blocks ComfyUI calls
-outside the "dit" patches run on the full-length stream ToMA has put back: VACE's context
-blocks (on the whole VACE stream and RoPE rows; their hint is added after the main block's
-patch returned) and Animate's face adapter blocks (every fifth block, queries split frame by
-frame)."""
+Given frames (describe's readers say which) never merge: merged with generated ones they blur
+what the video takes from them (test_dit_families.py's test_start_image_dependence). Embeddings
+added before the blocks (camera, Animate's pose latents) merge with their tokens; the blocks
+ComfyUI calls outside the "dit" patches (VACE's context blocks, Animate's face adapter) run on
+the full-length stream ToMA has put back."""
 
 from __future__ import annotations
 
@@ -45,9 +34,8 @@ MODELS = "Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate)"
 
 KINDS = (BlockKind("double_block", "blocks", "", TextAt.NONE, rows=("vec",), rows_dims=4,
                    shard=ShardKind()),)
-# VACE's and the camera model's blocks get one modulation for every token: e0 [B, 6, C] (the
-# block chunks it along dim 1; both embed t [B], not per-frame timesteps), not WanModel's
-# [B, frames, 6, C] rows.
+# VACE's and the camera model's blocks get one modulation for every token, e0 [B, 6, C] (both
+# embed t [B]), not WanModel's [B, frames, 6, C] rows
 UNIFORM_KINDS = (BlockKind("double_block", "blocks", "", TextAt.NONE, shard=ShardKind()),)
 # WanVaceToVideo's VACE context per input: 32 latent channels (inactive, reactive), then the
 # control mask folded into 8 x 8 = 64 channels (one per pixel of a latent cell).
@@ -102,8 +90,10 @@ def family(diffusion_model) -> Family:
 
     def describe(call, base_model, arguments: dict) -> str | None:
         """The video's (t, h, w) grid; a Wan Fun reference frame in front (ref_conv) and the
-        given frames (the module's docstring) never merge; why a call whose every frame is
-        given runs unmerged."""
+        given frames never merge: those the denoise mask keeps (Wan 2.2 5B), the concatenated
+        mask gives (image-to-video, Camera 2.2, Animate), a mask-less image latent fills
+        (Camera 2.1, Fun control 2.1) or VACE's mask leaves all 0. Why a call whose every frame
+        is given runs unmerged."""
         grid = video_grid(arguments, patch)
         ref = (diffusion_model.ref_conv is not None
                and arguments.get("reference_latent") is not None and grid is not None)
@@ -170,8 +160,8 @@ def vace_kept_frames(call, vace_context: object, frames: int) -> int:
     return host_read(call, ("vace_kept_frames", tuple(vace_context.shape)), read)
 
 
-# Probes of the conditioning layouts ToMA reads: three latent frames of 2 x 2 cells, the first
-# given (its concat_mask or VACE mask 0, an image there only), read by the readers above.
+# Probes of the conditioning layouts the readers above read: three latent frames of 2 x 2
+# cells, the first given (its concat_mask or VACE mask 0, an image there only).
 _C, _FRAMES = 16, 3
 
 
@@ -187,43 +177,36 @@ def _probe_call() -> SimpleNamespace:
 
 
 def _bare_model(path: str, in_dim: int) -> object:
-    """A bare model_base model of class `path` whose diffusion model takes `in_dim` channels,
-    with a latent format of _C channels that leaves latents as they are."""
-    cls, why = resolve(path)
-    if cls is None:
-        raise LookupError(why)
+    """A bare model_base model of class `path` (there: its probed method is) whose diffusion
+    model takes `in_dim` channels, with a latent format of _C channels that leaves latents as
+    they are."""
     weight = SimpleNamespace(weight=torch.empty(0, in_dim))
-    return bare(cls, diffusion_model=SimpleNamespace(patch_embedding=weight),
+    return bare(resolve(path)[0], diffusion_model=SimpleNamespace(patch_embedding=weight),
                 latent_format=SimpleNamespace(latent_channels=_C, process_in=lambda x: x),
                 image_to_video=True)
 
 
 def probe_concat(concat_cond) -> list[str]:
     """WAN21.concat_cond on every layout ToMA reads given frames from (a start image, 0.5 on
-    frame 0, with or without its mask and a control latent in front): what reads another
-    count than the one given frame."""
+    frame 0, with or without its mask and a control latent in front): what describe's readers
+    of c_concat read as another count than the one given frame."""
     noise, image, control = (torch.zeros(1, _C, _FRAMES, 2, 2), _first_frame(_C, 0.5, 0.0),
                              torch.ones(1, _C, _FRAMES, 2, 2))
     mask, both = _first_frame(1, 0.0, 1.0), torch.cat((control, image), dim=1)
-
-    def masked(c_concat):
-        return given_frames(_probe_call(), concat_mask(c_concat, noise))
-
-    def unmasked(c_concat):
-        return image_frames(_probe_call(), c_concat, noise)
-
     cases = (("a start image with its mask", 2 * _C + 4,
-              {"concat_latent_image": image, "concat_mask": mask}, masked),
+              {"concat_latent_image": image, "concat_mask": mask}),
              ("a control latent and a start image with its mask", 3 * _C + 4,
-              {"concat_latent_image": both, "concat_mask": mask, "concat_mask_index": _C},
-              masked),
-             ("a start image without a mask", 2 * _C, {"concat_latent_image": image}, unmasked),
+              {"concat_latent_image": both, "concat_mask": mask, "concat_mask_index": _C}),
+             ("a start image without a mask", 2 * _C, {"concat_latent_image": image}),
              ("a control latent and a start image without a mask", 3 * _C,
-              {"concat_latent_image": both}, unmasked))
+              {"concat_latent_image": both}))
     out = []
-    for what, in_dim, given, read in cases:
+    for what, in_dim, given in cases:
         model = _bare_model("comfy.model_base:WAN21", in_dim)
-        found = read(concat_cond(model, noise=noise, device=noise.device, **given))
+        c_concat = concat_cond(model, noise=noise, device=noise.device, **given)
+        call = _probe_call()
+        found = max(given_frames(call, concat_mask(c_concat, noise)),
+                    image_frames(call, c_concat, noise))
         if found != 1:
             out.append(f"lays out {what} where ToMA reads {found} given frames, not 1")
     return out

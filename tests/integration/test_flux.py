@@ -553,7 +553,7 @@ def test_double_block_keeps_text_output_and_unmerges_image_update(flux, scope):
     if scope == "attention":                          # no hook state left behind
         owner = next(c.cell_contents for c in hooks["qkv"].__closure__
                      if type(c.cell_contents).__name__ == "AttentionScope")
-        assert not owner.entries
+        assert not owner.entries and not owner.merged
 
 
 @pytest.mark.parametrize("grid", [(64, 64), (52, 76), (85, 48)],
