@@ -3,6 +3,7 @@ host decided for the call, and what the blocks share and record through its meth
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -14,6 +15,8 @@ from ..toma_core import MergePlan, PlanSchedule, Regions, RegionTables
 from ..toma_core.regions import compiling
 from .compile_guards import TRACED_PLANS
 from .forward_patches import kept_allocations
+
+log = logging.getLogger("ToMA")
 
 
 class RunState:
@@ -59,13 +62,13 @@ class RunState:
         fraction = step / self.steps_total if self.steps_total else 0.0
         return start_percent <= fraction < end_percent
 
-    def note(self, message: str) -> bool:
-        """Keep `message` among the run's notes; False when it was already there."""
+    def note(self, message: str) -> None:
+        """Keep `message` among the run's notes (its stats) and warn, once per run."""
         with self.lock:
             if message in self.notes:
-                return False
+                return
             self.notes.append(message)
-            return True
+        log.warning("ToMA: %s", message)
 
 
 @dataclass
@@ -161,7 +164,3 @@ class ModelCall:
         """A notice from inside the model: said once per run after the call."""
         self.notes.append(message)
 
-
-# The per-call hook (dit_reading.DiTReading): reads apply_model's arguments on the host, fills in
-# what the blocks read, and returns the run's notes.
-Describe = Callable[[ModelCall, object, dict], list[str]]

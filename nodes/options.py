@@ -5,7 +5,6 @@ Every check names the widget it is about: ComfyUI shows the message to the user 
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -128,8 +127,8 @@ def make_options(ratio: float = 0.5, tile_count: int = 0, skip_blocks: str = DEF
                  verbose: bool = False) -> ToMAOptions:
     """Validate widget values into ToMAOptions; ValueError names the widget at fault."""
     check_number("ratio", ratio, 0.0, MAX_RATIO)
-    check_integer("tile_count", tile_count, 0, MAX_TILE_COUNT)
-    check_integer("recompute_every", recompute_every, 1, 1000)
+    check_number("tile_count", tile_count, 0, MAX_TILE_COUNT, whole=True)
+    check_number("recompute_every", recompute_every, 1, 1000, whole=True)
     check_number("start_percent", start_percent, 0.0, 1.0)
     check_number("end_percent", end_percent, 0.0, 1.0)
     if start_percent >= end_percent:
@@ -151,17 +150,11 @@ def make_options(ratio: float = 0.5, tile_count: int = 0, skip_blocks: str = DEF
                        bool(verbose))
 
 
-def check_number(name: str, value: object, low: float, high: float) -> None:
-    """Raise ValueError naming widget `name` unless value is a number in [low, high]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
-
-
-def check_integer(name: str, value: object, low: int, high: int) -> None:
-    """Raise ValueError naming widget `name` unless value is a whole number in [low, high]."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
+def check_number(name: str, value: object, low: float, high: float, whole: bool = False) -> None:
+    """Raise ValueError naming widget `name` unless value is a number (a whole one where
+    `whole`) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) \
+            or value != value:      # NaN
+        raise ValueError(f"{name} must be a {'whole ' if whole else ''}number, got {value!r}")
     if not low <= value <= high:
         raise ValueError(f"{name} must be between {low} and {high}, got {value}")
