@@ -20,10 +20,10 @@ log = logging.getLogger("ToMA")
 
 
 class RunState:
-    """One sampling run: its plans (per call identity), step, index tables, counters and notes.
+    """One sampling run: its plans (per call identity), step, what it keeps, counters and notes.
 
-    The wrappers update it under `lock` (v0.33 runs a thread per GPU); blocks touch only the
-    index tables, a dict whose setdefault is atomic."""
+    The wrappers update it under `lock` (v0.33 runs a thread per GPU); blocks touch only
+    `host_reads`, a dict whose setdefault is atomic."""
 
     def __init__(self, recompute_every: int) -> None:
         self.schedule = PlanSchedule(recompute_every)
@@ -43,12 +43,12 @@ class RunState:
         self.layers_merged: set = set()
         self.steps_merged: set = set()
         self.levels: dict = {}
-        self.host_reads: dict = {}       # what a family reads on the host once per run
-        self.prefix_entries: dict = {}   # a prefix cache's kept prompt keys and values
+        # what is read or built once per run, by key: a family's host reads (tagged tuples),
+        # index tables ((Regions, device)), a prefix cache's prompt keys and values
+        self.host_reads: dict = {}
         self.compiled = False                   # by TorchCompileModel
         self.compiled_without_guards = False    # see compile_guards.unguarded_compile
         self.notes: list[str] = []   # what this run did differently from what was asked
-        self.tables: dict[tuple[Regions, torch.device | None], RegionTables] = {}
         self.lock = threading.Lock()
 
     def in_window(self, step: int, start_percent: float, end_percent: float) -> bool:
@@ -150,10 +150,10 @@ class ModelCall:
         torch.compile, where the graph builds them (a kept dict would be guarded on)."""
         if compiling():
             return regions.tables(device)
-        found = self.run.tables.get((regions, device))
+        found = self.run.host_reads.get((regions, device))
         if found is None:
             with kept_allocations():
-                found = self.run.tables.setdefault((regions, device), regions.tables(device))
+                found = self.run.host_reads.setdefault((regions, device), regions.tables(device))
         return found
 
     def record(self, layer: Hashable, level: str, tokens: int, plan: MergePlan | None) -> None:

@@ -15,9 +15,8 @@ UNET_LEVELS: tuple[str, ...] = ("auto", "all", "largest")
 MAX_RATIO = 0.9
 MAX_TILE_COUNT = 4096
 DEFAULT_SKIP_BLOCKS = "d0-4, s0-4"
-# Block indices above this are refused while parsing, before a range is expanded into a set
-# (a shared workflow's "d0-99999999999" would fill memory); for_kinds then holds every index
-# to the model's real depth.
+# Block indices above this are refused while parsing, before a range becomes a set (a shared
+# workflow's "d0-99999999999" would fill memory); for_kinds holds them to the model's depth.
 MAX_BLOCK_INDEX = 999
 
 

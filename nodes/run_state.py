@@ -1,12 +1,9 @@
-"""State of one ToMA patch: its options, the sampling runs in progress and the model call in
-flight. ComfyUI shares patch objects between clones of a model, and v0.33 can evaluate a step's
-cond batches in a thread per GPU, so nothing mutable lives on them: the OUTER_SAMPLE wrapper puts
-a fresh RunState in a clone of the guider's model_options (EasyCache's pattern), the
-SAMPLER_SAMPLE wrapper's step callback counts finished steps (host ints), and the APPLY_MODEL
-wrapper decides on the host, before the diffusion model (outside the graph under
-TorchCompileModel), all of a call that needs the host into a ModelCall (model_call.py), which
-every block patch finds through ToMAState.call_of and only reads or records into: no locks,
-clocks or host reads of device values in the blocks.
+"""State of one ToMA patch (ToMAState): its options, the sampling runs in progress and the model
+call in flight. ComfyUI shares patch objects between clones of a model, and v0.33 can evaluate a
+step's cond batches in a thread per GPU, so nothing mutable lives on them: the wrappers keep a
+run in a clone of the guider's model_options (EasyCache's pattern) and hand each model call's
+ModelCall (model_call.py) to the blocks, which find it through call_of and only read it and
+record into it: no locks, clocks or host reads of device values there.
 """
 
 from __future__ import annotations
@@ -55,9 +52,8 @@ class ToMAState:
         self.options = options
         self.family = family
         self.node_id = node_id
-        # transformer_options keys of the RunState and the ModelCall: one per ToMA node in a
-        # chain (depth: ToMA nodes already on the model), and the same each time the node runs,
-        # since a model compiled without guards replays the keys it traced
+        # transformer_options keys of the RunState and the ModelCall: one per ToMA node in a chain
+        # (depth: ToMA nodes before it), the same each run (compiled unguarded, keys are replayed)
         self.key = "toma_run" if depth == 0 else f"toma_run_{depth + 1}"
         self.call_key = f"{self.key}_call"
         self.describe = describe    # a family's per-call hook (dit_reading.DiTReading); UNet: none
@@ -139,8 +135,9 @@ class ToMAState:
         return executor(*args, **kwargs)
 
     def apply_model_wrapper(self, executor: Callable, *args, **kwargs):
-        """WrappersMP.APPLY_MODEL: decide this call on the host and hand its ModelCall to the
-        blocks (see call_of); afterwards add what they recorded to the run."""
+        """WrappersMP.APPLY_MODEL: decide this call on the host (outside the graph under
+        TorchCompileModel) and hand its ModelCall to the blocks (see call_of); afterwards add
+        what they recorded to the run."""
         arguments = call_arguments(executor, args, kwargs)
         options = arguments.get("transformer_options") or {}
         x = arguments.get("x", args[0] if args else None)
@@ -205,17 +202,14 @@ class ToMAState:
             run.builds += len(call.plans) - built
             if call.plan_seconds is not None:
                 run.build_seconds = (run.build_seconds or 0.0) + call.plan_seconds
-        for note in dict.fromkeys(call.notes):
+        for note in call.notes:     # run.note says each once
             run.note(note)
 
     def call_of(self, options: dict, device: torch.device | None = None) -> ModelCall | None:
         """The ModelCall a block call belongs to, the one way every block patch finds it: in the
         block's transformer_options; else (TeaCache's copy of the forward, blocks given no
-        options) this thread's call in flight; else None, noting who called the block.
-
-        Traced by torch.compile, the graph is guarded on the call's decisions on `device` (the
-        block tokens'; compile_guards.TRACED_DECISIONS), so a call deciding otherwise at equal
-        shapes is traced anew rather than replaying this one."""
+        options) this thread's call in flight; else None, noting who called the block. Traced,
+        the graph is guarded on the decisions on `device` (compile_guards.TRACED_DECISIONS)."""
         call = options.get(self.call_key)
         if not isinstance(call, ModelCall):
             call = getattr(self.in_flight, "call", None)
