@@ -1,8 +1,6 @@
-"""Recognise the model family and install the matching ToMA patches on a clone.
-
-What every patched model needs from ComfyUI (the wrappers ToMA's state runs in and the
-arguments it reads from them) is this module's CONTRACT; each family states its own
-(unet_patch.py, families/). Both are checked when the node patches a model.
+"""Recognise the model family and install the matching ToMA patches on a clone. CONTRACT, what
+every patched model needs from ComfyUI, and the family's own (unet_patch.py, families/) are
+checked when the node patches a model.
 """
 
 from __future__ import annotations

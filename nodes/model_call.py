@@ -1,5 +1,4 @@
-"""A sampling run (RunState) and one model call in it as its blocks see it (ModelCall): what the
-host decided for the call, and what the blocks share and record through its methods."""
+"""A sampling run (RunState) and one model call in it as its blocks see it (ModelCall)."""
 
 from __future__ import annotations
 

@@ -40,8 +40,7 @@ class SkipBlocks:
             letter, depth = present[0] if present else ("", 0)
             picked = self.plain | self.double | self.single
             _refuse_past_depth("", "blocks", picked, depth)
-            return [picked if depth > 0 and name == letter else frozenset()
-                    for name, depth in kinds]
+            return [picked if name == letter else frozenset() for name, _ in kinds]
         if self.plain:
             raise ValueError(f"skip_blocks: this model has double and single blocks; write "
                              f"d<i> or s<i>, e.g. {DEFAULT_SKIP_BLOCKS!r}")
@@ -82,7 +81,7 @@ def parse_skip_blocks(text: str) -> SkipBlocks:
                              f"d<i>-<j> and single blocks as s<i> or s<i>-<j>, e.g. "
                              f"{DEFAULT_SKIP_BLOCKS!r}, or <i>-<j> on models with one kind of "
                              f"block")
-        kind, first, last = match.group(1), match.group(2), match.group(3)
+        kind, first, last = match.groups()
         first_i = _block_index(kind, first)
         last_i = _block_index(kind, last) if last is not None else first_i
         if last_i < first_i:
