@@ -1,8 +1,6 @@
-"""Recognise the model family and install the matching ToMA patches on a clone.
-
-What every patched model needs from ComfyUI (the wrappers ToMA's state runs in and the
-arguments it reads from them) is this module's CONTRACT; each family states its own
-(unet_patch.py, families/). Both are checked when the node patches a model.
+"""Recognise the model family and install the matching ToMA patches on a clone. CONTRACT, what
+every patched model needs from ComfyUI, and the family's own (unet_patch.py, families/) are
+checked when the node patches a model.
 """
 
 from __future__ import annotations
@@ -93,13 +91,12 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
         reading = read_model(patched, options, family)
         state = ToMAState(options, family.name, node_id, depth, describe=reading)
         patch_dit(patched, state, reading, patches)
-    outer = plain_function(state.outer_sample_wrapper)
-    outer.toma_state = state        # what the speed check reads: settings and the model patched
     state.source = weakref.ref(model)
-    patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer)
-    patched.add_wrapper_with_key(WrappersMP.SAMPLER_SAMPLE, WRAPPER_KEY,
-                                 plain_function(state.sampler_sample_wrapper))
-    patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY,
-                                 plain_function(state.apply_model_wrapper))
+    for kind, method in ((WrappersMP.OUTER_SAMPLE, state.outer_sample_wrapper),
+                         (WrappersMP.SAMPLER_SAMPLE, state.sampler_sample_wrapper),
+                         (WrappersMP.APPLY_MODEL, state.apply_model_wrapper)):
+        wrapper = plain_function(method)
+        wrapper.toma_state = state      # what the speed check reads: settings, the model patched
+        patched.add_wrapper_with_key(kind, WRAPPER_KEY, wrapper)
     patches.install_callbacks(patched)
     return patched

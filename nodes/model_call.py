@@ -1,8 +1,8 @@
-"""A sampling run (RunState) and one model call in it as its blocks see it (ModelCall): what the
-host decided for the call, and what the blocks share and record through its methods."""
+"""A sampling run (RunState) and one model call in it as its blocks see it (ModelCall)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -15,12 +15,14 @@ from ..toma_core.regions import compiling
 from .compile_guards import TRACED_PLANS
 from .forward_patches import kept_allocations
 
+log = logging.getLogger("ToMA")
+
 
 class RunState:
-    """One sampling run: its plans (per call identity), step, index tables, counters and notes.
+    """One sampling run: its plans (per call identity), step, what it keeps, counters and notes.
 
-    The wrappers update it under `lock` (v0.33 runs a thread per GPU); blocks touch only the
-    index tables, a dict whose setdefault is atomic."""
+    The wrappers update it under `lock` (v0.33 runs a thread per GPU); blocks touch only
+    `host_reads`, a dict whose setdefault is atomic."""
 
     def __init__(self, recompute_every: int) -> None:
         self.schedule = PlanSchedule(recompute_every)
@@ -40,12 +42,12 @@ class RunState:
         self.layers_merged: set = set()
         self.steps_merged: set = set()
         self.levels: dict = {}
-        self.host_reads: dict = {}       # what a family reads on the host once per run
-        self.prefix_entries: dict = {}   # a prefix cache's kept prompt keys and values
+        # what is read or built once per run, by key: a family's host reads (tagged tuples),
+        # index tables ((Regions, device)), a prefix cache's prompt keys and values
+        self.host_reads: dict = {}
         self.compiled = False                   # by TorchCompileModel
         self.compiled_without_guards = False    # see compile_guards.unguarded_compile
         self.notes: list[str] = []   # what this run did differently from what was asked
-        self.tables: dict[tuple[Regions, torch.device | None], RegionTables] = {}
         self.lock = threading.Lock()
 
     def in_window(self, step: int, start_percent: float, end_percent: float) -> bool:
@@ -59,13 +61,13 @@ class RunState:
         fraction = step / self.steps_total if self.steps_total else 0.0
         return start_percent <= fraction < end_percent
 
-    def note(self, message: str) -> bool:
-        """Keep `message` among the run's notes; False when it was already there."""
+    def note(self, message: str) -> None:
+        """Keep `message` among the run's notes (its stats) and warn, once per run."""
         with self.lock:
             if message in self.notes:
-                return False
+                return
             self.notes.append(message)
-            return True
+        log.warning("ToMA: %s", message)
 
 
 @dataclass
@@ -147,10 +149,10 @@ class ModelCall:
         torch.compile, where the graph builds them (a kept dict would be guarded on)."""
         if compiling():
             return regions.tables(device)
-        found = self.run.tables.get((regions, device))
+        found = self.run.host_reads.get((regions, device))
         if found is None:
             with kept_allocations():
-                found = self.run.tables.setdefault((regions, device), regions.tables(device))
+                found = self.run.host_reads.setdefault((regions, device), regions.tables(device))
         return found
 
     def record(self, layer: Hashable, level: str, tokens: int, plan: MergePlan | None) -> None:
@@ -161,7 +163,3 @@ class ModelCall:
         """A notice from inside the model: said once per run after the call."""
         self.notes.append(message)
 
-
-# The per-call hook (dit_reading.DiTReading): reads apply_model's arguments on the host, fills in
-# what the blocks read, and returns the run's notes.
-Describe = Callable[[ModelCall, object, dict], list[str]]

@@ -5,7 +5,6 @@ Every check names the widget it is about: ComfyUI shows the message to the user 
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -16,9 +15,8 @@ UNET_LEVELS: tuple[str, ...] = ("auto", "all", "largest")
 MAX_RATIO = 0.9
 MAX_TILE_COUNT = 4096
 DEFAULT_SKIP_BLOCKS = "d0-4, s0-4"
-# Block indices above this are refused while parsing, before a range is expanded into a set
-# (a shared workflow's "d0-99999999999" would fill memory); for_kinds then holds every index
-# to the model's real depth.
+# Block indices above this are refused while parsing, before a range becomes a set (a shared
+# workflow's "d0-99999999999" would fill memory); for_kinds holds them to the model's depth.
 MAX_BLOCK_INDEX = 999
 
 
@@ -42,8 +40,7 @@ class SkipBlocks:
             letter, depth = present[0] if present else ("", 0)
             picked = self.plain | self.double | self.single
             _refuse_past_depth("", "blocks", picked, depth)
-            return [picked if depth > 0 and name == letter else frozenset()
-                    for name, depth in kinds]
+            return [picked if name == letter else frozenset() for name, _ in kinds]
         if self.plain:
             raise ValueError(f"skip_blocks: this model has double and single blocks; write "
                              f"d<i> or s<i>, e.g. {DEFAULT_SKIP_BLOCKS!r}")
@@ -84,7 +81,7 @@ def parse_skip_blocks(text: str) -> SkipBlocks:
                              f"d<i>-<j> and single blocks as s<i> or s<i>-<j>, e.g. "
                              f"{DEFAULT_SKIP_BLOCKS!r}, or <i>-<j> on models with one kind of "
                              f"block")
-        kind, first, last = match.group(1), match.group(2), match.group(3)
+        kind, first, last = match.groups()
         first_i = _block_index(kind, first)
         last_i = _block_index(kind, last) if last is not None else first_i
         if last_i < first_i:
@@ -128,8 +125,8 @@ def make_options(ratio: float = 0.5, tile_count: int = 0, skip_blocks: str = DEF
                  verbose: bool = False) -> ToMAOptions:
     """Validate widget values into ToMAOptions; ValueError names the widget at fault."""
     check_number("ratio", ratio, 0.0, MAX_RATIO)
-    check_integer("tile_count", tile_count, 0, MAX_TILE_COUNT)
-    check_integer("recompute_every", recompute_every, 1, 1000)
+    check_number("tile_count", tile_count, 0, MAX_TILE_COUNT, whole=True)
+    check_number("recompute_every", recompute_every, 1, 1000, whole=True)
     check_number("start_percent", start_percent, 0.0, 1.0)
     check_number("end_percent", end_percent, 0.0, 1.0)
     if start_percent >= end_percent:
@@ -151,17 +148,11 @@ def make_options(ratio: float = 0.5, tile_count: int = 0, skip_blocks: str = DEF
                        bool(verbose))
 
 
-def check_number(name: str, value: object, low: float, high: float) -> None:
-    """Raise ValueError naming widget `name` unless value is a number in [low, high]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
-
-
-def check_integer(name: str, value: object, low: int, high: int) -> None:
-    """Raise ValueError naming widget `name` unless value is a whole number in [low, high]."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
+def check_number(name: str, value: object, low: float, high: float, whole: bool = False) -> None:
+    """Raise ValueError naming widget `name` unless value is a number (a whole one where
+    `whole`) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) \
+            or value != value:      # NaN
+        raise ValueError(f"{name} must be a {'whole ' if whole else ''}number, got {value!r}")
     if not low <= value <= high:
         raise ValueError(f"{name} must be between {low} and {high}, got {value}")

@@ -40,10 +40,10 @@ def open_prefix(call: ModelCall, depth: int) -> None:
         return
     key = ("prefix_cache", call.identity, length)
     with call.run.lock:
-        entry = call.run.prefix_entries.get(key)
+        entry = call.run.host_reads.get(key)
         hot = entry is not None and len(entry.kv) == depth
         if not hot:
-            entry = call.run.prefix_entries[key] = PrefixEntry(length)
+            entry = call.run.host_reads[key] = PrefixEntry(length)
     call.prompt = (entry, hot)
 
 

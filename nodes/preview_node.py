@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..toma_core import build_plan, make_regions
 from .node_spec import NodeSpec
-from .options import MAX_RATIO, MAX_TILE_COUNT, check_integer, check_number
+from .options import MAX_RATIO, MAX_TILE_COUNT, check_number
 from .toma_node import CATEGORY, TILE_DEFAULTS
 
 LEVELS = {
@@ -99,7 +99,7 @@ def render_preview(image: torch.Tensor, ratio: float, tile_count: int,
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}; got {level!r}")
     check_number("ratio", ratio, 0.0, MAX_RATIO)
-    check_integer("tile_count", tile_count, 1, MAX_TILE_COUNT)
+    check_number("tile_count", tile_count, 1, MAX_TILE_COUNT, whole=True)
     if image.dim() != 4 or image.shape[-1] < 3:
         raise ValueError(f"image must be [B, H, W, 3], got {tuple(image.shape)}")
     px = LEVELS[level]

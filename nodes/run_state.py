@@ -1,16 +1,9 @@
-"""State of one ToMA patch: its options, the current sampling run, and the model call in flight.
-
-ComfyUI shares patch objects between clones of a model, and v0.33 can evaluate one step's cond
-batches in a thread per GPU, so nothing mutable lives on the patch objects:
-
-- Per run (EasyCache's pattern): the OUTER_SAMPLE wrapper puts a fresh RunState in a clone of
-  the guider's model_options, where every model call on any thread finds it.
-- Steps: the SAMPLER_SAMPLE wrapper's step callback tells the run when a step is done (a host
-  int, never read back from the device).
-- Per call: the APPLY_MODEL wrapper runs on the host before the diffusion model (outside the
-  graph under TorchCompileModel) and decides all that needs the host into a ModelCall, which
-  every block patch finds one way (ToMAState.call_of). Blocks only read it and record through
-  its methods: no locks, clocks or host reads of device values there.
+"""State of one ToMA patch (ToMAState): its options, the sampling runs in progress and the model
+call in flight. ComfyUI shares patch objects between clones of a model, and v0.33 can evaluate a
+step's cond batches in a thread per GPU, so nothing mutable lives on them: the wrappers keep a
+run in a clone of the guider's model_options (EasyCache's pattern) and hand each model call's
+ModelCall (model_call.py) to the blocks, which find it through call_of and only read it and
+record into it: no locks, clocks or host reads of device values there.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ import torch
 from ..toma_core.regions import compiling
 from .arguments import call_arguments, with_argument
 from .compile_guards import TRACED_DECISIONS, TRACED_PLANS, unguarded_compile
-from .model_call import Describe, ModelCall, RunState
+from .model_call import ModelCall, RunState
 from .options import ToMAOptions
 from .sequence_parallel import sequence_shard
 from .ui_stats import send_stats
@@ -54,16 +47,16 @@ class ToMAState:
     """Options and setup notes of one ToMA node; runs and calls live in transformer_options."""
 
     def __init__(self, options: ToMAOptions, family: str, node_id: str | None = None,
-                 depth: int = 0, describe: Describe | None = None) -> None:
+                 depth: int = 0,
+                 describe: Callable[[ModelCall, object, dict], list[str]] | None = None) -> None:
         self.options = options
         self.family = family
         self.node_id = node_id
-        # transformer_options keys of the RunState and the ModelCall: one per ToMA node in a
-        # chain (depth: ToMA nodes already on the model), and the same each time the node runs,
-        # since a model compiled without guards replays the keys it traced
+        # transformer_options keys of the RunState and the ModelCall: one per ToMA node in a chain
+        # (depth: ToMA nodes before it), the same each run (compiled unguarded, keys are replayed)
         self.key = "toma_run" if depth == 0 else f"toma_run_{depth + 1}"
         self.call_key = f"{self.key}_call"
-        self.describe = describe        # a transformer family's reading; a UNet has none
+        self.describe = describe    # a family's per-call hook (dit_reading.DiTReading); UNet: none
         self.setup_notes: list[str] = []    # true of every run of the patched model
         self.in_flight = threading.local()  # the model call in flight on each thread
         self.runs: list[RunState] = []      # the runs in progress
@@ -74,16 +67,9 @@ class ToMAState:
 
     def setup_note(self, message: str) -> None:
         """Warn once, and note in every run's stats, that the node set something up differently
-        from what was asked (e.g. a scope fallback)."""
-        with self._lock:
-            if message in self.setup_notes:
-                return
+        from what was asked (e.g. a scope fallback); said while the node patches the model."""
+        if message not in self.setup_notes:
             self.setup_notes.append(message)
-        log.warning("ToMA: %s", message)
-
-    def run_note(self, run: RunState, message: str) -> None:
-        """Warn once per run, and note in its stats, that ToMA did something differently."""
-        if run.note(message):
             log.warning("ToMA: %s", message)
 
     def new_run(self) -> RunState:
@@ -115,8 +101,8 @@ class ToMAState:
             # NaN or inf (fp16 overflow, a broken LoRA) merged as they came: one host read per
             # run, after sampling
             if torch.is_tensor(out) and not bool(torch.isfinite(out).all()):
-                self.run_note(run, "the model produced non-finite values (NaN or inf); ToMA "
-                                   "passed them through as the unmerged model does")
+                run.note("the model produced non-finite values (NaN or inf); ToMA passed them "
+                         "through as the unmerged model does")
             return out
         finally:
             guider.model_options = original
@@ -149,8 +135,9 @@ class ToMAState:
         return executor(*args, **kwargs)
 
     def apply_model_wrapper(self, executor: Callable, *args, **kwargs):
-        """WrappersMP.APPLY_MODEL: decide this call on the host and hand its ModelCall to the
-        blocks (see call_of); afterwards add what they recorded to the run."""
+        """WrappersMP.APPLY_MODEL: decide this call on the host (outside the graph under
+        TorchCompileModel) and hand its ModelCall to the blocks (see call_of); afterwards add
+        what they recorded to the run."""
         arguments = call_arguments(executor, args, kwargs)
         options = arguments.get("transformer_options") or {}
         x = arguments.get("x", args[0] if args else None)
@@ -165,7 +152,7 @@ class ToMAState:
                 run.host_reads[key] = sequence_shard(model)
             call.shard = run.host_reads[key]
             for note in self.describe(call, executor.class_obj, arguments):
-                self.run_note(run, note)
+                run.note(note)
         args, kwargs = with_argument(executor, args, kwargs, "transformer_options",
                                      {**options, self.call_key: call})
         if call.traced is not None:
@@ -195,8 +182,7 @@ class ToMAState:
         with run.lock:
             run.model_calls += 1
             step = run.step
-            o = self.options
-            if o.ratio > 0 and run.in_window(step, o.start_percent, o.end_percent):
+            if run.in_window(step, self.options.start_percent, self.options.end_percent):
                 call.merging = True
                 call.plans = run.schedule.plans(identity, step)[0]
         return call, step
@@ -216,17 +202,14 @@ class ToMAState:
             run.builds += len(call.plans) - built
             if call.plan_seconds is not None:
                 run.build_seconds = (run.build_seconds or 0.0) + call.plan_seconds
-        for note in dict.fromkeys(call.notes):
-            self.run_note(run, note)
+        for note in call.notes:     # run.note says each once
+            run.note(note)
 
     def call_of(self, options: dict, device: torch.device | None = None) -> ModelCall | None:
         """The ModelCall a block call belongs to, the one way every block patch finds it: in the
         block's transformer_options; else (TeaCache's copy of the forward, blocks given no
-        options) this thread's call in flight; else None, noting who called the block.
-
-        Traced by torch.compile, the graph is guarded on the call's decisions on `device` (the
-        block tokens'; compile_guards.TRACED_DECISIONS), so a call deciding otherwise at equal
-        shapes is traced anew rather than replaying this one."""
+        options) this thread's call in flight; else None, noting who called the block. Traced,
+        the graph is guarded on the decisions on `device` (compile_guards.TRACED_DECISIONS)."""
         call = options.get(self.call_key)
         if not isinstance(call, ModelCall):
             call = getattr(self.in_flight, "call", None)
@@ -238,9 +221,9 @@ class ToMAState:
             with self._lock:
                 runs = list(self.runs)
             for run in runs:
-                self.run_note(run, f"{caller} runs the model's blocks outside ComfyUI's model "
-                                   f"call, where ToMA cannot tell which run and step they "
-                                   f"belong to: those block calls ran unmerged")
+                run.note(f"{caller} runs the model's blocks outside ComfyUI's model call, where "
+                         f"ToMA cannot tell which run and step they belong to: those block calls "
+                         f"ran unmerged")
         return call
 
     def summary(self, run: RunState) -> dict:

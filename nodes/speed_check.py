@@ -14,7 +14,7 @@ import torch
 
 from .apply import WRAPPER_KEY, apply_toma
 from .node_spec import NodeSpec
-from .options import MAX_RATIO, ToMAOptions, check_integer, check_number
+from .options import MAX_RATIO, ToMAOptions, check_number
 from .toma_node import CATEGORY
 from .ui_stats import LINE_BREAK, SEPARATOR, send_text
 
@@ -211,7 +211,7 @@ def speed_check(model: Any, positive: Any, latent: dict, ratios: str, calls: int
                 node_id: str | None = None) -> tuple[list[Timing], torch.Tensor]:
     """What ToMASpeedCheck does: the timings (also shown on node `node_id`) and their chart.
     ValueError names a bad widget."""
-    check_integer("calls", calls, 1, MAX_CALLS)
+    check_number("calls", calls, 1, MAX_CALLS, whole=True)
     other = parse_ratios(ratios)
     if not isinstance(latent, dict) or not torch.is_tensor(latent.get("samples")):
         raise ValueError("latent must be a LATENT (e.g. from Empty Latent Image)")
