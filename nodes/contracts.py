@@ -33,12 +33,6 @@ def comfyui_version() -> str:
         return "unknown"
 
 
-def version_numbers(version: str) -> tuple[int, ...] | None:
-    """(major, minor, patch) of a version string, None for "unknown"."""
-    numbers = re.findall(r"\d+", version)
-    return tuple(int(n) for n in numbers[:3]) if numbers else None
-
-
 def shown(path: str) -> str:
     """A "module:qualname" path as a message writes it (dotted)."""
     return path.replace(":", ".")
@@ -73,9 +67,8 @@ def _own(obj: object) -> tuple[object, str] | None:
 
 @functools.cache
 def tree_of(obj: object) -> ast.AST | None:
-    """The syntax tree of a ComfyUI function, class or module; None where it cannot be read or
-    the object is not ComfyUI's own. A function's own source is parsed (a few lines); a class
-    is found by its qualified name in its module's tree, parsed once."""
+    """The syntax tree of a ComfyUI function (its own source), class (found by its qualified
+    name in its module's tree) or module; None where it cannot be read or is not ComfyUI's."""
     own = _own(obj)
     if own is None:
         return None
@@ -112,9 +105,9 @@ def _strings(node: ast.AST | None) -> bool:
 # Needs ------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Need:
-    """One thing ToMA needs from the ComfyUI object at `path` (each kind's first field). since:
-    only from this ComfyUI version on; when: only where that need is met (a feature's marker);
-    why: what ToMA reads it for (said with the mismatch)."""
+    """One thing ToMA needs from the ComfyUI object at `path` (each kind's first field), checked
+    by the kind's lacks(found). since: only from this ComfyUI version on; when: only where that
+    need is met (a feature's marker); why: what ToMA reads it for (said with the mismatch)."""
 
     since: str | None = None
     when: Need | None = None
@@ -122,20 +115,17 @@ class Need:
 
     def applies(self, version: str) -> bool:
         """Whether the need is asked of this ComfyUI version (of an unknown one: every need)."""
-        running, since = version_numbers(version), self.since and version_numbers(self.since)
-        if since and running is not None and running < since:
+        # (major, minor, patch), () for "unknown" (or no since)
+        running, since = (tuple(int(n) for n in re.findall(r"\d+", text)[:3])
+                          for text in (version, self.since or ""))
+        if since and running and running < since:
             return False
         return self.when is None or not self.when.problems()
 
     def problems(self) -> list[str]:
-        """What this ComfyUI lacks of the need, each naming the object and what was expected:
-        why the object is not there, or what it lacks."""
+        """What this ComfyUI lacks of the need: why the object is not there, or what it lacks."""
         found, why = resolve(self.path)
         return [why] if found is None else self.lacks(found)
-
-    def lacks(self, found: object) -> list[str]:
-        """What `found`, the object at `path`, lacks of the need."""
-        raise NotImplementedError
 
 
 @functools.cache
@@ -149,8 +139,8 @@ def need_mismatches(need: Need, version: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Names(Need):
-    """The object at `path` holds these names: each kind says which names it holds (`held`; by
-    default those `read` from its code's syntax tree) and how one it lacks is said (`says`)."""
+    """The object at `path` holds these names: which it holds (`held`; by default those its
+    kind's `read` finds in its syntax tree) and how one it lacks is said (`says`)."""
 
     path: str
     names: tuple[str, ...]
@@ -185,9 +175,8 @@ class Takes(Names):
 
 @dataclass(frozen=True)
 class Hands(Need):
-    """The block loop of the model class at `path` (its own, or the nearest base class's that
-    has one) hands the replace patches under ("dit", (`key`, i)) a dict holding these
-    arguments."""
+    """The block loop of the model class at `path` (or of its nearest base class with one) hands
+    its replace patches under ("dit", (`key`, i)) a dict holding these arguments."""
 
     path: str
     key: str
@@ -242,10 +231,10 @@ def built(tree: ast.AST, name: str) -> dict[str, ast.expr]:
     items: dict[str, ast.expr] = {}
     for node in ast.walk(tree):
         for target in node.targets if isinstance(node, ast.Assign) else ():
-            if isinstance(target, ast.Name) and target.id == name:
+            if _name(target) == name:
                 items |= dict_items(node.value) or {}
-            elif (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
-                    and target.value.id == name and _strings(target.slice)):
+            elif (isinstance(target, ast.Subscript) and _name(target.value) == name
+                    and _strings(target.slice)):
                 items[target.slice.value] = node.value
     return items
 
