@@ -26,9 +26,8 @@ def positional(executor) -> tuple[str, ...]:
     try:
         if isinstance(function, types.FunctionType):
             return _positional(function)[1:]
-        if isinstance(original, types.FunctionType):
-            return _positional(original)
-        return _positional.__wrapped__(original)
+        plain = isinstance(original, types.FunctionType)
+        return (_positional if plain else _positional.__wrapped__)(original)
     except (TypeError, ValueError):
         return ()
 

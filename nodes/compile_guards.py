@@ -7,28 +7,18 @@ from __future__ import annotations
 def unguarded_compile(model_options: dict) -> bool:
     """Whether the model runs through a torch.compile wrapper that drops dynamo's guards on
     transformer_options (ComfyUI's TorchCompileModel from 0.8, KJNodes' compile nodes), which
-    would fix what ToMA decides per call in the graph of its first trace. Such wrappers leave
-    "torch_compile_kwargs" in the options, without the guard filter (torch.compile takes it
-    out): it is read from the compiled modules the APPLY_MODEL wrappers hold. Where none can
-    be found, a compile with options is taken as unguarded (ComfyUI's node passes its filter
-    there; v0.3.64's passes none and keeps every guard)."""
+    would fix what ToMA decides per call in its first trace. The guard filter is read from the
+    compiled modules the APPLY_MODEL wrappers hold (torch.compile takes it out of the
+    "torch_compile_kwargs" these leave in the options); without any, a compile with options is
+    taken as unguarded (ComfyUI's node passes its filter there; v0.3.64's keeps every guard)."""
     kwargs = model_options.get("torch_compile_kwargs")
     if not isinstance(kwargs, dict):
         return False
-    found = compiled_modules(model_options)
-    if found:   # each module's guard filter (None: every guard kept)
-        hooks = [getattr(getattr(module, "dynamo_ctx", None), "_hooks", None) for module in found]
-        return any(getattr(hook, "guard_filter_fn", None) is not None for hook in hooks)
-    return kwargs.get("options") is not None
-
-
-def compiled_modules(model_options: dict) -> list:
-    """The torch.compile'd modules (OptimizedModule) the APPLY_MODEL wrappers of these options
-    hold, in their closures or in dicts of their module's globals (one level of dicts deep)."""
     import torch._dynamo.eval_frame as eval_frame
     from comfy.patcher_extension import WrappersMP, get_all_wrappers
 
-    wrappers = get_all_wrappers(WrappersMP.APPLY_MODEL, model_options, is_model_options=True)
+    # the compiled modules (OptimizedModule) the wrappers hold, in their closures or in dicts of
+    # their module's globals (one level of dicts deep)
     found: list = []
 
     def visit(value: object, depth: int = 0) -> None:
@@ -38,7 +28,7 @@ def compiled_modules(model_options: dict) -> list:
             for item in list(value.values()):
                 visit(item, depth + 1)
 
-    for fn in wrappers:
+    for fn in get_all_wrappers(WrappersMP.APPLY_MODEL, model_options, is_model_options=True):
         for cell in getattr(fn, "__closure__", None) or ():
             try:
                 visit(cell.cell_contents)
@@ -47,17 +37,18 @@ def compiled_modules(model_options: dict) -> list:
         code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
         for name in getattr(code, "co_names", ()):
             visit(names.get(name))
-    return found
+    if found:   # each module's guard filter (None: every guard kept)
+        hooks = [getattr(getattr(module, "dynamo_ctx", None), "_hooks", None) for module in found]
+        return any(getattr(hook, "guard_filter_fn", None) is not None for hook in hooks)
+    return kwargs.get("options") is not None
 
 
-# While a model compiled by torch.compile runs, (node key, device) -> what blocks read of the model
-# call in flight, each entry for its call only. Unlike transformer_options (whose guards ComfyUI's
-# compile drops, with those on the patch functions it holds) a global is guarded, so a traced
-# answer is replayed only where it holds:
-# - the node's settings and the call's decisions (ModelCall.decisions, read by
-#   ToMAState.call_of): a call that decides otherwise at equal shapes gets a trace of its own;
-# - the call's plans (ModelCall.plans, asked whether a level's plan is built yet): where the graph
-#   breaks inside the blocks, dynamo compiles one block's code once for all of them, and the
-#   blocks that reuse a plan get a trace of their own instead of the first one's answer.
+# While a compiled model runs, (node key, device) -> what blocks read of the model call in flight,
+# for its call only. Unlike transformer_options (whose guards ComfyUI's compile drops) a global is
+# guarded, so a traced answer is replayed only where it holds: a call that decides otherwise at
+# equal shapes (TRACED_DECISIONS: the node's settings and ModelCall.decisions, read by
+# ToMAState.call_of), or whose blocks reuse a plan (TRACED_PLANS: ModelCall.plans, asked whether
+# a level's plan is built yet; where the graph breaks inside the blocks, dynamo compiles one
+# block's code for all of them), gets a trace of its own.
 TRACED_DECISIONS: dict[tuple[str, str], str] = {}
 TRACED_PLANS: dict[tuple[str, str], dict] = {}

@@ -1,16 +1,12 @@
 """What ToMA needs from ComfyUI, stated per model family as data (a `Contract`), and checked
-against the ComfyUI that runs when the node patches a model.
+against the running ComfyUI when the node patches a model (what was read is kept: ComfyUI's
+code does not change while it runs).
 
-A `Need` names a ComfyUI object by "module:qualname" (its `path`) and checks what ComfyUI does
-where a small call can show it, otherwise the names ComfyUI's code uses (parameters, keys,
-attributes), never the text of a line: a re-spelling that keeps the behaviour meets every need
-(tests/integration/test_contract_faults.py breaks each need on a copy of ComfyUI and re-spells
-every function the contracts name). Where the object's code cannot be read (no source, another
-pack's replacement of it) a need is taken as met.
-
-Classes are imported only here, each inside a guard: a class that fails to import fails only
-the models of that class (`claimed`). What was read is kept for the process: ComfyUI's code
-does not change while it runs.
+A `Need` names a ComfyUI object by "module:qualname" (its `path`) and checks what it does where
+a small call can show it, else the names its code uses, never a line's text: a re-spelling that
+keeps the behaviour meets every need (tests/integration/test_contract_faults.py), and so does
+code that cannot be read (no source, another pack's replacement). Classes are imported only
+here, each inside a guard: one that fails to import fails only its own models (`claimed`).
 """
 
 from __future__ import annotations
@@ -35,12 +31,6 @@ def comfyui_version() -> str:
         return str(importlib.import_module("comfyui_version").__version__)
     except Exception:
         return "unknown"
-
-
-def version_numbers(version: str) -> tuple[int, ...] | None:
-    """(major, minor, patch) of a version string, None for "unknown"."""
-    numbers = re.findall(r"\d+", version)
-    return tuple(int(n) for n in numbers[:3]) if numbers else None
 
 
 def shown(path: str) -> str:
@@ -76,31 +66,20 @@ def _own(obj: object) -> tuple[object, str] | None:
 
 
 @functools.cache
-def module_tree(module: str) -> ast.Module | None:
-    """The syntax tree of a loaded module's source, parsed once; None where it cannot be read."""
-    try:
-        return ast.parse(inspect.getsource(sys.modules[module]))
-    except (KeyError, OSError, TypeError, SyntaxError):
-        return None
-
-
-@functools.cache
 def tree_of(obj: object) -> ast.AST | None:
-    """The syntax tree of a ComfyUI function, class or module; None where it cannot be read or
-    the object is not ComfyUI's own. A function's own source is parsed (a few lines); a class
-    is found by its qualified name in its module's tree, parsed once."""
+    """The syntax tree of a ComfyUI function (its own source), class (found by its qualified
+    name in its module's tree) or module; None where it cannot be read or is not ComfyUI's."""
     own = _own(obj)
     if own is None:
         return None
     target, module = own
-    if inspect.isfunction(target):
+    if inspect.isfunction(target) or inspect.ismodule(target):
         try:
-            return ast.parse(textwrap.dedent(inspect.getsource(target))).body[0]
-        except (OSError, TypeError, SyntaxError, IndexError):
+            tree = ast.parse(textwrap.dedent(inspect.getsource(target)))
+        except (OSError, TypeError, SyntaxError):
             return None
-    node: ast.AST | None = module_tree(module)
-    if inspect.ismodule(target):
-        return node
+        return tree.body[0] if inspect.isfunction(target) else tree
+    node = tree_of(sys.modules.get(module))
     for part in getattr(target, "__qualname__", "<none>").split("."):
         # the last definition of a name is the one Python keeps
         found = [child for child in _definitions(getattr(node, "body", ())) if child.name == part]
@@ -126,9 +105,9 @@ def _strings(node: ast.AST | None) -> bool:
 # Needs ------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Need:
-    """One thing ToMA needs from the ComfyUI object at `path` (each kind's first field). since:
-    only from this ComfyUI version on; when: only where that need is met (a feature's marker);
-    why: what ToMA reads it for (said with the mismatch)."""
+    """One thing ToMA needs from the ComfyUI object at `path` (each kind's first field), checked
+    by the kind's lacks(found). since: only from this ComfyUI version on; when: only where that
+    need is met (a feature's marker); why: what ToMA reads it for (said with the mismatch)."""
 
     since: str | None = None
     when: Need | None = None
@@ -136,20 +115,17 @@ class Need:
 
     def applies(self, version: str) -> bool:
         """Whether the need is asked of this ComfyUI version (of an unknown one: every need)."""
-        running, since = version_numbers(version), self.since and version_numbers(self.since)
-        if since and running is not None and running < since:
+        # (major, minor, patch), () for "unknown" (or no since)
+        running, since = (tuple(int(n) for n in re.findall(r"\d+", text)[:3])
+                          for text in (version, self.since or ""))
+        if since and running and running < since:
             return False
         return self.when is None or not self.when.problems()
 
     def problems(self) -> list[str]:
-        """What this ComfyUI lacks of the need, each naming the object and what was expected:
-        why the object is not there, or what it lacks."""
+        """What this ComfyUI lacks of the need: why the object is not there, or what it lacks."""
         found, why = resolve(self.path)
         return [why] if found is None else self.lacks(found)
-
-    def lacks(self, found: object) -> list[str]:
-        """What `found`, the object at `path`, lacks of the need."""
-        raise NotImplementedError
 
 
 @functools.cache
@@ -162,33 +138,45 @@ def need_mismatches(need: Need, version: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class Takes(Need):
-    """The function at `path` takes these parameters (by name)."""
+class Names(Need):
+    """The object at `path` holds these names: which it holds (`held`; by default those its
+    kind's `read` finds in its syntax tree) and how one it lacks is said (`says`)."""
 
     path: str
-    parameters: tuple[str, ...]
+    names: tuple[str, ...]
 
     def lacks(self, found: object) -> list[str]:
-        return missing_parameters(found, shown(self.path), self.parameters)
+        held = self.held(found)
+        return [] if held is None else [f"{shown(self.path)} {self.says(name)}"
+                                        for name in self.names if name not in held]
+
+    def held(self, found: object) -> set[str] | None:
+        """The names `found` holds; None where they cannot be read (the need taken as met)."""
+        tree = tree_of(found)
+        return None if tree is None else self.read(tree)
 
 
-def missing_parameters(function: object, name: str, parameters: Iterable[str]) -> list[str]:
-    """What `function` (called `name` in the message) does not take of these parameters."""
-    try:
-        params = inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return []
-    kinds = {p.kind for p in params.values()}
-    if kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
-        return []           # a wrapper that passes everything on: nothing to read
-    return [f"{name} takes no {p!r}" for p in parameters if p not in params]
+class Takes(Names):
+    """The function at `path` takes these parameters (by name)."""
+
+    def held(self, found: object) -> set[str] | None:
+        try:
+            params = inspect.signature(found).parameters
+        except (TypeError, ValueError):
+            return None
+        kinds = {p.kind for p in params.values()}
+        if kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+            return None         # a wrapper that passes everything on: nothing to read
+        return set(params)
+
+    def says(self, name: str) -> str:
+        return f"takes no {name!r}"
 
 
 @dataclass(frozen=True)
 class Hands(Need):
-    """The block loop of the model class at `path` (its own, or the nearest base class's that
-    has one) hands the replace patches under ("dit", (`key`, i)) a dict holding these
-    arguments."""
+    """The block loop of the model class at `path` (or of its nearest base class with one) hands
+    its replace patches under ("dit", (`key`, i)) a dict holding these arguments."""
 
     path: str
     key: str
@@ -243,84 +231,63 @@ def built(tree: ast.AST, name: str) -> dict[str, ast.expr]:
     items: dict[str, ast.expr] = {}
     for node in ast.walk(tree):
         for target in node.targets if isinstance(node, ast.Assign) else ():
-            if isinstance(target, ast.Name) and target.id == name:
+            if _name(target) == name:
                 items |= dict_items(node.value) or {}
-            elif (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
-                    and target.value.id == name and _strings(target.slice)):
+            elif (isinstance(target, ast.Subscript) and _name(target.value) == name
+                    and _strings(target.slice)):
                 items[target.slice.value] = node.value
     return items
 
 
-def stored_keys(tree: ast.AST) -> set[str]:
-    """String keys a function stores in dicts: `d["key"] = ...`, `{"key": ...}`,
-    `dict(key=...)`, `d.update(key=...)`."""
-    keys: set[str] = set()
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store)
-                and _strings(node.slice)):
-            keys.add(node.slice.value)
-        elif isinstance(node, ast.Dict):
-            keys |= {k.value for k in node.keys if _strings(k)}
-        elif isinstance(node, ast.Call):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else \
-                getattr(node.func, "id", "")
-            if name in ("dict", "update"):
-                keys |= {k.arg for k in node.keywords if k.arg}
-    return keys
-
-
-def lacking(found: object, path: str, names: Iterable[str], has: Callable[[ast.AST], set[str]],
-            says: Callable[[str], str]) -> list[str]:
-    """What the code of `found` (the object at `path`) lacks of `names`: has(its syntax tree)
-    -> the names it holds; says(name) -> the problem. Where its code cannot be read, nothing
-    (taken as met)."""
-    tree = tree_of(found)
-    if tree is None:
-        return []
-    held = has(tree)
-    return [f"{shown(path)} {says(name)}" for name in names if name not in held]
-
-
 @dataclass(frozen=True)
-class Gives(Need):
+class Gives(Names):
     """The function at `path` stores these keys in the dict it builds; what: what they are,
     for the message ("conditioning", "transformer option")."""
 
-    path: str
-    keys: tuple[str, ...]
     what: str = "key"
 
-    def lacks(self, found: object) -> list[str]:
-        return lacking(found, self.path, self.keys, stored_keys,
-                       lambda key: f"gives no {key!r} {self.what}")
+    def read(self, tree: ast.AST) -> set[str]:
+        """String keys stored in dicts: `d["key"] = ...`, `{"key": ...}`, `dict(key=...)`,
+        `d.update(key=...)`."""
+        keys: set[str] = set()
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store)
+                    and _strings(node.slice)):
+                keys.add(node.slice.value)
+            elif isinstance(node, ast.Dict):
+                keys |= {k.value for k in node.keys if _strings(k)}
+            elif isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                    getattr(node.func, "id", "")
+                if name in ("dict", "update"):
+                    keys |= {k.arg for k in node.keywords if k.arg}
+        return keys
+
+    def says(self, key: str) -> str:
+        return f"gives no {key!r} {self.what}"
 
 
-@dataclass(frozen=True)
-class Sets(Need):
+class Sets(Names):
     """The constructor at `path` sets these attributes on self."""
 
-    path: str
-    attributes: tuple[str, ...]
+    def read(self, tree: ast.AST) -> set[str]:
+        return {node.attr for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                and _name(node.value) == "self"}
 
-    def lacks(self, found: object) -> list[str]:
-        return lacking(found, self.path, self.attributes, lambda tree: {
-            node.attr for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-            and isinstance(node.value, ast.Name) and node.value.id == "self"},
-            lambda name: f"sets no self.{name}")
+    def says(self, name: str) -> str:
+        return f"sets no self.{name}"
 
 
-@dataclass(frozen=True)
-class Has(Need):
+class Has(Names):
     """The class or module at `path` has these names (a dataclass: these fields)."""
 
-    path: str
-    names: tuple[str, ...]
-
-    def lacks(self, found: object) -> list[str]:
+    def held(self, found: object) -> set[str]:
         known = {f.name for f in fields(found)} if is_dataclass(found) else set()
-        return [f"{shown(self.path)} has no {name}" for name in self.names
-                if name not in known and not hasattr(found, name)]
+        return known | {name for name in self.names if hasattr(found, name)}
+
+    def says(self, name: str) -> str:
+        return f"has no {name}"
 
 
 @dataclass(frozen=True)
@@ -335,17 +302,14 @@ class Equals(Need):
             f"{shown(self.path)} is {found!r}, not {self.value!r}"]
 
 
-@dataclass(frozen=True)
-class Mentions(Need):
+class Mentions(Names):
     """The function or module at `path` uses these strings (a marker of a feature)."""
 
-    path: str
-    texts: tuple[str, ...]
+    def read(self, tree: ast.AST) -> set[str]:
+        return {node.value for node in ast.walk(tree) if _strings(node)}
 
-    def lacks(self, found: object) -> list[str]:
-        return lacking(found, self.path, self.texts,
-                       lambda tree: {node.value for node in ast.walk(tree) if _strings(node)},
-                       lambda text: f"does not mention {text!r}")
+    def says(self, text: str) -> str:
+        return f"does not mention {text!r}"
 
 
 @dataclass(frozen=True)
@@ -443,12 +407,11 @@ def bare(cls: type, **attributes: object) -> object:
 @dataclass(frozen=True)
 class Contract:
     """What one model family needs from ComfyUI. label: the family's name in messages; models:
-    each model class it patches ("module:qualname") -> what models of that class need besides;
-    needs: what every model of the family needs; blocks: the model's block lists (attribute
-    path, as BlockKind.modules) -> the parameters their forwards take, read on the model's own
-    blocks; kinds: its block kinds, whose arguments (BlockKind.arguments) each model class's
-    block loop must hand a "dit" kind's patches, and an object-patched kind's forward take
-    (with its opaque ones)."""
+    each model class it patches ("module:qualname") -> what its models need besides `needs`,
+    what every model needs; blocks: the model's block lists (attribute path, as
+    BlockKind.modules) -> the parameters their forwards take, read on the model's own blocks;
+    kinds: its BlockKinds, whose arguments each model class's block loop must hand a "dit"
+    kind's patches, and an "object" kind's forward take (with its opaque ones)."""
 
     label: str
     models: dict[str, tuple[Need, ...]]
@@ -490,11 +453,9 @@ def mismatches(contract: Contract, model: str | None = None,
     """What the running ComfyUI lacks of `contract` for models of class `model` (its path;
     None: only what every model needs), and (given a model) of its blocks."""
     version = comfyui_version()
-    found: list[str] = []
-    if model is not None:
-        why = resolve(model)[1]
-        found += [why] if why else []
-    for need in (*contract.needs, *(contract.models.get(model, ()) if model else ())):
+    why = model and resolve(model)[1]
+    found = [why] if why else []
+    for need in (*contract.needs, *contract.models.get(model, ())):
         found += need_mismatches(need, version)
     if diffusion_model is not None:
         found += block_mismatches(contract.blocks, diffusion_model)
@@ -513,8 +474,8 @@ def block_mismatches(blocks: dict[str, tuple[str, ...]], diffusion_model: object
             found.append(f"{type(diffusion_model).__name__} has no {path}")
             continue
         for kind in sorted(kinds, key=lambda k: k.__qualname__):
-            found += missing_parameters(kind.forward, f"{kind.__module__}.{kind.__qualname__}"
-                                        f".forward", parameters)
+            found += Takes(f"{kind.__module__}:{kind.__qualname__}.forward",
+                           parameters).lacks(kind.forward)
     return found
 
 

@@ -1,10 +1,8 @@
-"""The pack's nodes as plain data: id, names, inputs, outputs. The V3 node classes (nodes/v3.py),
-which need ComfyUI to import, are built from them; the unit tests, benchmarks and README checks
-read the very inputs ComfyUI is given without one. An input is written as in ComfyUI's V1 API
-and /object_info: `name: (type, options)`, the type an io type name ("MODEL", "FLOAT", ...) or a
-dropdown's list of choices, the options the widget's settings (default, min, max, step,
-multiline, tooltip).
-"""
+"""The pack's nodes as plain data, from which nodes/v3.py builds the V3 classes (tests and
+benchmarks read the very inputs ComfyUI gets, without a ComfyUI). An input is written as in
+ComfyUI's V1 API and /object_info: `name: (type, options)`, the type an io type name ("MODEL",
+"FLOAT", ...) or a dropdown's choices, the options the widget's (default, min, max, step,
+multiline, tooltip)."""
 
 from __future__ import annotations
 

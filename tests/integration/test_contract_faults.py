@@ -74,6 +74,11 @@ def place(path: str, tree: Path) -> tuple[str, str]:
             target.__qualname__)
 
 
+# the edit that takes one of a need's names from the code it reads, by the need's kind
+NAME_FAULTS = {"Takes": "rename_names", "Gives": "rename_strings", "Sets": "unset_attribute",
+               "Mentions": "rename_strings"}
+
+
 def faults_of(need, tree: Path) -> list[tuple[dict, tuple]]:
     """[(edit, signature)] that break this need: the signature (kind, file, qualname, item)
     names what the edit breaks, so that every need reading the same is expected to fail."""
@@ -82,14 +87,8 @@ def faults_of(need, tree: Path) -> list[tuple[dict, tuple]]:
     kind = type(need).__name__
     if kind in ("Probe", "JoinOrder"):
         target, op, items = need.path, "swap_cats", [None]
-    elif kind == "Takes":
-        target, op, items = need.path, "rename_names", need.parameters
-    elif kind == "Gives":
-        target, op, items = need.path, "rename_strings", need.keys
-    elif kind == "Sets":
-        target, op, items = need.path, "unset_attribute", need.attributes
-    elif kind == "Mentions":
-        target, op, items = need.path, "rename_strings", need.texts
+    elif kind in NAME_FAULTS:
+        target, op, items = need.path, NAME_FAULTS[kind], need.names
     elif kind == "Has":
         module_level = ":" not in need.path
         target, items = need.path, need.names
