@@ -10,6 +10,7 @@ that carries the pack's sources to the actor's process (shipped).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.util
@@ -177,12 +178,12 @@ class RayWorkerWithToMA:
         self._actor = group.actors[index]
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") and name not in OTHER_METHODS:
-            raise AttributeError(name)
         if name in OTHER_METHODS:    # clear_sampling_vram among them
             if self._group.removals and not self._group.waiting:    # every actor sampled
                 self._group.settle()
             return getattr(self._actor, name)
+        if name.startswith("_"):
+            raise AttributeError(name)
         if "sampl" in name:
             return SamplingWithToMA(self._group, self._index, getattr(self._actor, name))
         raise RuntimeError(
@@ -212,13 +213,12 @@ def pack_sources() -> bytes:
     JSON: {module name below the package ("" for the package): [is a package, source, path]}.
     Read once per process."""
     root = Path(PACK_DIR)
-    found = {"": [True, (root / "__init__.py").read_text(), str(root / "__init__.py")]}
-    for folder in ("nodes", "toma_core"):
-        for path in sorted((root / folder).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            package = parts[-1] == "__init__"
-            name = ".".join(parts[:-1] if package else parts)
-            found[name] = [package, path.read_text(), str(path)]
+    found = {}
+    for path in [root / "__init__.py", *sorted((root / "nodes").rglob("*.py")),
+                 *sorted((root / "toma_core").rglob("*.py"))]:
+        parts = path.relative_to(root).with_suffix("").parts     # ("__init__",): the package
+        package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if package else parts)] = [package, path.read_text(), str(path)]
     return zlib.compress(json.dumps(found).encode())
 
 
@@ -234,10 +234,9 @@ def shipped(function: str, *args: Any) -> Callable:
             code = json.loads(zlib.decompress(sources))
 
             class ShippedPack(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-                """The pack's modules from the shipped sources: first on the meta path (so that
-                the actor runs the driver's code), and each shipped package's path entry, where
-                it lists the package's modules as pkgutil.iter_modules lists a folder's (the
-                family registry lists its package so)."""
+                """The pack's modules from the shipped sources, first on the meta path (the
+                actor runs the driver's code); also each shipped package's path entry, listing
+                its modules for pkgutil.iter_modules (the family registry lists its package)."""
 
                 def __init__(self, below=""):
                     self.start = f"{below}." if below else ""
@@ -248,9 +247,6 @@ def shipped(function: str, *args: Any) -> Callable:
                         return None
                     return importlib.util.spec_from_loader(name, self, origin=code[below][2],
                                                            is_package=code[below][0])
-
-                def create_module(self, spec):
-                    return None
 
                 def exec_module(self, module):
                     below = module.__name__[len(package) + 1:]
@@ -304,10 +300,9 @@ def install_on(model: Any, settings: dict) -> Any:
 
 
 def remove_from(model: Any) -> Any:
-    """The ModelPatcher install_on was given, after printing this GPU's line (raylight's
-    workers print to the console ComfyUI runs in): its rank, the ratio asked, the tokens of its
-    shard's grid and what they merged to, and ToMA's notes (under sequence parallelism they say
-    what all GPUs dropped of the whole grid)."""
+    """The ModelPatcher install_on was given, after printing this GPU's stats to the console
+    ComfyUI runs in (where raylight's workers print; under sequence parallelism the levels are
+    its shard's and the notes say what all GPUs dropped of the whole grid)."""
     from .speed_check import state_of
 
     base = getattr(model, BASE, None)
@@ -318,12 +313,10 @@ def remove_from(model: Any) -> Any:
         return base
     rank = "GPU"
     state = sys.modules.get("xfuser.core.distributed")
-    try:
+    with contextlib.suppress(AssertionError):   # xfuser imported, its groups not made: no rank
         if state is not None:
             rank = (f"GPU rank {state.get_sequence_parallel_rank()} of "
                     f"{state.get_sequence_parallel_world_size()}")
-    except AssertionError:      # xfuser imported, its groups not made: no rank to name
-        pass
     levels = ", ".join(f"{level['tokens']} -> {level['merged_tokens']} tokens "
                        f"({1 - level['merged_tokens'] / level['tokens']:.0%} dropped)"
                        for level in stats["levels"] if level["tokens"]) or "nothing merged"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -87,23 +86,17 @@ def state_of(model: Any) -> Any:
     return wrappers[-1].toma_state if wrappers else None
 
 
-def toma_of(model: Any) -> tuple[Any, ToMAOptions | None]:
-    """(the model without ToMA, the options of the last ToMA node on it); (model, None) when
-    no ToMA node patched it."""
-    state = state_of(model)
-    if state is None:
-        return model, None
-    source = state.source()
-    if source is None:
-        raise ValueError("the model the ToMA node patched is no longer loaded: run the graph "
-                         "again with the speed check connected after the ToMA node")
-    return toma_of(source)[0], state.options
-
-
 def variants(model: Any, ratios: list[float]) -> dict[str, Any]:
-    """The models to time, by label: unmerged, the connected settings, then each other ratio
-    at those settings (ratio 0 is the unmerged model)."""
-    base, options = toma_of(model)
+    """The models to time, by label: unmerged (the model without its ToMA nodes), the settings
+    of the last ToMA node on it (or the defaults), then each other ratio at those settings
+    (ratio 0 is the unmerged model)."""
+    base, options = model, None
+    while (state := state_of(base)) is not None:
+        base = state.source()
+        if base is None:
+            raise ValueError("the model the ToMA node patched is no longer loaded: run the "
+                             "graph again with the speed check connected after the ToMA node")
+        options = options or state.options
     connected = options is not None
     options = options or ToMAOptions()
     out = {"unmerged": base,
@@ -115,24 +108,11 @@ def variants(model: Any, ratios: list[float]) -> dict[str, Any]:
     return out
 
 
-def _elapsed(run: Callable[[], Any], device: torch.device) -> float:
-    """Seconds run() takes: CUDA events on a GPU, the clock elsewhere."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    begin = time.perf_counter()
-    run()
-    return time.perf_counter() - begin
-
-
 def time_variants(models: dict[str, Any], positive: Any, latent: dict, calls: int) -> list[Timing]:
     """Each model's seconds per model call (the faster of ROUNDS interleaved runs of `calls`
-    Euler steps at cfg 1, so that a burst of other work on the machine does not decide), and
-    the change of its first step's output from the first model's (unmerged)."""
+    Euler steps at cfg 1, so that a burst of other work on the machine does not decide; CUDA
+    events on a GPU, the clock elsewhere), and the change of its first step's output from the
+    first model's (unmerged)."""
     import comfy.model_management
     import comfy.sample
 
@@ -149,7 +129,17 @@ def time_variants(models: dict[str, Any], positive: Any, latent: dict, calls: in
     best = dict.fromkeys(models, math.inf)
     for _ in range(ROUNDS):
         for label, model in models.items():
-            seconds = _elapsed(lambda m=model: sample(m, calls), device)
+            if device.type == "cuda":
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                sample(model, calls)
+                end.record()
+                end.synchronize()
+                seconds = start.elapsed_time(end) / 1e3
+            else:
+                begin = time.perf_counter()
+                sample(model, calls)
+                seconds = time.perf_counter() - begin
             best[label] = min(best[label], seconds / calls)
     (base_label, base), *others = firsts.items()
     out = [Timing(base_label, best[base_label])]
@@ -208,13 +198,13 @@ def chart(rows: list[Timing]) -> torch.Tensor:
 
 
 def speed_check(model: Any, positive: Any, latent: dict, ratios: str, calls: int,
-                node_id: str | None = None) -> tuple[list[Timing], torch.Tensor]:
-    """What ToMASpeedCheck does: the timings (also shown on node `node_id`) and their chart.
+                unique_id: str | None = None) -> tuple[list[Timing], torch.Tensor]:
+    """What ToMASpeedCheck does: the timings (also shown on node `unique_id`) and their chart.
     ValueError names a bad widget."""
     check_number("calls", calls, 1, MAX_CALLS, whole=True)
     other = parse_ratios(ratios)
     if not isinstance(latent, dict) or not torch.is_tensor(latent.get("samples")):
         raise ValueError("latent must be a LATENT (e.g. from Empty Latent Image)")
     rows = time_variants(variants(model, other), positive, latent, calls)
-    send_text(node_id, format_results(rows))
+    send_text(unique_id, format_results(rows))
     return rows, chart(rows)

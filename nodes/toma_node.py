@@ -7,6 +7,7 @@ description quote the defaults from the constants that define them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ..toma_core import BATCH_POLICIES, REGION_MODES, UNMERGE_METHODS
@@ -114,16 +115,14 @@ TOMA = NodeSpec(
     outputs=("MODEL",),
     hidden=("unique_id",),
 )
-TOMA_ADVANCED = NodeSpec(
+TOMA_ADVANCED = replace(
+    TOMA,
     node_id="ToMAAdvanced",
     display_name="ToMA Token Merge (Advanced)",
-    category=CATEGORY,
     description=DESCRIPTION + " The advanced node also sets the step window, the UNet levels, "
     "the merge scope, the region shape, the assignment temperature, the unmerge method, the "
     "batch policy and logging.",
     inputs={**BASIC_INPUTS, **ADVANCED_INPUTS},
-    outputs=("MODEL",),
-    hidden=("unique_id",),
 )
 
 
