@@ -68,8 +68,7 @@ class BlockKind:
     # modulation rows along dim 1 (per-frame or per-token timestep embeddings): plain tensors,
     # or held in an object (Family.held_rows)
     rows: tuple[str, ...] = ()
-    # dims of a plain tensor of rows (None: 3 or more); one of other dims is one modulation for
-    # every token (other packs' forwards pass an e0 [B, 6, C] instead of ComfyUI's [B, F, 6, C])
+    # dims of a plain tensor of rows (None: 3 or more); other dims: one modulation for every token
     rows_dims: int | None = None
     # more positional rows over the same sequence (the video side of an audio-video attention)
     more_pe: tuple[str, ...] = ()
@@ -78,8 +77,7 @@ class BlockKind:
     # positional rows [1, L, D] broadcast over the heads: merged per item, [B, 1, L', D]
     pe_heads: bool = False
     stream_item: int | None = None  # the stream is a tuple ((video, audio)): its item holding it
-    # arguments the patch cannot line up with a merged sequence (an attention mask addressing
-    # fixed token spans): a block call where one is set runs unmerged
+    # arguments that address fixed token spans (an attention mask): a call setting one runs unmerged
     opaque: tuple[str, ...] = ()
     # (name, shorten): arguments alike for every token up to the grid's end (an attention
     # bias); shorten(value, end, removed) drops `removed` of the first `end` tokens' entries, or
@@ -89,9 +87,8 @@ class BlockKind:
     # the stream's token spans (start, stop, value...), one modulation row each, moved with the
     # grid (token_layout.moved_positions; the block runs unmerged where they cannot be)
     spans: tuple[str, ...] = ()
-    # token positions in the stream set before the blocks run (where references get timestep
-    # zero's modulation), moved with the grid (token_layout.moved_positions); with hook "dit"
-    # the block loop hands them to the block's forward, which ToMA then patches too
+    # token positions set before the blocks run (references' timestep zero modulation), moved
+    # likewise; with hook "dit" the block loop hands them to the forward, which ToMA patches too
     positions: tuple[str, ...] = ()
     grid_axes: bool = False     # the stream is the grid alone, [B, T, H, W, C]
     hook: str = "dit"   # "dit" (replace patch) or "object" (patch of the block's forward)
@@ -117,9 +114,8 @@ class BlockKind:
 
     @property
     def arguments(self) -> tuple[str, ...]:
-        """The arguments of a block call of this kind that ToMA reads or rewrites by name (the
-        opaque and shortened ones aside: a block loop may not hand them at all): what a
-        family's contract requires ComfyUI's block loop or the block's forward to name so."""
+        """The arguments ToMA reads or rewrites by name (not the opaque and shortened ones, which
+        a block loop may not hand at all): what a family's contract requires to be named so."""
         names = (self.stream, self.txt, self.pe, self.mask, *self.rows, *self.more_pe,
                  *self.stream_pe, *self.spans)
         return tuple(dict.fromkeys(name for name in names if name))
@@ -127,10 +123,9 @@ class BlockKind:
 
 @dataclass(frozen=True)
 class HeldRows:
-    """Modulation rows a family's blocks get inside an object rather than as a tensor
-    (compressed timesteps). read(value) -> (rows [B, R, C], tokens each row covers), or None
-    for a value it does not hold; write(value, rows, tokens) -> an object of the same kind
-    holding `rows`, each covering `tokens` tokens."""
+    """Modulation rows a family's blocks get inside an object (compressed timesteps).
+    read(value) -> (rows [B, R, C], tokens each row covers), None for a value it does not hold;
+    write(value, rows, tokens) -> an object of the same kind holding `rows` so."""
 
     read: Callable[[object], tuple[torch.Tensor, int] | None]
     write: Callable[[object, torch.Tensor, int], object]
@@ -159,21 +154,17 @@ class Family:
     foreign_block: Callable[[Callable], str | None] | None = None
     # why ToMA leaves this family alone under raylight's sequence parallelism, or None
     sequence_parallel_refusal: str | None = None
-    # merge_scope "attention" (BlockKind.attention_scope): makes one node's hooks, whose
-    # install(model, patches, indices) puts them on the blocks, run(index, plan, merged_args, run)
-    # runs one block with only its attention merged
+    # merge_scope "attention" (BlockKind.attention_scope): makes one node's hooks; install(model,
+    # patches, indices) puts them on the blocks, run(index, plan, merged_args, run) runs one block
     attention_hooks: Callable[[], object] | None = None
 
 
 # Reading a model call -------------------------------------------------------------------------
 def latent_grid(x: object, patch: tuple[int, int, int]) -> tuple[int, int, int] | None:
-    """(t, h, w) tokens of a latent [B, C, H, W] or [B, C, T, H, W], each side padded up to
-    the patch size (what every family here does); None for anything else."""
-    return shape_grid(x.shape, patch) if torch.is_tensor(x) else None
-
-
-def shape_grid(shape: object, patch: tuple[int, int, int]) -> tuple[int, int, int] | None:
-    """latent_grid of a latent's shape (a packed latent's `latent_shapes` entry)."""
+    """(t, h, w) tokens of a latent [B, C, H, W] or [B, C, T, H, W] or of its shape (a packed
+    latent's `latent_shapes` entry), each side padded up to the patch size (what every family
+    here does); None for anything else."""
+    shape = x.shape if torch.is_tensor(x) else x
     if not isinstance(shape, (tuple, list, torch.Size)) or len(shape) not in (4, 5):
         return None
     sides = (1, *shape[-2:]) if len(shape) == 4 else tuple(shape[-3:])
@@ -183,9 +174,8 @@ def shape_grid(shape: object, patch: tuple[int, int, int]) -> tuple[int, int, in
 def set_grid(call: ModelCall, grid: tuple[int, int, int] | None, prefix: int = 0,
              protect_frames: int = 0) -> None:
     """call.grid = the grid's mergeable part: `protect_frames` leading frames join the prefix
-    (tokens before the grid that never merge), together with `prefix` other tokens. Its name in
-    the stats ("HxW", "TxHxW") is made here on the host: in a compiled model a size can turn
-    symbolic after a change of resolution, and no string is made from one."""
+    (tokens that never merge) with `prefix` others. Its stats name ("HxW", "TxHxW") is made on
+    the host here: in a compiled model a size can turn symbolic, and no string is made from one."""
     if grid is None or grid[0] <= protect_frames:
         call.grid, call.mergeable = None, False
         return
@@ -197,11 +187,8 @@ def set_grid(call: ModelCall, grid: tuple[int, int, int] | None, prefix: int = 0
 
 def describe_plain(patch: tuple[int, int, int]) -> Callable[[ModelCall, object, dict], None]:
     """describe for families whose call is the latent alone."""
-
-    def describe(call: ModelCall, base_model, arguments: dict) -> None:
-        set_grid(call, latent_grid(arguments.get("x"), patch))
-
-    return describe
+    return lambda call, base_model, arguments: set_grid(
+        call, latent_grid(arguments.get("x"), patch))
 
 
 def host_read(call: ModelCall, key: tuple, read: Callable[[], object]) -> object:
@@ -214,8 +201,7 @@ def host_read(call: ModelCall, key: tuple, read: Callable[[], object]) -> object
 
 
 def leading_true(flags: list[bool]) -> int:
-    """How many of `flags` are true before the first false (leading frames a mask read on
-    the host marks)."""
+    """How many of `flags` are true before the first false."""
     return next((i for i, flag in enumerate(flags) if not flag), len(flags))
 
 
@@ -238,12 +224,11 @@ def given_frames(call: ModelCall, mask: object) -> int:
 
 
 def conditioned_frames(call: ModelCall, mask: object, frames: int, total: int) -> int | None:
-    """Leading latent frames of a denoise mask [B|1, C|1, total, H, W] that are not all 1:
-    frames the sampler does not fully denoise (image-to-video and in-place guide frames), whose
-    tokens' timesteps differ from the generated ones'. Only the first `frames` (the video; guide
-    frames may follow) are read. None where the mask is no such prefix: a value below 1 after
-    the first frame of all 1 (inpainting inside the video), a negative value (a token ComfyUI
-    drops), or another length. 0 without a mask (host_read)."""
+    """Leading latent frames of a denoise mask [B|1, C|1, total, H, W] that are not all 1 (the
+    sampler does not fully denoise them: image-to-video and in-place guide frames), read in the
+    first `frames` (the video). None where the mask is no such prefix: a value below 1 after a
+    frame of all 1 (inpainting), a negative value (a token ComfyUI drops), or another length.
+    0 without a mask (host_read)."""
     if mask is None:
         return 0
     if not torch.is_tensor(mask) or mask.dim() != 5 or mask.shape[2] != total:

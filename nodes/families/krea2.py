@@ -7,7 +7,7 @@ frame's."""
 from __future__ import annotations
 
 from ..contracts import Contract, Gives
-from ..dit_families import BlockKind, Family, TextAt, set_grid, shape_grid
+from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
 from . import patch_of, sets_patch
 
 MODELS = "Krea 2"
@@ -36,6 +36,6 @@ def description(patch: tuple[int, int, int]) -> Family:
         batch item of their own)."""
         x = arguments.get("x")
         shape = None if x is None else (*x.shape[:2], *x.shape[-2:])
-        set_grid(call, shape_grid(shape, patch))
+        set_grid(call, latent_grid(shape, patch))
 
     return Family("krea2", "Krea 2", KINDS, patch, describe)

@@ -22,8 +22,8 @@ from ..dit_families import (
     HeldRows,
     TextAt,
     conditioned_frames,
+    latent_grid,
     set_grid,
-    shape_grid,
 )
 from . import conditioning, patch_of, unmerged
 
@@ -119,7 +119,7 @@ def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> 
     conditions (conditioned_frames) in front of it."""
     shapes = arguments.get("latent_shapes")
     shape = shapes[0] if shapes else getattr(arguments.get("x"), "shape", None)
-    grid = shape_grid(shape, patch)
+    grid = latent_grid(shape, patch)
     if grid is None or len(shape) != 5:
         return unmerged(call)
     total, h, w = grid

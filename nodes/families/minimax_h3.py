@@ -12,7 +12,7 @@ import functools
 import math
 
 from ..contracts import Contract, Gives, Sets
-from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, set_grid, shape_grid
+from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, latent_grid, set_grid
 from . import patch_of, unmerged
 
 MODELS = "MiniMax H3"
@@ -51,7 +51,7 @@ def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> 
     shapes = arguments.get("latent_shapes")
     layout = (arguments.get("minimax_payload") or {}).get("layout")
     context = arguments.get("c_crossattn")
-    grid = shape_grid(shapes[0], patch) if shapes and len(shapes) > 1 else None
+    grid = latent_grid(shapes[0], patch) if shapes and len(shapes) > 1 else None
     if grid is None or layout is None or context is None:
         return unmerged(call, "a MiniMax H3 call without its video and audio latents or its "
                               "packed layout")
