@@ -7,9 +7,8 @@ the block's update of the grid is unmerged: grid + unmerge(block(merge(grid)) - 
 Destinations come from the layer-normed grid entering a group's first block (dit_reading).
 Patches inside the block (attn1/attn2 and their output patches) and opaque arguments may read
 tokens by grid position: such calls run unmerged, and the user is told. Other packs' "dit"
-replace or object patches get the merged arguments, an attention override the merged q, k, v
-(with SIZE_WEIGHTED, sized_attention in front of it), transformer_options MERGED_FLAG and a
-shortened `img_slice` (`grid_sizes` still describe the unmerged input).
+replace or object patches get the merged arguments and options (token_layout.merged_options;
+`grid_sizes` still describe the unmerged input), an attention override the merged q, k, v.
 """
 from __future__ import annotations
 
@@ -329,9 +328,8 @@ class DiTToMA:
                     args: dict, stream: torch.Tensor, options: dict, call: ModelCall,
                     forms: dict[str, RowForm], key: tuple
                     ) -> tuple[dict, torch.Tensor | None, Pending | None]:
-        """The block's arguments for the merged sequence, its merged grid tensor and
-        plan.begin's base (both None, the stream whole, when only the attention merges: inside
-        the block). Rows and masks, alike for a group's blocks in a call, are merged `once`."""
+        """The block's arguments for the merged sequence, its merged grid tensor and plan.begin's
+        base (both None, the stream whole, when only the attention merges: inside the block)."""
         out, merged, base = dict(args), None, None
         end, dropped = lay.offset + plan.tokens, plan.tokens - plan.merged_tokens
         if self.attention is None or not kind.attention_scope or call.shard is not None:
