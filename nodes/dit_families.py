@@ -41,11 +41,9 @@ class TextAt(Enum):
 
 @dataclass(frozen=True)
 class ShardKind:
-    """How raylight's sequence-parallel forward (sequence_parallel.py) hands a block its shard."""
+    """How raylight's sequence-parallel forward (sequence_parallel.py) hands a block its shard
+    (with TextAt.STREAM_BEFORE, a shard of [text; grid; ...])."""
 
-    # the stream is a shard of [text; grid; ...], the text's length the first item of
-    # transformer_options["img_slice"] where raylight sets it, else ModelCall.txt_len
-    text_in_stream: bool = False
     # the positional rows are a list whose item `pe_item` holds the stream's rows ([image
     # rows, text rows]); None: the stream's rows alone
     pe_item: int | None = None

@@ -7,9 +7,8 @@ the block's update of the grid is unmerged: grid + unmerge(block(merge(grid)) - 
 Destinations come from the layer-normed grid entering a group's first block (dit_reading).
 Patches inside the block (attn1/attn2 and their output patches) and opaque arguments may read
 tokens by grid position: such calls run unmerged, and the user is told. Other packs' "dit"
-replace or object patches get the merged arguments, an attention override the merged q, k, v
-(with SIZE_WEIGHTED, sized_attention in front of it), transformer_options MERGED_FLAG and a
-shortened `img_slice` (`grid_sizes` still describe the unmerged input).
+replace or object patches get the merged arguments and options (token_layout.merged_options;
+`grid_sizes` still describe the unmerged input), an attention override the merged q, k, v.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ import torch
 from ..toma_core import MergePlan, Regions, build_plan, make_regions, size_bias
 from ..toma_core.merge_plan import Pending
 from ..toma_core.shards import ShardGeometry, dropped_share, local_cap, shard_regions
-from .dit_families import BlockKind, Family
+from .dit_families import BlockKind, Family, TextAt
 from .dit_reading import DiTReading, existing_replace
 from .forward_patches import ForwardPatches, kept_allocations
 from .model_call import ModelCall
@@ -89,8 +88,8 @@ class DiTToMA:
         found = self.plan_for(kind, index, args, stream, options, call, layer)
         if found is None:
             return run(args)
-        plan, lay, forms, key = found
-        merged_args, merged, base = self.merged_args(kind, plan, lay, args, stream, options,
+        plan, lay, own, forms, key = found
+        merged_args, merged, base = self.merged_args(kind, plan, lay, own, args, stream, options,
                                                      call, forms, key)
         if merged is None:
             return self.attention.run(index, plan, merged_args, run)
@@ -107,9 +106,9 @@ class DiTToMA:
 
     def plan_for(self, kind: BlockKind, index: int, args: dict, stream: torch.Tensor | None,
                  options: dict, call: ModelCall | None, layer: str
-                 ) -> tuple[MergePlan, Layout, dict, tuple] | None:
-        """(plan, layout, RowForm by argument name, plan key) for this block call, or None to
-        run it unchanged."""
+                 ) -> tuple[MergePlan, Layout, Layout, dict, tuple] | None:
+        """(plan, layout, the stream_pe rows' layout (fits), RowForm by argument name, plan key)
+        for this block call, or None to run it unchanged."""
         grid = call.grid if call is not None and call.mergeable else None
         tokens_n = math.prod(grid) if grid else 0
         level = call.level if grid else "?"
@@ -128,7 +127,7 @@ class DiTToMA:
                 or unmerged()
         lay = layout(kind, args, stream, call, options)
         if (lay is None or stream.shape[1] < lay.offset + tokens_n
-                or not self.fits(call, kind, args, stream, lay, layer, options)):
+                or (own := self.fits(call, kind, args, stream, lay, layer, options)) is None):
             return unmerged()
         forms = self.row_forms(call, kind, args, stream, lay, layer)
         if forms is None:
@@ -148,7 +147,7 @@ class DiTToMA:
         plan = call.plan(key, lambda: self.build(call, stream, lay.offset, grid[0] * grid[1],
                                                  grid[2], self.regions_of(grid, frames)))
         call.record(layer, level, tokens_n, plan)
-        return None if plan is None else (plan, lay, forms, key)
+        return None if plan is None else (plan, lay, own, forms, key)
 
     def regions_of(self, grid: tuple[int, int, int], frames: int) -> Regions:
         """The t*h*w grid's regions, `frames` deep, tile_count tiles per frame (0: by family)."""
@@ -170,7 +169,7 @@ class DiTToMA:
     # Sequence parallelism: the block gets one shard of the sequence ------------------------------
     def shard_plan_for(self, kind: BlockKind, group: int, args: dict, stream: torch.Tensor,
                        options: dict, call: ModelCall, layer: str
-                       ) -> tuple[MergePlan, Layout, dict, tuple] | None:
+                       ) -> tuple[MergePlan, Layout, Layout, dict, tuple] | None:
         """plan_for on a sequence shard [B, S, C] (sequence_parallel.py), deciding from what is
         alike on every rank: every rank merges or none does (the all-to-all needs equal lengths)."""
         shard, spec, label = call.shard, kind.shard, self.family.label
@@ -178,7 +177,7 @@ class DiTToMA:
             call.note(f"ToMA does not merge {label} under raylight's sequence parallelism "
                       f"({shard.forward}): those model calls run unmerged")
             return None
-        lay = layout(kind, args, stream, call, options)  # text_in_stream kinds: STREAM_BEFORE
+        lay = layout(kind, args, stream, call, options)
         if lay is None:
             call.note(f"{label}'s {kind.key} blocks under raylight's sequence parallelism "
                       f"got no text length (img_slice): those blocks run unmerged")
@@ -196,7 +195,8 @@ class DiTToMA:
             call.note(f"raylight's sequence parallelism drops attention masks; ToMA leaves "
                       f"{label} blocks with one unmerged")
             return None
-        if not self.fits(call, kind, args, stream, lay, layer, options):
+        own = self.fits(call, kind, args, stream, lay, layer, options)
+        if own is None:
             return None
         for name in kind.rows:
             if self.read_rows(kind, args.get(name), stream.shape[1]) is not None:
@@ -213,7 +213,7 @@ class DiTToMA:
         # this rank's grid tokens and what they merge to: the stats of a rank are its own
         call.record(layer, call.level, math.prod(call.grid) if plan is None else plan.tokens,
                     plan)
-        return None if plan is None else (plan, lay, {}, key)
+        return None if plan is None else (plan, lay, own, {}, key)
 
     def build_shard(self, call: ModelCall, kind: BlockKind, stream: torch.Tensor, offset: int,
                     geometry: ShardGeometry) -> MergePlan | None:
@@ -240,26 +240,27 @@ class DiTToMA:
         return self.build(call, stream, offset, 1, span.tokens, span)
 
     def fits(self, call: ModelCall, kind: BlockKind, args: dict, stream: torch.Tensor,
-             lay: Layout, layer: str, options: dict) -> bool:
-        """Whether positional rows and mask line up with the sequence, no opaque argument is
-        set and no other pack patches inside the block (else it runs unmerged)."""
+             lay: Layout, layer: str, options: dict) -> Layout | None:
+        """The layout kind.stream_pe rows follow (the stream's own sequence) where positional
+        rows and mask line up with the sequence, no opaque argument is set and no other pack
+        patches inside the block; None (it runs unmerged) otherwise."""
+        own = Layout(lay.offset, lay.offset, stream.shape[1]) if kind.stream_pe else lay
         for name in kind.pe_names:
-            seq = lay if name not in kind.stream_pe else Layout(lay.offset, lay.offset,
-                                                                 stream.shape[1])
+            seq = own if name in kind.stream_pe else lay
             for pe in position_tensors(args.get(name), seq.pe_item):
                 axis = token_axis(pe, seq.seq_len)
                 if axis is None or pe.shape[axis] != seq.seq_len:
                     call.note(f"positional rows {tuple(pe.shape)} do not match the "
                               f"{seq.seq_len}-token sequence; block {layer} and "
                               f"others like it run unmerged")
-                    return False
+                    return None
         mask = args.get(kind.mask) if kind.mask else None
         # each token dim of the mask spans the sequence or broadcasts (size 1)
         if isinstance(mask, torch.Tensor) and (mask.dim() < len(kind.mask_dims) or any(
                 mask.shape[d] not in (1, lay.seq_len) for d in kind.mask_dims)):
             call.note(f"attention mask {tuple(mask.shape)} does not span the {lay.seq_len}-token "
                       f"sequence; block {layer} and others like it run unmerged")
-            return False
+            return None
         opaque = kind.opaque and [name for name in kind.opaque if args.get(name) is not None]
         end = lay.offset + math.prod(call.grid)
         for name in kind.positions:       # those the call hands (an object-patched forward's)
@@ -272,14 +273,14 @@ class DiTToMA:
         if opaque:
             call.note(f"{self.family.label} blocks get {', '.join(opaque)}, which "
                       f"addresses fixed token spans; those blocks run unmerged")
-            return False
+            return None
         foreign = options.get("patches") and in_block_patches(options, DIT_IN_BLOCK_PATCHES)
         if foreign:
             call.note(f"other nodes patch inside {self.family.label} blocks "
                       f"({', '.join(foreign)}); such patches may read tokens by "
                       f"their grid position, so those blocks run unmerged")
-            return False
-        return True
+            return None
+        return own
 
     def read_rows(self, kind: BlockKind, value: object,
                   length: int) -> tuple[torch.Tensor, int, bool] | None:
@@ -323,13 +324,12 @@ class DiTToMA:
             forms[name] = RowForm(mode, rows, held)
         return forms
 
-    def merged_args(self, kind: BlockKind, plan: MergePlan, lay: Layout, args: dict,
-                    stream: torch.Tensor, options: dict, call: ModelCall,
+    def merged_args(self, kind: BlockKind, plan: MergePlan, lay: Layout, own: Layout,
+                    args: dict, stream: torch.Tensor, options: dict, call: ModelCall,
                     forms: dict[str, RowForm], key: tuple
                     ) -> tuple[dict, torch.Tensor | None, Pending | None]:
-        """The block's arguments for the merged sequence, its merged grid tensor and
-        plan.begin's base (both None, the stream whole, when only the attention merges: inside
-        the block). Rows and masks, alike for a group's blocks in a call, are merged `once`."""
+        """The block's arguments for the merged sequence, its merged grid tensor and plan.begin's
+        base (both None, the stream whole, when only the attention merges: inside the block)."""
         out, merged, base = dict(args), None, None
         end, dropped = lay.offset + plan.tokens, plan.tokens - plan.merged_tokens
         if self.attention is None or not kind.attention_scope or call.shard is not None:
@@ -337,8 +337,7 @@ class DiTToMA:
             out[kind.stream] = merged if kind.bare else with_stream(
                 kind, args[kind.stream], merged)      # a bare tensor without a further call
         for name in kind.pe_names:
-            seq = lay if name not in kind.stream_pe else Layout(lay.offset, lay.offset,
-                                                                 stream.shape[1])
+            seq = own if name in kind.stream_pe else lay
             value = args.get(name)
             if position_tensors(value):
                 out[name] = self.once(call, ("pe", name, key), value,
@@ -368,7 +367,7 @@ class DiTToMA:
             return out, merged, base
         out["transformer_options"] = sized = merged_options(
             options, lay.seq_start, plan, None if merged is None else lay.offset, self,
-            call.shard is not None and kind.shard.text_in_stream)
+            call.shard is not None and kind.text is TextAt.STREAM_BEFORE)
         if SIZE_WEIGHTED and call.shard is None:
             length = lay.seq_len - dropped
             bias = plan.size_biases.get((length, lay.seq_start, stream.dtype))  # no call when kept

@@ -8,8 +8,7 @@ layer's, each layer running the whole sequence and keeping its prompt K, V; then
 layer running the tokens after the prompt over the kept ones and handing the prompt's rows back
 as they came (ComfyUI's loop picks the image rows by their place; no layer reads the prompt's
 rows but to make the kept keys and values). All or nothing over the layers: DiTReading.keeps_prompt
-says when it applies. Copies are made under kept_allocations(): a forward in a malloc graph
-("Comfy model compiler") must not record a tensor that outlives its step.
+says when it applies. Copies are made under kept_allocations(), as they outlive the step.
 """
 
 from __future__ import annotations

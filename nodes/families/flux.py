@@ -30,7 +30,7 @@ KINDS = (BlockKind("double_block", "double_blocks", "d", TextAt.BEFORE, mask="at
                    shard=ShardKind()),
          BlockKind("single_block", "single_blocks", "s", TextAt.STREAM_BEFORE, txt=None,
                    mask="attn_mask", positions=("modulation_dims",),
-                   shard=ShardKind(text_in_stream=True)))
+                   shard=ShardKind()))
 
 FLUX = "comfy.ldm.flux.model:Flux"
 CHROMA = "comfy.ldm.chroma.model:Chroma"

@@ -17,7 +17,7 @@ MODELS = "Lumina 2, Z-Image"
 # raylight hands each layer a shard of [text; image; padding] and its positional rows
 KINDS = (BlockKind("layer", "layers", "", TextAt.STREAM_BEFORE, stream="x", txt=None,
                    pe="freqs_cis", mask="x_mask", mask_dims=(-1,), hook="object",
-                   shard=ShardKind(text_in_stream=True)),)
+                   shard=ShardKind()),)
 
 NEXT_DIT = "comfy.ldm.lumina.model:NextDiT"
 # where NextDiT has it (0.8 on), the text is padded to a multiple, not cut to each item's length
