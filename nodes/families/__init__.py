@@ -26,7 +26,7 @@ import pkgutil
 import torch
 
 from ..contracts import Gives, Sets, block_mismatches, claimed, mismatches, refusal
-from ..dit_families import BlockKind, Family, latent_grid
+from ..dit_families import BlockKind, Family, latent_grid, set_grid
 from ..model_call import ModelCall
 
 # Helpers the family modules share (defined before the modules below import them) -------------
@@ -90,6 +90,27 @@ def context_length(arguments: dict) -> int | None:
     """Tokens of the call's text context (c_crossattn [B, L, C]), None without one."""
     context = arguments.get("c_crossattn")
     return int(context.shape[1]) if torch.is_tensor(context) else None
+
+
+def describe_latent(patch: tuple[int, int, int], references: str | None = None,
+                    text: bool = False, refusals: tuple[tuple[str, str], ...] = ()):
+    """describe for a call read as the grid of latent x [B, C, H, W] (latent_grid): unmerged,
+    saying why, where it has one of `refusals`' (key, why); after the tokens of its
+    `references` latents (a list, each [1, C, h, w]) and, where `text`, its text (context
+    c_crossattn; none: 0 tokens)."""
+
+    def describe(call: ModelCall, base_model, arguments: dict) -> str | None:
+        for key, why in refusals:
+            if arguments.get(key) is not None:
+                return unmerged(call, why)
+        found = (arguments.get(references) or ()) if references else ()
+        set_grid(call, latent_grid(arguments.get("x"), patch),
+                 prefix=sum(latent_tokens(reference, patch) for reference in found))
+        if text:
+            call.txt_len = context_length(arguments) or 0
+        return None
+
+    return describe
 
 
 def positions_taken(kinds: tuple[BlockKind, ...], forward: object,
