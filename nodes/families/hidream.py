@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt
-from . import conditioning, describe_latent, patch_of
+from . import conditioning, describe_latent
 
 # image_tokens_masks (a key mask over the image tokens, only for a list of latents of other
 # sizes, which ComfyUI's forward never builds) lines up with fixed token spans: opaque.
@@ -27,10 +27,6 @@ CONTRACT = Contract(
     needs=(conditioning("HiDream", ("image_cond",)),),
     kinds=KINDS,
 )
-
-
-def family(diffusion_model) -> Family:
-    return description(patch_of(diffusion_model.patch_size))
 
 
 def description(patch: tuple[int, int, int]) -> Family:
