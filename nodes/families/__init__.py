@@ -3,7 +3,8 @@ patch is dit_patch.py). Each module gives:
 
 - MODELS: the models of the family, as the node's error and the README name them;
 - CONTRACT (contracts.py): the model classes it patches and what it needs from ComfyUI;
-- family(diffusion_model): the Family of a model of those classes, once family_of checked it;
+- family(diffusion_model): the Family of a model of those classes, once family_of checked it
+  (where a module has none: its description of the model's patch_size);
 - where it has them, description(...) (its Family without a model, for the benchmarks),
   claims(diffusion_model) (two families of one class told apart) and NOT_MERGED (classes by
   name that share its blocks but are left alone, and why).
@@ -26,7 +27,7 @@ import pkgutil
 import torch
 
 from ..contracts import Gives, Sets, block_mismatches, claimed, mismatches, refusal
-from ..dit_families import BlockKind, Family, latent_grid
+from ..dit_families import BlockKind, Family, latent_grid, set_grid
 from ..model_call import ModelCall
 
 # Helpers the family modules share (defined before the modules below import them) -------------
@@ -86,10 +87,26 @@ def latent_tokens(latent: object, patch: tuple[int, int, int]) -> int:
     return math.prod(grid) if grid else 0
 
 
-def context_length(arguments: dict) -> int | None:
-    """Tokens of the call's text context (c_crossattn [B, L, C]), None without one."""
-    context = arguments.get("c_crossattn")
-    return int(context.shape[1]) if torch.is_tensor(context) else None
+def describe_latent(patch: tuple[int, int, int], references: str | None = None,
+                    text: bool = False, refusals: tuple[tuple[str, str], ...] = ()):
+    """describe for a call read as the grid of latent x [B, C, H, W] (latent_grid): unmerged,
+    saying why, where it has one of `refusals`' (key, why); after the tokens of its
+    `references` latents (a list, each [1, C, h, w]) and, where `text`, its text (context
+    c_crossattn [B, L, C]; none: 0 tokens)."""
+
+    def describe(call: ModelCall, base_model, arguments: dict) -> str | None:
+        for key, why in refusals:
+            if arguments.get(key) is not None:
+                return unmerged(call, why)
+        found = (arguments.get(references) or ()) if references else ()
+        set_grid(call, latent_grid(arguments.get("x"), patch),
+                 prefix=sum(latent_tokens(reference, patch) for reference in found))
+        if text:
+            context = arguments.get("c_crossattn")
+            call.txt_len = int(context.shape[1]) if torch.is_tensor(context) else 0
+        return None
+
+    return describe
 
 
 def positions_taken(kinds: tuple[BlockKind, ...], forward: object,
@@ -131,7 +148,8 @@ def family_of(diffusion_model) -> Family | None:
         if problems:
             raise ValueError(refusal(contract, name, problems))
         try:
-            found = module.family(diffusion_model)
+            found = (module.family(diffusion_model) if hasattr(module, "family")
+                     else module.description(patch_of(diffusion_model.patch_size)))
         except Exception as error:
             raise ValueError(refusal(contract, name, [
                 f"reading its {name} model failed ({type(error).__name__}: {error})"])) \

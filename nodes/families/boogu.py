@@ -7,8 +7,8 @@ The refiners before these stages run unmerged."""
 from __future__ import annotations
 
 from ..contracts import Contract
-from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
-from . import conditioning, context_length, latent_tokens, patch_of, sets_patch
+from ..dit_families import BlockKind, Family, TextAt
+from . import conditioning, describe_latent, patch_of, sets_patch
 
 MODELS = "Boogu-Image"
 
@@ -35,13 +35,5 @@ CONTRACT = Contract(
 
 def family(diffusion_model) -> Family:
     patch = patch_of(diffusion_model.patch_size)
-
-    def describe(call, base_model, arguments: dict) -> None:
-        """The (1, h, w) grid of latent x [B, C, H, W], after the reference latents' tokens
-        (each [1, C, h, w] padded to the patch size) and the text (context c_crossattn)."""
-        references = arguments.get("ref_latents") or ()
-        set_grid(call, latent_grid(arguments.get("x"), patch),
-                 prefix=sum(latent_tokens(reference, patch) for reference in references))
-        call.txt_len = context_length(arguments)
-
-    return Family("boogu", "Boogu-Image", KINDS, patch, describe)
+    return Family("boogu", "Boogu-Image", KINDS, patch,
+                  describe_latent(patch, "ref_latents", text=True))

@@ -67,7 +67,6 @@ def family(diffusion_model) -> Family:
 
 def description(patch: tuple[int, int, int], kinds: tuple[BlockKind, ...] = KINDS,
                 default_method: str | None = None) -> Family:
-    """default_method: the model's reference method where a call names none."""
     return with_references(Family("flux", "Flux", kinds, patch, describe_plain(patch),
                                   attention_hooks=AttentionScope), default_method)
 

@@ -7,8 +7,8 @@ other."""
 from __future__ import annotations
 
 from ..contracts import Contract
-from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
-from . import conditioning, patch_of, unmerged
+from ..dit_families import BlockKind, Family, TextAt
+from . import conditioning, describe_latent
 
 # image_tokens_masks (a key mask over the image tokens, only for a list of latents of other
 # sizes, which ComfyUI's forward never builds) lines up with fixed token spans: opaque.
@@ -29,18 +29,8 @@ CONTRACT = Contract(
 )
 
 
-def family(diffusion_model) -> Family:
-    return description(patch_of(diffusion_model.patch_size))
-
-
 def description(patch: tuple[int, int, int]) -> Family:
-    def describe(call, base_model, arguments: dict) -> str | None:
-        """The (1, h, w) grid of latent x [B, C, H, W]; calls with HiDream-E1's edit image
-        (image_cond, beside the latent along the width before patching) run unmerged."""
-        if arguments.get("image_cond") is not None:
-            return unmerged(call, "HiDream-E1's edit image shares every row of the token "
-                                  "grid with the image")
-        set_grid(call, latent_grid(arguments.get("x"), patch))
-        return None
-
+    # HiDream-E1's edit image (image_cond) sits beside the latent along the width
+    describe = describe_latent(patch, refusals=(("image_cond", "HiDream-E1's edit image shares "
+                                                 "every row of the token grid with the image"),))
     return Family("hidream", "HiDream", KINDS, patch, describe)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..dit_families import Family, latent_grid, set_grid
-from . import patch_of, unmerged
+from ..dit_families import Family
+from . import describe_latent, patch_of
 from .hunyuan_video import CONTRACT as HUNYUAN_VIDEO_CONTRACT
 from .hunyuan_video import flipped, kinds
 
@@ -27,15 +27,9 @@ def family(diffusion_model) -> Family:
 
 
 def description(patch: tuple[int, int, int], flipped: bool = False) -> Family:
-    """flipped: the image before the text."""
-
-    def describe(call, base_model, arguments: dict) -> str | None:
-        """The (1, h, w) grid of latent x [B, C, H, W]. A guiding frame index (image-to-video)
-        would modulate a fixed count of leading tokens on their own: such calls run unmerged."""
-        if arguments.get("guiding_frame_index") is not None:
-            return unmerged(call, "HunyuanImage with a guiding frame index modulates fixed "
-                                  "token spans")
-        set_grid(call, latent_grid(arguments.get("x"), patch))
-        return None
-
+    """flipped: the image before the text. A guiding frame index (image-to-video) would
+    modulate a fixed count of leading tokens on their own."""
+    describe = describe_latent(patch, refusals=(("guiding_frame_index", "HunyuanImage with a "
+                                                 "guiding frame index modulates fixed token "
+                                                 "spans"),))
     return Family("hunyuan_image", "HunyuanImage 2.1", kinds(flipped), patch, describe)

@@ -6,8 +6,8 @@ attention mask (text padding in a segment of its own) follows the merged image."
 from __future__ import annotations
 
 from ..contracts import Contract
-from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
-from . import conditioning, context_length
+from ..dit_families import BlockKind, Family, TextAt
+from . import conditioning, describe_latent
 
 MODELS = "Ideogram 4"
 
@@ -24,10 +24,5 @@ CONTRACT = Contract(
 
 
 def family(diffusion_model) -> Family:
-    def describe(call, base_model, arguments: dict) -> None:
-        """The (1, h, w) grid of latent x [B, C, H, W] and the text in front of it: the
-        context's length (none where the call has no context)."""
-        set_grid(call, latent_grid(arguments.get("x"), (1, 1, 1)))
-        call.txt_len = context_length(arguments) or 0
-
-    return Family("ideogram4", "Ideogram 4", KINDS, (1, 1, 1), describe)
+    return Family("ideogram4", "Ideogram 4", KINDS, (1, 1, 1),
+                  describe_latent((1, 1, 1), text=True))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt, describe_plain
-from . import patch_of, sets_patch
+from . import sets_patch
 
 MODELS = "JoyImage"
 
@@ -23,7 +23,6 @@ CONTRACT = Contract(
 )
 
 
-def family(diffusion_model) -> Family:
+def description(patch: tuple[int, int, int]) -> Family:
     """The (t, h, w) grid of latent x [B, C, T, H, W]."""
-    patch = patch_of(diffusion_model.patch_size)
     return Family("joyimage", "JoyImage", KINDS, patch, describe_plain(patch))

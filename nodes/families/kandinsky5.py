@@ -18,7 +18,7 @@ from ..dit_families import (
     latent_grid,
     set_grid,
 )
-from . import conditioning, patch_of
+from . import conditioning
 
 MODELS = "Kandinsky 5"
 
@@ -33,10 +33,6 @@ CONTRACT = Contract(
     needs=(conditioning("Kandinsky5", ("time_dim_replace",)),),
     kinds=KINDS,
 )
-
-
-def family(diffusion_model) -> Family:
-    return description(patch_of(diffusion_model.patch_size))
 
 
 def replaced_frames(replace: object, patch: tuple[int, int, int]) -> int:

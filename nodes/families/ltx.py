@@ -10,6 +10,7 @@ one row a call) passes as it came."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -53,11 +54,9 @@ def shortened_guide_mask(mask, end: int, removed: int):
 GUIDE_MASK = (("self_attention_mask", shortened_guide_mask),)
 VIDEO = BlockKind("double_block", "transformer_blocks", "", TextAt.NONE, txt=None, rows=("vec",),
                   shortened=GUIDE_MASK)
-AUDIO_VIDEO = BlockKind("double_block", "transformer_blocks", "", TextAt.NONE, txt=None, pe="v_pe",
-                        more_pe=("v_cross_pe",), stream_item=0,
-                        rows=("v_timestep", "v_cross_scale_shift_timestep",
-                              "v_cross_gate_timestep"),
-                        shortened=GUIDE_MASK)
+AUDIO_VIDEO = dataclasses.replace(VIDEO, pe="v_pe", more_pe=("v_cross_pe",), stream_item=0,
+                                  rows=("v_timestep", "v_cross_scale_shift_timestep",
+                                        "v_cross_gate_timestep"))
 
 
 LTXV = "comfy.ldm.lightricks.model:LTXVModel"

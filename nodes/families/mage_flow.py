@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt, describe_plain
-from . import patch_of, sets_patch
+from . import sets_patch
 
 MODELS = "Mage-Flow (and Edit)"
 
@@ -25,8 +25,7 @@ CONTRACT = Contract(
 )
 
 
-def family(diffusion_model) -> Family:
+def description(patch: tuple[int, int, int]) -> Family:
     """The (1, h, w) grid of latent x [B, C, H, W]."""
-    patch = patch_of(diffusion_model.patch_size)
     return Family("mage_flow", "Mage-Flow", KINDS, patch, describe_plain(patch),
                   sequence_parallel_refusal=RAYLIGHT_REFUSAL)

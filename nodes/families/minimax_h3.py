@@ -13,7 +13,7 @@ import math
 
 from ..contracts import Contract, Gives, Sets
 from ..dit_families import VIDEO_REGION_FRAMES, BlockKind, Family, TextAt, latent_grid, set_grid
-from . import patch_of, unmerged
+from . import unmerged
 
 MODELS = "MiniMax H3"
 
@@ -33,10 +33,6 @@ CONTRACT = Contract(
     blocks={BLOCK.modules: ()},
     kinds=(BLOCK,),
 )
-
-
-def family(diffusion_model) -> Family:
-    return description(patch_of(diffusion_model.patch_size))
 
 
 def description(patch: tuple[int, int, int]) -> Family:

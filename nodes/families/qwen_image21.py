@@ -7,8 +7,8 @@ modulation rows split at `prefix_len`, which merging leaves in place."""
 from __future__ import annotations
 
 from ..contracts import Contract, Hands
-from ..dit_families import BlockKind, Family, TextAt, latent_grid, set_grid
-from . import context_length
+from ..dit_families import BlockKind, Family, TextAt
+from . import describe_latent
 
 MODELS = "Qwen-Image 2.1"
 
@@ -24,11 +24,5 @@ CONTRACT = Contract(
 
 
 def family(diffusion_model) -> Family:
-    def describe(call, base_model, arguments: dict) -> None:
-        """The (1, h, w) grid of latent x [B, C, H, W] after the text (context c_crossattn)
-        and the reference latents' tokens (ref_latents, each [1, C, h, w])."""
-        set_grid(call, latent_grid(arguments.get("x"), (1, 1, 1)),
-                 prefix=sum(r.shape[-2] * r.shape[-1] for r in arguments.get("ref_latents") or ()))
-        call.txt_len = context_length(arguments) or 0
-
-    return Family("qwen_image21", "Qwen-Image 2.1", KINDS, (1, 1, 1), describe)
+    return Family("qwen_image21", "Qwen-Image 2.1", KINDS, (1, 1, 1),
+                  describe_latent((1, 1, 1), "ref_latents", text=True))

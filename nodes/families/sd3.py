@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from ..contracts import Contract
 from ..dit_families import BlockKind, Family, TextAt, describe_plain
-from . import patch_of
 
 MODELS = "SD3/SD3.5"
 
@@ -18,10 +17,6 @@ CONTRACT = Contract(
     blocks={"joint_blocks": ()},
     kinds=KINDS,
 )
-
-
-def family(diffusion_model) -> Family:
-    return description(patch_of(diffusion_model.patch_size))
 
 
 def description(patch: tuple[int, int, int]) -> Family:

@@ -90,10 +90,7 @@ def family(diffusion_model) -> Family:
 
     def describe(call, base_model, arguments: dict) -> str | None:
         """The video's (t, h, w) grid; a Wan Fun reference frame in front (ref_conv) and the
-        given frames never merge: those the denoise mask keeps (Wan 2.2 5B), the concatenated
-        mask gives (image-to-video, Camera 2.2, Animate), a mask-less image latent fills
-        (Camera 2.1, Fun control 2.1) or VACE's mask leaves all 0. Why a call whose every frame
-        is given runs unmerged."""
+        given frames (the most any reader below finds) never merge."""
         grid = video_grid(arguments, patch)
         ref = (diffusion_model.ref_conv is not None
                and arguments.get("reference_latent") is not None and grid is not None)
