@@ -33,9 +33,8 @@ def kept_allocations() -> contextlib.AbstractContextManager:
     malloc graph, where a tensor kept past its scope is a "rogue"; its pause_malloc_graph lets
     allocations bypass the graph. A no-op on older versions, while dynamo traces (the pause
     calls a C library), and where ComfyUI has not loaded comfy.model_prefetch (never imported)."""
-    if compiling():
-        return contextlib.nullcontext()
-    pause = getattr(sys.modules.get("comfy.model_prefetch"), "pause_malloc_graph", None)
+    pause = None if compiling() else getattr(sys.modules.get("comfy.model_prefetch"),
+                                             "pause_malloc_graph", None)
     return contextlib.nullcontext() if pause is None else pause()
 
 
