@@ -19,19 +19,6 @@ from .prefix_cache import open_prefix
 from .sequence_parallel import RAYLIGHT
 
 
-def group_starts(depth: int, skipped: frozenset[int] | set[int]) -> dict[int, int]:
-    """Merged block index -> first index of its run of consecutive merged blocks."""
-    groups: dict[int, int] = {}
-    start = None
-    for i in range(depth):
-        if i in skipped:
-            start = None
-            continue
-        start = i if start is None else start
-        groups[i] = start
-    return groups
-
-
 def dit_patches(arguments: dict) -> dict:
     """The "dit" replace patches in the transformer_options of a model call's arguments (or of
     a ModelPatcher's model_options)."""
@@ -49,11 +36,10 @@ class DiTReading:
     """One ToMA node's reading of a diffusion transformer, and its per-call hook (__call__).
 
     depths: kind key -> its number of blocks; groups: (kind key, block index) -> first index of
-    its group, for merged blocks only; block_types: kind key -> its block class when the node
-    ran (what `neighbours` checks); prefix_layers: the layers whose prompt keys and values the
-    node keeps (family.prefix_cache), None where another pack's patch is in the way; patches:
-    the node's own "dit" replace patch of each block (filled when the patches are installed);
-    aside: why blocks whose other patch ToMA wraps run unmerged (family.foreign_block)."""
+    its group, merged blocks only; block_types: kind key -> its block class (for `neighbours`);
+    prefix_layers: those whose prompt keys and values the node keeps (family.prefix_cache), None
+    where another pack's patch is in the way; patches: the node's "dit" replace patch of each
+    block (filled at install); aside: why blocks ToMA wraps unmerged (family.foreign_block)."""
 
     family: Family
     depths: dict[str, int]
@@ -86,11 +72,8 @@ class DiTReading:
                          f"as whole frames or by position: those {len(patched)} blocks run "
                          f"unmerged")
         displaced = self.displaced(call, arguments) if family.foreign_block else None
-        if displaced:
-            notes.append(displaced)
         why_not = self.keeps_prompt(call, arguments) if family.prefix_cache else None
-        why = why or why_not
-        return [*notes, why] if why else notes
+        return [note for note in (*notes, displaced, why or why_not) if note]
 
     def keeps_prompt(self, call: ModelCall, arguments: dict) -> str | None:
         """Open this call's kept prompt (prefix_cache.open_prefix) while the node's patch is
@@ -116,16 +99,12 @@ class DiTReading:
         replaced = dit_patches(arguments)
         key = ("displaced", id(replaced))
         if key not in call.run.host_reads:
-            first, count = None, 0
-            for block, patch in self.patches.items():
-                other = replaced.get(block)
-                why = None if other is patch or other is None else \
-                    self.family.foreign_block(other)
-                if why:
-                    first, count = first or why, count + 1
-            call.run.host_reads[key] = first and (
-                f"{first}; that node, applied after ToMA, replaced ToMA's patch of {count} "
-                f"{self.family.label} blocks: those run without ToMA")
+            whys = [self.family.foreign_block(other) for block, patch in self.patches.items()
+                    if (other := replaced.get(block)) is not None and other is not patch]
+            whys = [why for why in whys if why]
+            call.run.host_reads[key] = None if not whys else (
+                f"{whys[0]}; that node, applied after ToMA, replaced ToMA's patch of "
+                f"{len(whys)} {self.family.label} blocks: those run without ToMA")
         return call.run.host_reads[key]
 
     def neighbours(self, call: ModelCall, diffusion_model) -> tuple[str | None, dict]:
@@ -144,8 +123,7 @@ class DiTReading:
                         found = (replaced, {})
                         break
                     for i, block in enumerate(blocks):
-                        who = patched_self_attention(block) if (kind.key, i) in self.groups \
-                            else None
+                        who = (kind.key, i) in self.groups and patched_self_attention(block)
                         if who:
                             found[1][(kind.key, i)] = who
             call.run.host_reads[key] = found
@@ -161,11 +139,23 @@ def read_model(model, options: ToMAOptions, family: Family) -> DiTReading:
     lists = {kind.key: module_at(diffusion_model, kind.modules) for kind in family.kinds}
     depths = {key: len(blocks) for key, blocks in lists.items()}
     skipped = options.skip_blocks.for_kinds([(k.letter, depths[k.key]) for k in family.kinds])
-    aside = foreign_blocks(model, family, depths)
-    skipped = [skip | {i for key, i in aside if key == kind.key}
-               for kind, skip in zip(family.kinds, skipped, strict=True)]
-    groups = {(kind.key, i): g for kind, skip in zip(family.kinds, skipped, strict=True)
-              for i, g in group_starts(depths[kind.key], skip).items()}
+    # (kind key, index) -> why, for blocks holding another node's "dit" replace patch the family
+    # cannot merge with (family.foreign_block): ToMA wraps it there unmerged
+    aside: dict[tuple[str, int], str] = {}
+    groups: dict[tuple[str, int], int] = {}
+    for kind, skip in zip(family.kinds, skipped, strict=True):
+        start = None        # the first index of the current run of merged blocks
+        for i in range(depths[kind.key]):
+            previous = (existing_replace(model, kind.key, i)
+                        if kind.hook == "dit" and family.foreign_block else None)
+            why = family.foreign_block(previous) if previous is not None else None
+            if why:
+                aside[(kind.key, i)] = why
+            if why or i in skip:
+                start = None
+            else:
+                start = i if start is None else start
+                groups[(kind.key, i)] = start
     block_types = {key: type(unwrapped(found[0])) if found else type(None)
                    for key, found in lists.items()}
     reading = DiTReading(family, depths, groups, block_types,
@@ -175,18 +165,3 @@ def read_model(model, options: ToMAOptions, family: Family) -> DiTReading:
         if all(existing_replace(model, kind.key, i) is None for i in range(depths[kind.key])):
             reading.prefix_layers = list(lists[kind.key])
     return reading
-
-
-def foreign_blocks(model, family: Family, depths: dict[str, int]) -> dict[tuple[str, int], str]:
-    """(kind key, index) -> why, for the blocks holding another node's "dit" replace patch the
-    family cannot merge with (family.foreign_block): ToMA wraps it there unmerged."""
-    found: dict[tuple[str, int], str] = {}
-    if family.foreign_block is None:
-        return found
-    for kind in family.kinds:
-        for i in range(depths[kind.key]):
-            previous = existing_replace(model, kind.key, i) if kind.hook == "dit" else None
-            why = family.foreign_block(previous) if previous is not None else None
-            if why:
-                found[(kind.key, i)] = why
-    return found

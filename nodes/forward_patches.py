@@ -1,7 +1,6 @@
-"""Patch installation: ToMA's object patches of module forwards on a patched ModelPatcher, made
-again for every copy of the diffusion model ComfyUI runs (multi-GPU), the wrappers' plain
-functions (what ComfyUI's clones copy by reference), and where tensors the patches keep beyond
-the block that makes them are allocated (`kept_allocations`)."""
+"""Patch installation: ToMA's object patches of module forwards, made again for every copy of the
+diffusion model ComfyUI runs (ForwardPatches), the wrappers' plain functions, and where tensors
+kept beyond the block that makes them are allocated (kept_allocations)."""
 
 from __future__ import annotations
 
@@ -28,29 +27,26 @@ def plain_function(method: Callable) -> Callable:
 
 
 def kept_allocations() -> contextlib.AbstractContextManager:
-    """The context to allocate a tensor in that outlives the block making it (kept for later
-    blocks or steps), inside a model's forward.
+    """The context to allocate a tensor in that outlives the block making it, inside a forward.
 
-    ComfyUI 0.34+'s "Comfy model compiler" plans a forward's allocations scope by scope (a
-    block each) in its malloc graph, where a tensor kept past its scope is a "rogue";
-    comfy.model_prefetch.pause_malloc_graph lets allocations bypass the graph. A no-op on older
-    versions, while dynamo traces (the pause calls a C library dynamo cannot trace), and where
-    ComfyUI has not loaded comfy.model_prefetch itself (looked up, never imported)."""
-    if compiling():
-        return contextlib.nullcontext()
-    pause = getattr(sys.modules.get("comfy.model_prefetch"), "pause_malloc_graph", None)
+    ComfyUI 0.34+'s "Comfy model compiler" plans a forward's allocations block by block in its
+    malloc graph, where a tensor kept past its scope is a "rogue"; its pause_malloc_graph lets
+    allocations bypass the graph. A no-op on older versions, while dynamo traces (the pause
+    calls a C library), and where ComfyUI has not loaded comfy.model_prefetch (never imported)."""
+    pause = None if compiling() else getattr(sys.modules.get("comfy.model_prefetch"),
+                                             "pause_malloc_graph", None)
     return contextlib.nullcontext() if pause is None else pause()
 
 
 class ForwardPatches:
-    """ToMA's object patches of module forwards on one patched ModelPatcher, kept to be made
-    again for each copy of the diffusion model: ComfyUI's multi-GPU clones (v0.33: MultiGPU CFG
-    Split, Select Model Device) each run their own model object with the first one's object
-    patches, and a patch bound to the first copy's modules would run another device's weights.
+    """ToMA's object patches of module forwards on one patched ModelPatcher, made again for each
+    copy of the diffusion model: ComfyUI's multi-GPU clones (MultiGPU CFG Split, Select Model
+    Device) run their own model object with the first one's object patches, whose modules
+    would be another device's.
 
-    make(module, original[, after]) -> the patched forward of `module`; `original` is another
-    pack's object patch of that forward (it keeps running, inside ToMA's), else the module's own
-    forward; `after`: the module at that path in the same copy (the block that runs next)."""
+    make(module, original[, after]) -> the patched forward of `module`; `original`: another
+    pack's object patch of that forward (it runs inside ToMA's), else the module's own forward;
+    `after`: the module at that path in the same copy (the block that runs next)."""
 
     def __init__(self) -> None:
         self.entries: list[tuple[str, Callable | None, Callable, str | None]] = []
@@ -58,9 +54,9 @@ class ForwardPatches:
     def add(self, model, path: str, make: Callable[..., Callable],
             after: str | None = None) -> None:
         """Patch the forward of diffusion_model.<path> on ModelPatcher `model`."""
-        previous = model.object_patches.get(f"diffusion_model.{path}.forward")
-        self.entries.append((path, previous, make, after))
-        self._install(model, path, previous, make, after)
+        entry = (path, model.object_patches.get(f"diffusion_model.{path}.forward"), make, after)
+        self.entries.append(entry)
+        self._install(model, *entry)
 
     @staticmethod
     def _install(model, path: str, previous: Callable | None, make: Callable,

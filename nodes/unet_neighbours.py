@@ -1,19 +1,15 @@
-"""Other nodes' patches that look inside a UNet transformer block, seen at the block's call.
+"""Other nodes' patches that look inside a UNet transformer block, read from the block's
+`transformer_options` at each call (so patches added after ToMA, or for one model call only like
+PAG's, are seen too). What unet_patch.py does about them:
 
-ComfyUI hands every BasicTransformerBlock its patches in `transformer_options`; ToMA reads them
-there on each call, so patches added after ToMA, or for one model call only (PAG's
-self-attention replacement inside its guidance call), are seen too. What unet_patch.py does:
-
-- attn1/attn2 patches, attn1/attn2 output patches, middle_patch, attn2 replacements, and another
-  pack's patch of the block's forward see the block's tokens. `block` scope would hand them
-  merged tokens, which breaks patches that read the token grid from the sequence length
-  (masked IPAdapter, regional prompting, attention couple). `auto` uses attention scope for such
-  blocks (ToMA merges after every other attn1 patch and unmerges before every attn1 output patch,
-  so they all see the full grid); an explicit `block` keeps block scope and says so.
-- An attn1 replacement (SelfAttentionGuidance records its attention map there, PAG swaps
-  self-attention) receives the projected queries, keys and values: that block runs unmerged.
-- ComfyUI's TomePatchModel merges queries itself at full latent resolution and derives its grid
-  from the sequence length: ToMA leaves that level to it.
+- attn1/attn2 patches and output patches, middle_patch, attn2 replacements and another pack's
+  patch of the block's forward may read the token grid from the sequence length (masked
+  IPAdapter, regional prompting, attention couple): `auto` uses attention scope there (ToMA
+  merges after every other attn1 patch and unmerges before every attn1 output patch), an explicit
+  `block` keeps block scope and says so.
+- An attn1 replacement (SelfAttentionGuidance, PAG) gets the projected queries, keys and values:
+  that block runs unmerged.
+- ComfyUI's TomePatchModel merges the full-resolution level itself: ToMA leaves it to it.
 """
 
 from __future__ import annotations
@@ -26,8 +22,8 @@ IN_BLOCK_PATCHES = ("attn1_patch", "attn1_output_patch", "middle_patch", "attn2_
 # Those ComfyUI's transformer families call inside their blocks (self- and cross-attention):
 # middle and cross-attention output patches are the UNet's alone.
 DIT_IN_BLOCK_PATCHES = ("attn1_patch", "attn1_output_patch", "attn2_patch")
-# Marks ToMA's own functions (block forwards, per-call attn1 pair): a second ToMA node is no
-# neighbour to stand aside for; it sees merged tokens and leaves them alone itself.
+# Marks ToMA's own functions (True; a UNet block forward's mark is its UNetToMA): a second ToMA
+# node is no neighbour to stand aside for; it sees merged tokens and leaves them alone itself.
 TOMA_MARK = "_toma_patch"
 
 
@@ -38,6 +34,7 @@ def mark(fn: Callable) -> Callable:
 
 
 def is_toma(fn: object) -> bool:
+    """Whether `fn` is one of ToMA's own patch functions."""
     return bool(getattr(fn, TOMA_MARK, False))
 
 

@@ -1,21 +1,14 @@
-"""ToMA for ComfyUI's UNet models (SDXL, SD1.5, SD2): what it changes, and how.
+"""ToMA for ComfyUI's UNet models (SDXL, SD1.5, SD2).
 
-Every BasicTransformerBlock's `forward` gets an object patch (wrapping another pack's patch of the
-same forward instead of dropping it). Each call picks the block's scope, keyed on the block's own
-token grid (`activations_shape`), so any resolution works:
-
-- "block": the whole block runs on merged tokens and only its update is unmerged:
-  out = x + unmerge(block(merge(x)) - merge(x)). Fastest.
-- "attention": ToMA's attn1 pair, appended to the call's patch lists, merges the normed tokens
-  before self-attention and unmerges its output. The paper's SDXL setting.
-- unmerged: where another node replaces self-attention, or ComfyUI's ToMe merges.
-
-In both scopes self-attention over merged tokens is size-weighted: ToMA's attn1 replace adds
-log(size) of each merged key to its logits (toma_core/attention.py). `merge_scope` auto is
-"block" unless other nodes patch inside the block (unet_neighbours.py says what counts and why).
-One plan per grid level and batch layout serves every block of that level, refreshed on the
-`recompute_every` schedule. A call whose sequence is not the level's full grid (another ToMA
-already merged it) is left alone.
+Every BasicTransformerBlock's `forward` gets an object patch (wrapping another pack's patch of it)
+that picks each call's scope from the block's own grid (`activations_shape`), at any resolution:
+"block" runs the whole block merged and unmerges only its update (as dit_patch.py does; the
+fastest), "attention" merges the normed tokens before self-attention and unmerges its output (an
+attn1 patch pair; the paper's SDXL setting), none where another node replaces self-attention or
+ComfyUI's ToMe merges. `merge_scope` auto is "block" unless other nodes patch inside the block
+(unet_neighbours.py). Self-attention over merged tokens is size-weighted (toma_core/attention.py).
+One plan per grid level and batch layout serves its blocks, on the `recompute_every` schedule; a
+sequence that is not the level's full grid (another ToMA merged it) is left alone.
 """
 
 from __future__ import annotations
@@ -44,11 +37,9 @@ from .unet_neighbours import (
 
 log = logging.getLogger("ToMA")
 
-# tile_count 0: tiles of about 8x8 tokens at every level (64 tiles at SDXL's 4096-token level,
-# 16 at its 1024-token level). bench/: lowest block error at both levels, same speed.
+# tile_count 0: tiles of about 8x8 tokens at every level (bench/: lowest block error, same speed).
 TOKENS_PER_TILE = 64
-# Levels below this many tokens are left alone by "auto": merging costs more than it saves there
-# (see bench/ and docs/benchmarks.md).
+# "auto" leaves smaller levels alone: merging costs more than it saves there (docs/benchmarks.md).
 AUTO_MIN_TOKENS = 1024
 # On a CUDA GPU "auto" also leaves a level alone below this much work per item and block
 # (tokens x channels^2, what its linear layers scale with): halving kernels this small does not
@@ -65,9 +56,6 @@ SIZE_WEIGHTED = True
 # Each token's coverage in facility location weighted by its squared norm: tokens that stand
 # out in norm (a trained UNet's attention sinks) stay unmerged (the same section).
 NORM_WEIGHTED = True
-# On ToMA's block forwards: the UNetToMA they belong to (a block hands its grid on in region
-# order only to a forward of its own node).
-OWNER = "_toma_unet"
 
 UNET_MODEL = "comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel"
 _ATTENTION = "comfy.ldm.modules.attention"
@@ -149,8 +137,7 @@ class UNetToMA:
     def scope_for(self, call: ModelCall | None, options: dict, foreign_forward: bool
                   ) -> str | None:
         """"block" or "attention" for this block call, or None to run it unmerged, by what other
-        nodes patch in it (unet_neighbours.py). foreign_forward: another pack's patch of this
-        block's forward runs inside ToMA's."""
+        nodes patch in it (unet_neighbours.py; foreign_forward: in its forward)."""
         patches = options.get("patches") or {}
         busy = foreign_forward or bool(options.get("patches_replace"))
         for kind in IN_BLOCK_PATCHES:
@@ -194,40 +181,36 @@ class UNetToMA:
 
     def plan_for(self, x: torch.Tensor, options: dict, call: ModelCall | None,
                  features: Callable[[], torch.Tensor] | None) -> MergePlan | None:
-        """The plan for this block call, or None to run it unchanged.
-
-        x [B, N, C]: the block's tokens; options: its transformer/extra options; call: the
-        model call it belongs to; features(): the normed tokens the plan is built from (called
-        only when one is due); None: the call runs unmerged, and is only counted.
-        """
+        """The plan for the block call on x [B, N, C] with these transformer options, or None to
+        run it unchanged; features(): the normed tokens a plan is built from, when one is due
+        (None: the call runs unmerged, and is only counted)."""
         shape = options.get("activations_shape")
         if shape is None or x.dim() != 3:
             return None
         layer = (tuple(options.get("block") or ()), options.get("block_index", 0))
         h, w = int(shape[-2]), int(shape[-1])
         latent = options.get("original_shape") or shape
-        if (call is None or not call.active or features is None or x.shape[1] != h * w
-                or not self.merges_level(h, w, int(latent[-1]), x, call)):
-            if call is not None:
-                call.record(layer, f"{h}x{w}", h * w, None)
-            return None
-        o = self.state.options
+        plan = None
+        if (call is not None and call.active and features is not None and x.shape[1] == h * w
+                and self.merges_level(h, w, int(latent[-1]), x, call)):
+            o = self.state.options
 
-        def build() -> MergePlan | None:
-            tiles = o.tile_count or max(1, round(h * w / TOKENS_PER_TILE))
-            regions = make_regions(h, w, o.region, tiles)
-            return build_plan(features(), h, w, o.ratio, regions=regions, tau=o.tau,
-                              unmerge=o.unmerge, batch=o.batch_policy, weighted=NORM_WEIGHTED,
-                              tables=call.tables(regions, x.device))
+            def build() -> MergePlan | None:
+                tiles = o.tile_count or max(1, round(h * w / TOKENS_PER_TILE))
+                regions = make_regions(h, w, o.region, tiles)
+                return build_plan(features(), h, w, o.ratio, regions=regions, tau=o.tau,
+                                  unmerge=o.unmerge, batch=o.batch_policy,
+                                  weighted=NORM_WEIGHTED, tables=call.tables(regions, x.device))
 
-        plan = call.plan(("unet", h, w, x.shape[0], call.pass_of(layer)), build)
-        call.record(layer, f"{h}x{w}", h * w, plan)
+            plan = call.plan(("unet", h, w, x.shape[0], call.pass_of(layer)), build)
+        if call is not None:
+            call.record(layer, f"{h}x{w}", h * w, plan)
         return plan
 
     # Scope "attention": a fresh attn1 patch pair per block call ----------------------------------
     def with_attention_pair(self, options: dict, call: ModelCall | None) -> dict:
         """A copy of the call's transformer_options whose attn1 patches end with ToMA's merge and
-        whose attn1 output patches start with its unmerge (for model call `call`)."""
+        whose attn1 output patches start with its unmerge."""
         held: list[MergePlan] = []   # the plan the merge used, for the unmerge of the same call
 
         def merge(n: torch.Tensor, context: torch.Tensor, value: torch.Tensor,
@@ -260,8 +243,7 @@ class UNetToMA:
                              ) -> dict:
         """A copy of a block call's transformer_options with `plans` and size-weighted attention
         as the attn1 replace under every block's key (a compile without guards replays one
-        block's code for all). Unchanged where the UNet names no block, SIZE_WEIGHTED is off,
-        or a ToMA that ran first (and merged) put its own there."""
+        block's code for all); unchanged where no block is named or another ToMA's is there."""
         block = options.get("block")
         if block is None or not SIZE_WEIGHTED:
             return options
@@ -279,16 +261,14 @@ class UNetToMA:
     def block_forward(self, block: torch.nn.Module, original: Callable, foreign_forward: bool,
                       after: torch.nn.Module | None = None) -> Callable:
         """A replacement for block.forward(x, context=None, transformer_options={}, ...) that runs
-        `original` merged in the call's scope; other arguments pass through untouched.
-        foreign_forward: `original` is another pack's patch of this forward; after: the block
-        its output goes to (None for a transformer's last block): while that runs this patch,
-        merged blocks hand it the grid in their plan's region order (one gather less in each)."""
+        `original` (another pack's patch where foreign_forward) merged in the call's scope.
+        after: the block its output goes to (None for a transformer's last block): while that
+        runs this patch, merged blocks hand it the grid in their plan's region order."""
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            if "transformer_options" in kwargs:       # ComfyUI's call
-                options = kwargs["transformer_options"] or {}
-            else:                                       # by position: another pack's wrapper
-                options = (args[1] if len(args) > 1 else None) or {}
+            # ComfyUI passes the options by name; another pack's wrapper may pass them second
+            by_name = "transformer_options" in kwargs or len(args) < 2
+            options = (kwargs.get("transformer_options") if by_name else args[1]) or {}
             call = self.state.call_of(options, x.device)
             held = None if call is None else call.region_order
             if held is not None:
@@ -296,47 +276,44 @@ class UNetToMA:
                 if held[0] is not x:       # not the grid the block before handed on
                     held = None
             scope = self.scope_for(call, options, foreign_forward)
+            plan = None
             if scope == "block":
                 plan = self.plan_for(x, options, call, lambda: block.norm1(
                     x if held is None else held[1].grid_order(x)))
-                if plan is not None:
-                    ordered = held is not None and held[1] is plan
-                    if held is not None and not ordered:
-                        x = held[1].grid_order(x)
-                    keep = (after is not None and not foreign_forward and plan.regions.even
-                            and not compiling()
-                            and getattr(after.__dict__.get("forward"), OWNER, None) is self)
-                    if SIZE_WEIGHTED:
-                        sized = self.with_sized_attention(options, (plan,))
-                        if "transformer_options" in kwargs:      # ComfyUI's call
-                            kwargs = {**kwargs, "transformer_options": sized}
-                        else:
-                            args, kwargs = _with_call_options(args, kwargs, sized)
-                    # ComfyUI's block never updates its input in place (x = n + x); another
-                    # pack's patch of the forward might
-                    out = plan.around(lambda t: original(t, *args, **kwargs), x,
-                                      block_keeps_input=not foreign_forward, ordered=ordered,
-                                      keep_order=keep)
-                    if keep:
-                        call.region_order = (out, plan)
-                    return out
-            if held is not None:
-                x = held[1].grid_order(x)
-            if scope == "attention":
-                args, kwargs = _with_call_options(args, kwargs,
-                                                  self.with_attention_pair(options, call))
             elif scope is None:        # because of a neighbour: counted
                 self.plan_for(x, options, call, None)
-            return original(x, *args, **kwargs)
+            ordered = held is not None and held[1] is plan
+            if held is not None and not ordered:
+                x = held[1].grid_order(x)
+            if scope == "attention" or (plan is not None and SIZE_WEIGHTED):
+                given = (self.with_attention_pair(options, call) if plan is None
+                         else self.with_sized_attention(options, (plan,)))
+                if by_name:
+                    kwargs = {**kwargs, "transformer_options": given}
+                else:
+                    args = (args[0], given, *args[2:])
+            if plan is None:
+                return original(x, *args, **kwargs)
+            keep = (after is not None and not foreign_forward and plan.regions.even
+                    and not compiling()
+                    and getattr(after.__dict__.get("forward"), TOMA_MARK, None) is self)
+            # ComfyUI's block never updates its input in place (x = n + x); another pack's
+            # patch of the forward might
+            out = plan.around(lambda t: original(t, *args, **kwargs), x,
+                              block_keeps_input=not foreign_forward, ordered=ordered,
+                              keep_order=keep)
+            if keep:
+                call.region_order = (out, plan)
+            return out
 
-        setattr(forward, OWNER, self)
-        return mark(forward)
+        # the mark names its node: a block hands its grid on in region order only to its own
+        setattr(forward, TOMA_MARK, self)
+        return forward
 
 
 def sized_attention(key: str) -> Callable:
-    """An attn1 replace that runs ComfyUI's attention with the size bias of the last of the
-    plans a block call's transformer_options hold under `key` (filled by the time attention
-    runs; empty: the call did not merge) over merged keys."""
+    """An attn1 replace: ComfyUI's attention with the size bias of the last plan a block call's
+    transformer_options hold under `key` (empty: the call did not merge)."""
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                extra_options: dict) -> torch.Tensor:
@@ -361,13 +338,6 @@ def sized_attention(key: str) -> Callable:
     return mark(attend)     # a ToMA that runs after this one leaves it there
 
 
-def _with_call_options(args: tuple, kwargs: dict, options: dict) -> tuple[tuple, dict]:
-    """(args, kwargs) of the same call with `options` as its transformer_options."""
-    if "transformer_options" not in kwargs and len(args) > 1:
-        return (args[0], options, *args[2:]), kwargs
-    return args, {**kwargs, "transformer_options": options}
-
-
 def transformer_blocks(diffusion_model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """(dotted path, module) of every BasicTransformerBlock inside a SpatialTransformer (or a
     subclass of either)."""
@@ -383,15 +353,14 @@ def transformer_blocks(diffusion_model: torch.nn.Module) -> list[tuple[str, torc
 
 
 def attn1_key(path: str) -> tuple[str, int, int] | None:
-    """The attn1 replace key of the transformer block at dotted `path` (transformer_blocks'
-    names): (block kind, its index, block_index), as the UNet's forward and SpatialTransformer
-    name it in transformer_options; None outside the UNet's three block lists."""
-    parts = path.split(".")
-    kind = {"input_blocks": "input", "middle_block": "middle",
-            "output_blocks": "output"}.get(parts[0])
-    if kind is None:
+    """The attn1 replace key (block kind, its index, block_index) that the UNet's forward and
+    SpatialTransformer give the transformer block at dotted `path` (transformer_blocks' names);
+    None outside the UNet's three block lists."""
+    lists, index, *_, block_index = path.split(".")
+    kind = {"input_blocks": "input", "middle_block": "middle", "output_blocks": "output"}
+    if lists not in kind:
         return None
-    return kind, 0 if kind == "middle" else int(parts[1]), int(parts[-1])
+    return kind[lists], 0 if lists == "middle_block" else int(index), int(block_index)
 
 
 def handed_on(diffusion_model: torch.nn.Module) -> dict[str, str]:
