@@ -17,8 +17,7 @@ def unguarded_compile(model_options: dict) -> bool:
     import torch._dynamo.eval_frame as eval_frame
     from comfy.patcher_extension import WrappersMP, get_all_wrappers
 
-    # the compiled modules (OptimizedModule) the wrappers hold, in their closures or in dicts of
-    # their module's globals (one level of dicts deep)
+    # in the wrappers' closures or globals, or one level of dicts deep in them
     found: list = []
 
     def visit(value: object, depth: int = 0) -> None:
@@ -43,12 +42,11 @@ def unguarded_compile(model_options: dict) -> bool:
     return kwargs.get("options") is not None
 
 
-# While a compiled model runs, (node key, device) -> what blocks read of the model call in flight,
-# for its call only. Unlike transformer_options (whose guards ComfyUI's compile drops) a global is
-# guarded, so a traced answer is replayed only where it holds: a call that decides otherwise at
-# equal shapes (TRACED_DECISIONS: the node's settings and ModelCall.decisions, read by
-# ToMAState.call_of), or whose blocks reuse a plan (TRACED_PLANS: ModelCall.plans, asked whether
-# a level's plan is built yet; where the graph breaks inside the blocks, dynamo compiles one
-# block's code for all of them), gets a trace of its own.
+# While a compiled model runs, (node key, device) -> what blocks read of the model call in flight.
+# Unlike transformer_options (whose guards ComfyUI's compile drops) a global is guarded, so a call
+# that decides otherwise at equal shapes (TRACED_DECISIONS: the node's settings and
+# ModelCall.decisions), or whose blocks reuse a plan (TRACED_PLANS: ModelCall.plans; where the
+# graph breaks inside the blocks, dynamo compiles one block's code for all of them) gets a trace
+# of its own.
 TRACED_DECISIONS: dict[tuple[str, str], str] = {}
 TRACED_PLANS: dict[tuple[str, str], dict] = {}

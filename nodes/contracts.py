@@ -57,8 +57,7 @@ def resolve(path: str) -> tuple[object, str | None]:
 
 
 def _own(obj: object) -> tuple[object, str] | None:
-    """(the object, its module's name) where it is ComfyUI's own code; None for another
-    pack's replacement of a function or anything else."""
+    """(the object, its module's name) where it is ComfyUI's own code, else None."""
     target = inspect.unwrap(obj) if callable(obj) else obj
     module = getattr(target, "__name__", "") if inspect.ismodule(target) else \
         getattr(target, "__module__", "") or ""
@@ -189,31 +188,24 @@ class Hands(Need):
             tree = tree_of(cls)
             if tree is None:
                 return []       # no source to read
-            handed = handed_dicts(tree, self.key)
-            if handed:
-                break
-        else:
-            return [f"{shown(self.path)} calls no {self.key!r} replace patch"]
-        return list(dict.fromkeys(f"{shown(self.path)} hands {self.key} patches no {name!r}"
-                                  for keys in handed for name in self.arguments
-                                  if name not in keys))
+            if handed := handed_dicts(tree, self.key):
+                return list(dict.fromkeys(
+                    f"{shown(self.path)} hands {self.key} patches no {name!r}"
+                    for keys in handed for name in self.arguments if name not in keys))
+        return [f"{shown(self.path)} calls no {self.key!r} replace patch"]
 
 
 def handed_dicts(tree: ast.AST, key: str) -> list[dict[str, ast.expr]]:
     """Each dict a source hands the replace patches under (`key`, i), as its keys -> their
     value expressions: a dict literal or dict(...) call in the call, or a name it builds one
     under (`args = {...}`, `args = dict(...)`, `args["img"] = ...`)."""
-    out = []
-    for call in ast.walk(tree):
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Subscript)
-                and isinstance(call.func.slice, ast.Tuple) and call.func.slice.elts
-                and _strings(call.func.slice.elts[0])
-                and call.func.slice.elts[0].value == key and call.args):
-            continue
-        handed = call.args[0]
-        out.append(built(tree, handed.id) if isinstance(handed, ast.Name)
-                   else dict_items(handed) or {})
-    return out
+    calls = [call for call in ast.walk(tree)
+             if isinstance(call, ast.Call) and isinstance(call.func, ast.Subscript)
+             and isinstance(call.func.slice, ast.Tuple) and call.func.slice.elts
+             and _strings(call.func.slice.elts[0])
+             and call.func.slice.elts[0].value == key and call.args]
+    return [built(tree, call.args[0].id) if isinstance(call.args[0], ast.Name)
+            else dict_items(call.args[0]) or {} for call in calls]
 
 
 def dict_items(node: ast.AST) -> dict[str, ast.expr] | None:
@@ -357,18 +349,14 @@ class JoinOrder(Need):
         streams = {_name(v): k for d in handed_dicts(tree, "double_block")
                    for k, v in d.items() if k in self.order and _name(v)}
         targets = {_name(d.get(self.target)) for d in handed_dicts(tree, "single_block")} - {None}
-        out = []
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and _name(node.targets[0]) in targets and isinstance(node.value, ast.Call)
-                    and isinstance(node.value.func, ast.Attribute)
-                    and node.value.func.attr == "cat" and node.value.args
-                    and isinstance(node.value.args[0], (ast.Tuple, ast.List))):
-                continue
-            keys = tuple(streams.get(_name(e)) for e in node.value.args[0].elts)
-            if sorted(map(str, keys)) == sorted(self.order):
-                out.append(keys)
-        return out
+        cats = [node.value.args[0].elts for node in ast.walk(tree)
+                if isinstance(node, ast.Assign) and len(node.targets) == 1
+                and _name(node.targets[0]) in targets and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Attribute)
+                and node.value.func.attr == "cat" and node.value.args
+                and isinstance(node.value.args[0], (ast.Tuple, ast.List))]
+        orders = [tuple(streams.get(_name(e)) for e in elts) for elts in cats]
+        return [keys for keys in orders if sorted(map(str, keys)) == sorted(self.order)]
 
 
 def _name(node: ast.AST | None) -> str | None:
