@@ -1,6 +1,5 @@
-"""Recognise the model family and install the matching ToMA patches on a clone. CONTRACT, what
-every patched model needs from ComfyUI, and the family's own (unet_patch.py, families/) are
-checked when the node patches a model.
+"""Recognise the model family and install the matching ToMA patches on a clone, once CONTRACT
+and the family's own (unet_patch.py, families/) hold on the running ComfyUI.
 """
 
 from __future__ import annotations
