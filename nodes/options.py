@@ -138,10 +138,9 @@ class ToMAOptions:
             object.__setattr__(self, "skip_blocks", parse_skip_blocks(self.skip_blocks))
         elif not isinstance(self.skip_blocks, SkipBlocks):
             raise ValueError(f"skip_blocks must be text such as {DEFAULT_SKIP_BLOCKS!r}")
-        for name, kind in (("ratio", float), ("tile_count", int), ("recompute_every", int),
-                           ("start_percent", float), ("end_percent", float), ("tau", float),
-                           ("verbose", bool)):
-            object.__setattr__(self, name, kind(getattr(self, name)))
+        for name in ("ratio", "start_percent", "end_percent", "tau"):   # an int from JSON: 1.0
+            object.__setattr__(self, name, float(getattr(self, name)))
+        object.__setattr__(self, "verbose", bool(self.verbose))
 
 
 make_options = ToMAOptions     # the name the nodes and tests build options by
