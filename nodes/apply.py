@@ -1,6 +1,5 @@
-"""Recognise the model family and install the matching ToMA patches on a clone. CONTRACT, what
-every patched model needs from ComfyUI, and the family's own (unet_patch.py, families/) are
-checked when the node patches a model.
+"""Recognise the model family and install the matching ToMA patches on a clone, once CONTRACT
+and the family's own (unet_patch.py, families/) hold on the running ComfyUI.
 """
 
 from __future__ import annotations
@@ -8,9 +7,10 @@ from __future__ import annotations
 import logging
 import weakref
 
+from . import unet_patch
 from .contracts import Contract, Equals, Gives, Has, Takes, mismatches, refusal, running_comfyui
 from .dit_families import Family
-from .families import supported_models
+from .families import NOT_MERGED, family_of, supported_models
 from .forward_patches import ForwardPatches, plain_function
 from .options import ToMAOptions
 from .run_state import ToMAState
@@ -40,9 +40,6 @@ def model_family(model) -> str | Family:
     """"unet", or the Family of a diffusion transformer, for a ModelPatcher; ValueError naming
     what is supported otherwise (at every ratio), or what changed where the running ComfyUI
     fails the contract of ToMA's sampling wrappers or of the model's family."""
-    from . import unet_patch
-    from .families import NOT_MERGED, family_of
-
     problems = mismatches(CONTRACT)
     if problems:
         raise ValueError(f"ToMA cannot patch models on {running_comfyui()}: this version "
@@ -80,10 +77,8 @@ def apply_toma(model, options: ToMAOptions, node_id: str | None = None):
     depth = len(model.get_wrappers(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY))   # ToMA nodes before
     patches = ForwardPatches()
     if family == "unet":
-        from .unet_patch import patch_unet
-
         state = ToMAState(options, "unet", node_id, depth)
-        patch_unet(patched, state, options.merge_scope, patches)
+        unet_patch.patch_unet(patched, state, options.merge_scope, patches)
     else:
         from .dit_patch import patch_dit
         from .dit_reading import read_model

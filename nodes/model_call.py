@@ -29,10 +29,8 @@ class RunState:
         self.step = 0                # steps the sampler has finished
         self.steps_total = 0         # the schedule's steps (0: unknown)
         self.steps_reported = 0      # sampler callbacks seen
-        # the schedule's sigmas as host floats, and those of start/end_percent (None outside
-        # ComfyUI's sampler)
-        self.sigmas: list[float] | None = None
-        self.window: tuple[float, float] | None = None
+        self.sigmas: list[float] | None = None     # host floats; None outside ComfyUI's sampler
+        self.window: tuple[float, float] | None = None     # start/end_percent's sigmas
         self.model_calls = 0
         self.merging_calls = 0       # calls that merged (ratio, window, the family's reading)
         self.builds = 0
@@ -112,8 +110,7 @@ class ModelCall:
         return self.merging and self.mergeable
 
     def decisions(self) -> str:
-        """What the host decided for this call that its blocks read and that can change at
-        equal tensor shapes, as one text."""
+        """What the host decided that blocks read and that can change at equal shapes, as text."""
         return repr((self.active, self.grid, self.prefix, self.level,
                      self.txt_len, self.foreign_attention, self.prompt_length,
                      None if self.prompt is None else self.prompt[1], self.shard))

@@ -101,11 +101,12 @@ def _block_index(kind: str, digits: str) -> int:
 
 @dataclass(frozen=True)
 class ToMAOptions:
-    """Everything a ToMA node was asked to do. tile_count 0 means the family's default."""
+    """Everything a ToMA node was asked to do, validated from its widget values (skip_blocks as
+    text); ValueError names the widget at fault. tile_count 0 means the family's default."""
 
     ratio: float = 0.5
     tile_count: int = 0
-    skip_blocks: SkipBlocks = parse_skip_blocks(DEFAULT_SKIP_BLOCKS)
+    skip_blocks: SkipBlocks | str = DEFAULT_SKIP_BLOCKS    # parsed into SkipBlocks
     recompute_every: int = 1   # measured on the trained fixtures, see toma_node.py
     start_percent: float = 0.0
     end_percent: float = 1.0
@@ -117,35 +118,32 @@ class ToMAOptions:
     batch_policy: str = "per_item"
     verbose: bool = False
 
+    def __post_init__(self) -> None:
+        check_number("ratio", self.ratio, 0.0, MAX_RATIO)
+        check_number("tile_count", self.tile_count, 0, MAX_TILE_COUNT, whole=True)
+        check_number("recompute_every", self.recompute_every, 1, 1000, whole=True)
+        check_number("start_percent", self.start_percent, 0.0, 1.0)
+        check_number("end_percent", self.end_percent, 0.0, 1.0)
+        if self.start_percent >= self.end_percent:
+            raise ValueError(f"start_percent ({self.start_percent}) must be below end_percent "
+                             f"({self.end_percent})")
+        check_number("tau", self.tau, 1.0, 1e5)
+        for name, allowed in (("unet_levels", UNET_LEVELS), ("merge_scope", MERGE_SCOPES),
+                              ("region", REGION_MODES), ("unmerge", UNMERGE_METHODS),
+                              ("batch_policy", BATCH_POLICIES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got "
+                                 f"{getattr(self, name)!r}")
+        if isinstance(self.skip_blocks, str):
+            object.__setattr__(self, "skip_blocks", parse_skip_blocks(self.skip_blocks))
+        elif not isinstance(self.skip_blocks, SkipBlocks):
+            raise ValueError(f"skip_blocks must be text such as {DEFAULT_SKIP_BLOCKS!r}")
+        for name in ("ratio", "start_percent", "end_percent", "tau"):   # an int from JSON: 1.0
+            object.__setattr__(self, name, float(getattr(self, name)))
+        object.__setattr__(self, "verbose", bool(self.verbose))
 
-def make_options(ratio: float = 0.5, tile_count: int = 0, skip_blocks: str = DEFAULT_SKIP_BLOCKS,
-                 recompute_every: int = 1, start_percent: float = 0.0, end_percent: float = 1.0,
-                 unet_levels: str = "auto", merge_scope: str = "auto", region: str = "tile",
-                 tau: float = 1000.0, unmerge: str = "transpose", batch_policy: str = "per_item",
-                 verbose: bool = False) -> ToMAOptions:
-    """Validate widget values into ToMAOptions; ValueError names the widget at fault."""
-    check_number("ratio", ratio, 0.0, MAX_RATIO)
-    check_number("tile_count", tile_count, 0, MAX_TILE_COUNT, whole=True)
-    check_number("recompute_every", recompute_every, 1, 1000, whole=True)
-    check_number("start_percent", start_percent, 0.0, 1.0)
-    check_number("end_percent", end_percent, 0.0, 1.0)
-    if start_percent >= end_percent:
-        raise ValueError(f"start_percent ({start_percent}) must be below end_percent "
-                         f"({end_percent})")
-    check_number("tau", tau, 1.0, 1e5)
-    for name, value, allowed in (("unet_levels", unet_levels, UNET_LEVELS),
-                                 ("merge_scope", merge_scope, MERGE_SCOPES),
-                                 ("region", region, REGION_MODES),
-                                 ("unmerge", unmerge, UNMERGE_METHODS),
-                                 ("batch_policy", batch_policy, BATCH_POLICIES)):
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-    if not isinstance(skip_blocks, str):
-        raise ValueError(f"skip_blocks must be text such as {DEFAULT_SKIP_BLOCKS!r}")
-    return ToMAOptions(float(ratio), int(tile_count), parse_skip_blocks(skip_blocks),
-                       int(recompute_every), float(start_percent), float(end_percent),
-                       unet_levels, merge_scope, region, float(tau), unmerge, batch_policy,
-                       bool(verbose))
+
+make_options = ToMAOptions     # the name the nodes and tests build options by
 
 
 def check_number(name: str, value: object, low: float, high: float, whole: bool = False) -> None:

@@ -1,9 +1,7 @@
-"""State of one ToMA patch (ToMAState): its options, the sampling runs in progress and the model
-call in flight. ComfyUI shares patch objects between clones of a model, and v0.33 can evaluate a
-step's cond batches in a thread per GPU, so nothing mutable lives on them: the wrappers keep a
-run in a clone of the guider's model_options (EasyCache's pattern) and hand each model call's
-ModelCall (model_call.py) to the blocks, which find it through call_of and only read it and
-record into it: no locks, clocks or host reads of device values there.
+"""State of one ToMA patch (ToMAState). ComfyUI shares patch objects between clones of a model,
+and v0.33 can run a step's cond batches in a thread per GPU, so nothing mutable lives on them:
+a run lives in a clone of the guider's model_options (EasyCache's pattern), and each model
+call's ModelCall reaches the blocks through call_of (no locks, clocks or host reads there).
 """
 
 from __future__ import annotations
@@ -26,21 +24,6 @@ from .sequence_parallel import sequence_shard
 from .ui_stats import send_stats
 
 log = logging.getLogger("ToMA")
-
-
-def foreign_caller() -> str:
-    """The pack and function of the first frame up the stack outside this pack and torch, e.g.
-    "ComfyUI-TeaCache (teacache_flux_forward)"."""
-    from .dit_neighbours import pack_of
-
-    pack = __name__.split(".")[0]
-    frame = sys._getframe(1)
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.split(".")[0] not in (pack, "torch"):
-            return f"{pack_of(module)} ({frame.f_code.co_name})"
-        frame = frame.f_back
-    return "another node"
 
 
 class ToMAState:
@@ -217,7 +200,16 @@ class ToMAState:
             if TRACED_DECISIONS.get((self.key, str(device))) is None and call is None:
                 return None
         elif call is None:      # a block outside every call of this node: say who called it
-            caller = foreign_caller()
+            from .dit_neighbours import pack_of
+
+            caller = "another node"
+            frame = sys._getframe(1)
+            while frame is not None:    # the first frame outside this pack and torch
+                module = frame.f_globals.get("__name__", "")
+                if module.split(".")[0] not in (__name__.split(".")[0], "torch"):
+                    caller = f"{pack_of(module)} ({frame.f_code.co_name})"
+                    break
+                frame = frame.f_back
             with self._lock:
                 runs = list(self.runs)
             for run in runs:

@@ -10,6 +10,7 @@ from toma_pack.nodes.options import (
     make_options,
     parse_skip_blocks,
 )
+from toma_pack.nodes.toma_node import TOMA_ADVANCED
 
 
 # skip_blocks ------------------------------------------------------------------------------------
@@ -96,6 +97,7 @@ def test_defaults():
     assert o == ToMAOptions()
     assert o.skip_blocks == SkipBlocks(frozenset(range(5)), frozenset(range(5)))
     assert (o.ratio, o.tile_count, o.merge_scope) == (0.5, 0, "auto")
+    assert make_options(**TOMA_ADVANCED.defaults()) == o     # the widgets' defaults agree
 
 
 def test_values_are_normalised():
