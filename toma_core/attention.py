@@ -20,6 +20,14 @@ from .regions import compiling
 Attend = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
+def key_sizes(plan: MergePlan) -> torch.Tensor:
+    """[B, merged_tokens] float32: how many grid tokens each merged token stands for (its row
+    of P summed), the keys' weights."""
+    p_t = plan.unmerge_w if plan.assignment is None else plan.assignment
+    sizes = p_t.sum(1, dtype=torch.float32).view(plan.items, -1)
+    return sizes if plan.compact is None else sizes.index_select(1, plan.compact)
+
+
 def size_bias(plan: MergePlan, length: int, prefix: int = 0,
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The additive mask of size-weighted attention for a merged sequence of `length` tokens
@@ -28,7 +36,7 @@ def size_bias(plan: MergePlan, length: int, prefix: int = 0,
     key = (length, prefix, dtype)
     found = plan.size_biases.get(key)
     if found is None:
-        bias = plan.key_sizes().log()
+        bias = key_sizes(plan).log()
         tail = length - prefix - bias.shape[1]
         if prefix or tail:
             bias = torch.nn.functional.pad(bias, (prefix, tail))

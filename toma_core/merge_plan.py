@@ -1,24 +1,15 @@
 """The merge plan: destinations plus merge/unmerge weights, computed once, applied many times.
 
-For each region with tokens X [S, C] and destinations D (k slots):
-    P = softmax over destinations of tau * cos(X[D], X)      [k, S], each column sums to 1
-    merge(x)   = M x      with M = P row-normalised (a merged token is the mean of its sources)
-    unmerge(y) = U y      with U = P^T (rows sum to 1, so it commutes with a linear layer plus
-                          bias), or, as an option, U = pinv(M)
-Each destination is its own only source (its column of P is one-hot), so no merged token is empty.
-
-On the hot path every step is a static-shape gather or one batched matmul over all regions of
-all batch items (few launches, no host syncs, nothing data-dependent):
-    xr = x[items, slots]                 region layout [B*R, S, C]         one gather
-    merged = M @ xr                      [B*R, k, C], viewed [B, R*k, C]  one bmm
-and for a block run on merged tokens ("block scope", `begin` / `finish`, whose docstrings say
-how blocks that update their input in place and blocks in a row are served):
-    out_grid = xr + U @ (block(merged) - merged)    one subtraction, one baddbmm
-    grid order back by one gather of out_grid
-The products are dense over the region (destination columns included): k*S*C multiply-adds per
-region, noise next to the block, for one op each and shapes that never depend on the data.
-A stream [B, L, C] holds the N grid tokens after `prefix` other tokens (text) and before any
-suffix (reference images); those other tokens pass through untouched.
+For each region with tokens X [S, C] and destinations D (k slots), P = softmax over destinations
+of tau * cos(X[D], X) [k, S] (each column sums to 1; a destination is its own only source):
+merge(x) = M x with M = P row-normalised; unmerge(y) = U y with U = P^T (rows sum to 1, so it
+commutes with a linear layer plus bias) or pinv(M).
+On the hot path each step is one static-shape gather or one batched matmul over every region of
+every batch item, dense over the region (no host syncs, nothing data-dependent):
+xr = x[items, slots] [B*R, S, C], merged = M @ xr [B*R, k, C]; a block run on merged tokens
+("block scope", `begin` / `finish`) gives xr + U @ (block(merged) - merged), gathered back to
+grid order. A stream [B, L, C] holds the N grid tokens after `prefix` other tokens (text) and
+before any suffix (reference images), which pass through untouched.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ from typing import Literal, NamedTuple, get_args
 import torch
 
 from .plan_op import plan_weights, plan_weights_reference
-from .regions import RegionMode, Regions, RegionTables, compiling, make_regions
+from .regions import RegionMode, Regions, RegionTables, make_regions
 from .shards import SpanRegions
 
 UnmergeMethod = Literal["transpose", "pinv"]
@@ -63,16 +54,14 @@ def destinations_per_region(ratio: float, regions: Regions) -> int:
 class MergePlan:
     """Merge/unmerge for one token grid and batch. Build it with `build_plan`.
 
-    regions: the partition; k: destinations per region; tables: its index tensors;
-    dest_slots [B, R, k]: the slot of each destination; dest_tokens [B, R*k]: its grid token
-    (the merged sequence's order); merge_w [B*R, k, S] and unmerge_w [B*R, S, k]: M and U in
-    the activations' dtype (pad slots have zero weight); assignment [B*R, S, k]: P^T where
-    unmerge_w is something else (pinv), None where it is P^T (key_sizes reads it).
-    size_biases: attention.size_bias's masks, kept here (a hot path reads them inline).
-    A sequence shard's regions (SpanRegions) keep unequal numbers of destinations, k the most
-    any keeps: the merged sequence holds only the real ones, one gather from the padded R*k
-    order (tables.compact) after the merge and one back (tables.expand) before the unmerge;
-    dest_tokens [B, M] are the real ones' tokens.
+    dest_slots [B, R, k]: each destination's slot; dest_tokens [B, R*k]: its grid token (the
+    merged sequence's order); merge_w [B*R, k, S], unmerge_w [B*R, S, k]: M and U in the
+    activations' dtype (pad slots weigh 0); assignment [B*R, S, k]: P^T where unmerge_w is not
+    (pinv; attention.key_sizes reads it), else None. size_biases: attention.size_bias's masks
+    (hot paths read them inline).
+    A shard's SpanRegions keep unequal numbers of destinations (k the most): the merged sequence
+    holds only the real ones (dest_tokens [B, M]), gathered by tables.compact after the merge
+    and back by tables.expand before the unmerge.
     """
 
     regions: Regions | SpanRegions
@@ -98,10 +87,9 @@ class MergePlan:
         self.tokens = self.regions.tokens
         self.merged_tokens = self.dest_tokens.shape[1]
         self.items = self.dest_tokens.shape[0]
-        # the padded-order gathers of ragged regions, None where every region keeps k
-        ragged = isinstance(self.regions, SpanRegions)
-        self.compact = self.tables.compact if ragged else None
-        self.expand = self.tables.expand if ragged else None
+        # the padded-order gathers of ragged regions (SpanTables), None where every region keeps k
+        self.compact = getattr(self.tables, "compact", None)
+        self.expand = getattr(self.tables, "expand", None)
 
     def weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(M, U) in `dtype`, cast once and kept. The hot path reads `_cast` first
@@ -120,11 +108,6 @@ class MergePlan:
         if x.shape[0] != self.items:
             raise ValueError(f"plan built for batch {self.items}, got {x.shape[0]}")
 
-    def _regions_of(self, x: torch.Tensor, prefix: int) -> torch.Tensor:
-        """x's grid in region layout [B*R, S, C]: one gather (a new tensor)."""
-        items, slots = self.tables.merge_index(x.shape[0], prefix)
-        return x[items, slots]
-
     def _grid_of(self, y: torch.Tensor, prefix: int) -> torch.Tensor:
         """y's merged grid as [B*R, k, C] (a view where y holds only it)."""
         m = self.merged_tokens
@@ -133,30 +116,12 @@ class MergePlan:
             grid = grid.index_select(1, self.expand)
         return grid.reshape(-1, self.k, y.shape[-1])
 
-    def _in_grid_order(self, full: torch.Tensor) -> torch.Tensor:
-        """Region layout [B*R, S, C] back to grid order [B, N, C]: one gather."""
-        rows, slots = self.tables.unmerge_index(self.items)
-        return full[rows, slots]
-
-    def key_sizes(self) -> torch.Tensor:
-        """[B, merged_tokens] float32: how many grid tokens each merged token stands for (its
-        row of P summed), the keys' weights of size-weighted attention (attention.py), which
-        alone reads them: made on first use and kept."""
-        found = self._rows.get("key_sizes")
-        if found is None:
-            p_t = self.unmerge_w if self.assignment is None else self.assignment
-            found = p_t.sum(1, dtype=torch.float32).view(self.items, -1)
-            if self.compact is not None:      # ragged counts: the real destinations only
-                found = found.index_select(1, self.compact)
-            if not compiling():     # a traced graph makes its own (a kept one is guarded on)
-                self._rows["key_sizes"] = found
-        return found
-
     def merge(self, x: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """x [B, prefix + N + suffix, C] -> [B, prefix + R*k + suffix, C]."""
         self._check(x, self.tokens, prefix)
         merge_w, _ = self._cast.get(x.dtype) or self.weights(x.dtype)
-        merged = torch.bmm(merge_w, self._regions_of(x, prefix)).view(x.shape[0], -1, x.shape[-1])
+        xr = x[self.tables.merge_index(x.shape[0], prefix)]     # region layout [B*R, S, C]
+        merged = torch.bmm(merge_w, xr).view(x.shape[0], -1, x.shape[-1])
         if self.compact is not None:      # ragged counts: the real destinations only
             merged = merged.index_select(1, self.compact)
         return self.splice(x, merged, prefix, self.tokens)
@@ -165,7 +130,8 @@ class MergePlan:
         """Inverse of merge: y [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C]."""
         self._check(y, self.merged_tokens, prefix)
         _, unmerge_w = self._cast.get(y.dtype) or self.weights(y.dtype)
-        full = self._in_grid_order(torch.bmm(unmerge_w, self._grid_of(y, prefix)))
+        full = torch.bmm(unmerge_w, self._grid_of(y, prefix))        # region layout [B*R, S, C]
+        full = full[self.tables.unmerge_index(self.items)]           # grid order [B, N, C]
         return self.splice(y, full, prefix, self.merged_tokens)
 
     def begin(self, x: torch.Tensor, prefix: int = 0, block_keeps_input: bool = False,
@@ -177,7 +143,8 @@ class MergePlan:
         x [B, N, C] is already in region order (a `finish` with keep_order), so no gather."""
         self._check(x, self.tokens, prefix)
         merge_w, unmerge_w = self._cast.get(x.dtype) or self.weights(x.dtype)
-        xr = self._ordered_regions(x, prefix) if ordered else self._regions_of(x, prefix)
+        xr = (self._ordered_regions(x, prefix) if ordered
+              else x[self.tables.merge_index(x.shape[0], prefix)])      # one gather
         merged = torch.bmm(merge_w, xr)
         grid = merged.view(x.shape[0], -1, x.shape[-1])
         if self.compact is not None:      # ragged counts: the real destinations only
@@ -211,7 +178,8 @@ class MergePlan:
             if not self.regions.even or prefix or out.shape[1] != self.merged_tokens:
                 raise ValueError(ORDER_NEEDS)
             return full.view(self.items, self.tokens, full.shape[-1])
-        return self.splice(out, self._in_grid_order(full), prefix, self.merged_tokens)
+        full = full[self.tables.unmerge_index(self.items)]          # grid order, one gather
+        return self.splice(out, full, prefix, self.merged_tokens)
 
     def around(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                prefix: int = 0, block_keeps_input: bool = False, ordered: bool = False,
@@ -226,7 +194,7 @@ class MergePlan:
     def grid_order(self, x: torch.Tensor) -> torch.Tensor:
         """A grid kept in region order by `finish(keep_order=True)` back in grid order:
         x [B, N, C] -> [B, N, C], one gather."""
-        return self._in_grid_order(self._ordered_regions(x, 0))
+        return self._ordered_regions(x, 0)[self.tables.unmerge_index(self.items)]
 
     def _ordered_regions(self, x: torch.Tensor, prefix: int) -> torch.Tensor:
         """A grid in region order as region layout: x [B, N, C] -> [B*R, S, C], a view (region
@@ -267,13 +235,8 @@ class MergePlan:
         rows = self.position_rows(pe.shape[dim], prefix)
         if self.items == 1:
             return pe.index_select(dim, rows[0])
-        moved = pe.movedim(dim, 1)
-        if pe.shape[0] == 1:
-            picked = moved[0][rows]                                   # [B, L', ...]
-        else:
-            items = torch.arange(self.items, device=pe.device).view(-1, 1)
-            picked = moved[items, rows]
-        return picked.movedim(1, dim)
+        items = torch.arange(self.items, device=pe.device).view(-1, 1) if pe.shape[0] > 1 else 0
+        return pe.movedim(dim, 1)[items, rows].movedim(1, dim)        # picked [B, L', ...]
 
 
 def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
@@ -285,11 +248,11 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
     weights in the features' dtype. ratio: fraction of grid tokens merged away, in [0, 1);
     None when nothing would merge (ratio 0, or regions too small to drop a token).
 
-    regions (e.g. video boxes, see make_regions; a sequence shard's SpanRegions bring their own
-    destination counts) replaces mode / tile_count and must hold N tokens; tables: its index
-    tensors on this device, when the caller keeps them. center, weighted: see plan_op.
-    batch "per_item": destinations and weights per batch item (cond and uncond never mix);
-    "shared": one set from the batch's mean features, applied to every item (cheaper, coarser).
+    regions (video boxes; a shard's SpanRegions bring their own destination counts) replaces
+    mode / tile_count and must hold N tokens; tables: its index tensors on this device, when
+    the caller keeps them. center, weighted: see plan_op. batch "per_item": destinations and
+    weights per item (cond and uncond never mix); "shared": one set from the batch's mean
+    features for every item (cheaper, coarser).
     """
     _validate(features, h * w, offset, ratio, tau, unmerge, batch)
     if regions is not None and regions.tokens != h * w:
