@@ -1,23 +1,15 @@
 """A plan's destinations and weights for every region at once, as one operator.
 
-    picks, dest, merge_w, unmerge_w = plan_weights(stream, offset, slots, valid, k, tau, center,
-                                                   dtype, weighted)
+stream [B, L, C] holds the grid's tokens at rows offset + slots[r, s] (slots [R, S], pad slots
+False in valid [R, S] or valid None). Per region: cosine similarity in float32 (center: of
+features minus their mean over C, as layer-normed), k destinations by greedy facility location
+(weighted: coverage counted by squared feature norm, so attention sinks stay their own
+destinations), then merge_plan's P, M and U. Returns picks [B, R, k] (slots, in pick order),
+dest [B, R*k] (their grid tokens), merge_w [B*R, k, S] and unmerge_w [B*R, S, k] in `dtype`.
 
-stream [B, L, C]: the grid's tokens are rows offset + slots[r, s] ([R, S], pad slots marked False
-in valid [R, S], or valid None). For each region: cosine similarity of its tokens' features in
-float32 (center: features minus their mean over C first, which gives the cosine similarity of
-layer-normed features), k destinations by greedy facility location (weighted: each token's
-coverage counted by its squared feature norm, so that tokens standing out in norm, such as the
-attention sinks of trained models, stay their own destinations), then P, merge_w = M
-[B*R, k, S] and unmerge_w = U = P^T [B*R, S, k] as merge_plan defines them, in `dtype` (the
-activations'); picks [B, R, k] are slots and dest [B, R*k] their grid tokens, in pick order (the
-merged sequence's order): the shapes merge and unmerge use.
-
-Why one operator: the greedy is k sequential steps of several small ops each, as many kernel
-launches per plan on a GPU; behind one operator it is one launch (a Triton kernel on CUDA,
-`triton_plan.py`), one node torch.compile treats as opaque (no graph break, no unrolled loop)
-and one op to count. On the CPU, and on CUDA without Triton, it runs `plan_weights_reference`,
-the same steps as plain torch ops.
+Why one operator: the greedy's k sequential steps are one launch (the Triton kernel of
+triton_plan.py on CUDA) and one opaque node for torch.compile; elsewhere the same steps run as
+plain torch ops (`plan_weights_reference`).
 """
 
 from __future__ import annotations
@@ -37,12 +29,9 @@ def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tenso
                            valid: torch.Tensor | None, k: int, tau: float, center: bool,
                            dtype: torch.dtype, dest_valid: torch.Tensor | None = None,
                            weighted: bool = False) -> PlanTensors:
-    """The operator in plain torch ops (shapes in the module docstring).
-
-    dest_valid [R, k]: regions keep unequal numbers of destinations (sequence shards, see
-    assignment); the pad picks get zero merge and unmerge weights, and dest holds their slots'
-    tokens too (MergePlan keeps only the real ones). Not behind the operator: it runs as these
-    ops on every device.
+    """The operator in plain torch ops (shapes in the module docstring). dest_valid [R, k]
+    (sequence shards' unequal counts, see assignment; not behind the operator): pad picks get
+    zero weights, and dest holds their slots' tokens too (MergePlan keeps only the real ones).
     """
     b, (r, s) = stream.shape[0], slots.shape
     x = stream.index_select(1, (slots + offset).flatten()).view(b, r, s, -1).float()
@@ -99,8 +88,9 @@ def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
     return p
 
 
-def _empty_like_outputs(stream: torch.Tensor, slots: torch.Tensor, k: int,
-                        dtype: torch.dtype) -> PlanTensors:
+def empty_outputs(stream: torch.Tensor, slots: torch.Tensor, k: int,
+                  dtype: torch.dtype) -> PlanTensors:
+    """The operator's outputs, uninitialised (its fake, and the Triton kernel's to fill)."""
     b, (r, s) = stream.shape[0], slots.shape
     return (stream.new_empty((b, r, k), dtype=torch.long),
             stream.new_empty((b, r * k), dtype=torch.long),
@@ -141,7 +131,7 @@ def _register():
                                       weighted=weighted)
 
     op.register_fake(lambda stream, offset, slots, valid, k, tau, center, dtype, weighted=False:
-                     _empty_like_outputs(stream, slots, k, dtype))
+                     empty_outputs(stream, slots, k, dtype))
     op.register_kernel("cuda")(_cuda_kernel)
     return getattr(getattr(torch.ops, namespace), name)
 
@@ -153,10 +143,8 @@ def plan_weights(stream: torch.Tensor, offset: int, slots: torch.Tensor,
                  valid: torch.Tensor | None, k: int, tau: float, center: bool,
                  dtype: torch.dtype, weighted: bool = False) -> PlanTensors:
     """(picks, dest, merge_w, unmerge_w) for the grid in `stream` (module docstring)."""
-    if _OP is None:
-        if stream.is_cuda:
-            return _cuda_kernel(stream, offset, slots, valid, k, tau, center, dtype, weighted)
-        return plan_weights_reference(stream, offset, slots, valid, k, tau, center, dtype,
-                                      weighted=weighted)
+    if _OP is None:     # torch < 2.4: plain functions
+        run = _cuda_kernel if stream.is_cuda else plan_weights_reference
+        return run(stream, offset, slots, valid, k, tau, center, dtype, weighted=weighted)
     return _OP(stream, offset, slots, valid, k, float(tau), center, dtype, weighted)
 

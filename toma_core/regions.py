@@ -1,16 +1,9 @@
-"""Partition of a t x h x w token grid into merge regions: boxes of frames x tile rows x tile cols.
-
-Tokens are in frame-major, row-major order (a UNet's flattened feature map and a transformer's
-image tokens are one frame, t = 1; video is frame by frame). Every token belongs to exactly one
-region. Along each axis the grid is cut into parts whose sizes differ by at most one (the larger
-ones first), so a region is a box and regions are laid out as a padded [R, S] table: S slots
-per region, the largest box's size; smaller boxes have pad slots, marked invalid, that never
-count nor get picked. Regions are ordered slab by slab, then tile row, then tile column; slots
-inside a box frame by frame, row by row.
-
-`Regions` is host metadata (Python ints): cheap, hashable, the same on every device.
-`RegionTables` holds the index tensors merge and unmerge gather with, built on the target device
-from those ints with device ops (no host-to-device copy, no host sync), static in shape.
+"""Partition of a t x h x w token grid (frame-major, row-major; an image is t = 1) into merge
+regions: boxes of frames x tile rows x tile columns, cut along each axis into parts whose sizes
+differ by at most one (larger first). Regions go slab by slab, tile row, tile column; slots in a
+box frame by frame, row by row; a padded [R, S] table holds them (S the largest box's size, pad
+slots invalid: never counted nor picked). `Regions` is host metadata (Python ints, hashable);
+`RegionTables` its index tensors, built on the device with device ops (no copy, no sync).
 """
 
 from __future__ import annotations
@@ -69,13 +62,11 @@ class Regions:
 
 
 class RegionTables:
-    """Index tensors of one partition on one device, built there with device ops.
+    """Index tensors of one partition on one device.
 
     token_region [N], token_slot [N]: where each grid token sits; slots [R, S]: grid token of
     each slot (pad slots: token 0); valid [R, S] bool, False at pad slots, or None when the
-    regions are even. The batched gather indices merge and unmerge use are made once per batch
-    size and offset and kept here (this object lives as long as its owner keeps it: a sampling
-    run).
+    regions are even. Merge's and unmerge's gather indices are kept per batch size and offset.
     """
 
     def __init__(self, regions: Regions, device: torch.device | str | None) -> None:
@@ -159,12 +150,8 @@ def even_sizes(total: int, parts: int) -> tuple[int, ...]:
 
 
 def tile_grid(h: int, w: int, tile_count: int) -> tuple[int, int]:
-    """Tiles along each side for about `tile_count` near-square tiles on an h x w grid.
-
-    The tile side follows the grid's aspect so that 832x1216 gets taller-than-wide tile rows
-    rather than thin tiles. Tiles are at least 2 tokens per side where the grid allows it:
-    a 1-token tile could only keep itself, which merges nothing.
-    """
+    """Tiles along each side for about `tile_count` near-square tiles on an h x w grid, at least
+    2 tokens per side where the grid allows it (a 1-token tile could only keep itself)."""
     side = math.sqrt(h * w / max(tile_count, 1))
     rows = min(max(1, round(h / side)), max(1, h // 2))
     cols = min(max(1, round(w / side)), max(1, w // 2))
@@ -176,11 +163,9 @@ def make_regions(h: int, w: int, mode: RegionMode = "tile", tile_count: int = 64
     """Partition a t x h x w grid (t = 1: an image).
 
     mode "tile": about `tile_count` tiles per frame; "stripe": `tile_count` bands of whole rows
-    (at most h); "global": one region per slab holding all of its tokens. Frames are cut into
-    t // `frames` slabs (one when t < `frames`) of depths that differ by at most one: never a
-    thinner last slab, since every region keeps the same number of destinations (at most the
-    smallest region's size) and one thin slab would make every other region merge harder than
-    the ratio asks.
+    (at most h); "global": one region per slab. Frames are cut into t // `frames` slabs (one
+    when t < `frames`) of even depths: a thinner last slab would cap every region's destination
+    count (the smallest region's size) and make the others merge harder than the ratio asks.
     """
     if h < 1 or w < 1 or t < 1:
         raise ValueError(f"token grid must be at least 1x1, got {t}x{h}x{w}")

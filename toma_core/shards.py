@@ -1,24 +1,19 @@
-"""Merging a sequence that is split across ranks (sequence parallelism): each rank holds one
-contiguous shard of the token sequence and merges only its own tokens.
+"""Merging a sequence split across ranks (sequence parallelism), each rank its own tokens.
 
-The sequence of P * S rows (S per rank, the last rank's tail padded) holds the token grid at rows
-[grid_start, grid_start + N); rank r holds rows [r * S, (r + 1) * S), a contiguous span of the
-grid's flattened (frame, row, column) order. A rank's regions are the full grid's regions
-(make_regions) clipped to its span: a region a shard boundary cuts becomes two pieces, one per
-rank, so no plan needs another rank's tokens.
-
-Every rank must hand the same number of tokens to the attention's all-to-all, so every rank
-drops the same number D of tokens (common_drop), decided from the shard geometry alone (every
-rank computes every rank's spans, with no communication); each piece keeps destinations in
-proportion to its size (spread_counts), so pieces keep unequal numbers ("ragged" counts, see
-MergePlan).
+The sequence of P * S rows (S per rank) holds the grid at rows [grid_start, grid_start + N);
+rank r holds rows [r * S, (r + 1) * S), a contiguous span of the grid's flattened order. A
+rank's regions are make_regions' clipped to its span (a region cut by a shard boundary becomes
+one piece per rank), so no plan needs another rank's tokens. The attention's all-to-all needs
+equal lengths, so every rank drops the same D tokens (common_drop), decided from the geometry
+alone, its pieces keeping destinations in proportion to their sizes (spread_counts, "ragged"
+counts, see MergePlan).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, product
 
 import torch
 
@@ -27,16 +22,14 @@ from .regions import Regions, RegionTables
 
 @dataclass(frozen=True)
 class SpanRegions:
-    """The regions of `base` (a t x h x w grid's partition) clipped to the grid tokens
-    [cuts[0], cuts[-1]) of its flattened order and cut again at the cuts between, with `counts`
-    destinations kept per piece: one rank's span (two cuts), or the union of every rank's (a
-    cut at each shard boundary: one process merging the whole grid as the ranks together do).
+    """The regions of `base` clipped to grid tokens [cuts[0], cuts[-1]) and cut again at the
+    cuts between, keeping `counts` destinations per piece: one rank's span (two cuts), or the
+    union of every rank's (one process merging the whole grid as the ranks together do).
 
     pieces: (span index, global region index) of each piece, in order; sizes: its tokens;
-    width / places: slots and destination places per piece in the padded layout (0: the largest
-    size / count here). shard_regions gives every rank the largest of all ranks, so a piece's
-    similarities and picks come from the same shapes on every rank and in the union. Host
-    metadata (Python ints), hashable, like Regions."""
+    width / places: slots and destination places per piece (0: the largest size / count here;
+    shard_regions gives every rank the largest of all ranks, so a piece's picks come from the
+    same shapes everywhere). Host metadata, hashable, like Regions."""
 
     base: Regions
     cuts: tuple[int, ...]
@@ -70,11 +63,10 @@ class SpanRegions:
 
 
 class SpanTables(RegionTables):
-    """RegionTables of a SpanRegions (span-local token indices), built with device ops from the
-    base partition's, and for the ragged counts: dest_valid [R, k] (k the largest count),
-    compact [M] (the real destinations' places in the padded R * k order) and expand [R * k]
-    (each padded place's index in the compact order; pad places point at 0, which zero unmerge
-    weights ignore)."""
+    """RegionTables of a SpanRegions (span-local token indices), and for the ragged counts:
+    dest_valid [R, k] (k the largest count), compact [M] (the real destinations' places in the
+    padded R * k order) and expand [R * k] (each place's index in the compact order; pad places
+    point at 0, which zero unmerge weights ignore)."""
 
     def __init__(self, regions: SpanRegions, device: torch.device | str | None) -> None:
         base = RegionTables(regions.base, device)
@@ -106,10 +98,6 @@ class SpanTables(RegionTables):
         self.expand = (self.dest_valid.flatten().long().cumsum(0) - 1).clamp_min(0)
 
 
-def _starts(sizes: tuple[int, ...]) -> list[int]:
-    return [0, *accumulate(sizes)][:-1]
-
-
 def _below(c: int, h: int, w: int, box: tuple[int, int, int, int, int, int]) -> int:
     """Tokens of a box (frames f0..f1, rows y0..y1, columns x0..x1, ends exclusive) whose
     flattened index (f * h + y) * w + x is below c."""
@@ -128,16 +116,14 @@ def span_sizes(base: Regions, start: int, end: int) -> tuple[tuple[int, ...], tu
     """(pieces, sizes): the regions of `base` that meet grid tokens [start, end), in region
     order, and their tokens there. Host arithmetic, one step per region."""
     pieces, sizes = [], []
-    index = 0
-    for f0, df in zip(_starts(base.slab_sizes), base.slab_sizes, strict=True):
-        for y0, dy in zip(_starts(base.row_sizes), base.row_sizes, strict=True):
-            for x0, dx in zip(_starts(base.col_sizes), base.col_sizes, strict=True):
-                box = (f0, f0 + df, y0, y0 + dy, x0, x0 + dx)
-                inside = _below(end, base.h, base.w, box) - _below(start, base.h, base.w, box)
-                if inside:
-                    pieces.append(index)
-                    sizes.append(inside)
-                index += 1
+    axes = (base.slab_sizes, base.row_sizes, base.col_sizes)
+    boxes = product(*(zip([0, *accumulate(parts)][:-1], parts, strict=True) for parts in axes))
+    for index, ((f0, df), (y0, dy), (x0, dx)) in enumerate(boxes):     # in region order
+        box = (f0, f0 + df, y0, y0 + dy, x0, x0 + dx)
+        inside = _below(end, base.h, base.w, box) - _below(start, base.h, base.w, box)
+        if inside:
+            pieces.append(index)
+            sizes.append(inside)
     return tuple(pieces), tuple(sizes)
 
 
