@@ -42,11 +42,8 @@ class Pending(NamedTuple):
 
 
 def destinations_per_region(ratio: float, regions: Regions) -> int:
-    """k, the same for every region: round((1 - ratio) * N / R), clamped to [1, smallest region].
-
-    With ragged regions (sides differing by one token) the larger regions merge a little harder,
-    and the merged count R * k stays close to (1 - ratio) * N.
-    """
+    """k, the same for every region: round((1 - ratio) * N / R), clamped to [1, smallest region]
+    (where sizes differ by a token, the larger regions merge a little harder)."""
     return min(max(1, round((1.0 - ratio) * regions.tokens / regions.count)), regions.min_size)
 
 
@@ -92,8 +89,7 @@ class MergePlan:
         self.expand = getattr(self.tables, "expand", None)
 
     def weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(M, U) in `dtype`, cast once and kept. The hot path reads `_cast` first
-        (`_cast.get(dtype) or weights(dtype)`): no call per block when the dtype is at hand."""
+        """(M, U) in `dtype`, cast once and kept (hot paths read `_cast` first: no call)."""
         found = self._cast.get(dtype)
         if found is None:
             found = self._cast[dtype] = (self.merge_w.to(dtype), self.unmerge_w.to(dtype))
@@ -137,10 +133,9 @@ class MergePlan:
     def begin(self, x: torch.Tensor, prefix: int = 0, block_keeps_input: bool = False,
               ordered: bool = False) -> tuple[torch.Tensor, Pending]:
         """Block scope, before the block: (merged stream [B, prefix + R*k + suffix, C], what
-        `finish` needs). block_keeps_input: the block leaves its input tensor alone (ComfyUI's
-        UNet blocks); otherwise (`img += ...` would overwrite merged) base = xr - U @ merged is
-        taken now (one baddbmm more) and finish adds U @ block(merged) to it. ordered:
-        x [B, N, C] is already in region order (a `finish` with keep_order), so no gather."""
+        `finish` needs). block_keeps_input: the block leaves its input alone (ComfyUI's UNet
+        blocks); otherwise (`img += ...` would overwrite merged) base = xr - U @ merged is taken
+        now. ordered: x [B, N, C] is in region order (`finish` with keep_order): no gather."""
         self._check(x, self.tokens, prefix)
         merge_w, unmerge_w = self._cast.get(x.dtype) or self.weights(x.dtype)
         xr = (self._ordered_regions(x, prefix) if ordered
@@ -158,12 +153,10 @@ class MergePlan:
 
     def finish(self, out: torch.Tensor, pending: Pending, prefix: int = 0,
                keep_order: bool = False) -> torch.Tensor:
-        """Block scope, after the block: its output on the merged stream
-        out [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C], the grid being
-        x + U (out - merged) and every other token out's own. keep_order: return the grid in
-        region order instead, for the next block's `begin(ordered=True)` (blocks in a row on
-        one plan, such as a UNet transformer's: region layout is then a view of it, with even
-        regions and a stream that is only the grid), saving a gather here and one there."""
+        """Block scope, after the block: out [B, prefix + R*k + suffix, C] ->
+        [B, prefix + N + suffix, C], the grid being x + U (out - merged), other tokens out's.
+        keep_order: the grid in region order, for the next block's `begin(ordered=True)` on
+        the same plan (a gather fewer each; even regions, a stream that is only the grid)."""
         self._check(out, self.merged_tokens, prefix)
         grid = self._grid_of(out, prefix)
         base, merged, shared = pending
@@ -184,21 +177,17 @@ class MergePlan:
     def around(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                prefix: int = 0, block_keeps_input: bool = False, ordered: bool = False,
                keep_order: bool = False) -> torch.Tensor:
-        """Run a residual block `fn` on merged tokens and unmerge only its update:
-        x + unmerge(fn(merge(x)) - merge(x)), so every token keeps its own residual stream.
-        x [B, prefix + N + suffix, C]; fn maps the merged sequence to one of the same shape
-        (block_keeps_input, ordered: see `begin`; keep_order: see `finish`)."""
+        """x + unmerge(fn(merge(x)) - merge(x)) for a residual block `fn` (every token keeps its
+        own residual stream); x [B, prefix + N + suffix, C]. Options: see `begin`, `finish`."""
         merged, pending = self.begin(x, prefix, block_keeps_input, ordered)
         return self.finish(fn(merged), pending, prefix, keep_order)
 
     def grid_order(self, x: torch.Tensor) -> torch.Tensor:
-        """A grid kept in region order by `finish(keep_order=True)` back in grid order:
-        x [B, N, C] -> [B, N, C], one gather."""
+        """A grid in region order (`finish(keep_order=True)`) back in grid order: x [B, N, C]."""
         return self._ordered_regions(x, 0)[self.tables.unmerge_index(self.items)]
 
     def _ordered_regions(self, x: torch.Tensor, prefix: int) -> torch.Tensor:
-        """A grid in region order as region layout: x [B, N, C] -> [B*R, S, C], a view (region
-        order holds no pad slots: even regions, and nothing around the grid)."""
+        """A grid in region order as region layout: x [B, N, C] -> [B*R, S, C], a view."""
         if not self.regions.even or prefix or x.shape[1] != self.tokens:
             raise ValueError(ORDER_NEEDS)
         return x.view(-1, self.regions.size, x.shape[-1])
@@ -213,9 +202,8 @@ class MergePlan:
         return grid if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def position_rows(self, length: int, prefix: int = 0) -> torch.Tensor:
-        """[B, prefix + R*k + suffix]: for a sequence of `length` rows whose grid starts at
-        `prefix`, the row each merged-sequence position takes (its destination's for the grid,
-        its own elsewhere). Made once per length and prefix."""
+        """[B, prefix + R*k + suffix]: the row of a `length`-row sequence (grid from `prefix`)
+        each merged position takes: its destination's in the grid, its own elsewhere. Kept."""
         key = (length, prefix)
         if key not in self._rows:
             own = torch.arange(length, device=self.dest_tokens.device).expand(self.items, -1)
@@ -223,11 +211,9 @@ class MergePlan:
         return self._rows[key]
 
     def merge_positions(self, pe: torch.Tensor, dim: int, prefix: int = 0) -> torch.Tensor:
-        """Positional rows (e.g. RoPE) for the merged sequence: each merged token takes the row of
-        its destination; rows outside the grid are kept. pe has the grid rows at
-        [prefix, prefix + N) along `dim` (not 0); its batch is 1 or B.
-        pe [B or 1, ..., L, ...] -> [B, ..., prefix + R*k + suffix, ...] (batch 1 kept when the
-        plan is for one item)."""
+        """Positional rows (e.g. RoPE) for the merged sequence, as position_rows picks them:
+        pe [B or 1, ..., L, ...] (grid rows [prefix, prefix + N) along `dim`, not 0) ->
+        [B, ..., prefix + R*k + suffix, ...] (batch 1 kept when the plan is for one item)."""
         dim = dim % pe.dim()
         if dim == 0 or pe.shape[dim] < prefix + self.tokens or pe.shape[0] not in (1, self.items):
             raise ValueError(f"positions {tuple(pe.shape)} cannot hold {prefix} + {self.tokens} "

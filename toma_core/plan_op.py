@@ -57,11 +57,9 @@ def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
                ) -> torch.Tensor:
     """P [..., k, S]: softmax over destinations of tau * cos(dest, token); tau = inf is hard.
 
-    sim [..., S, S] is the region's cosine similarity (float32), so the scores are its rows at
-    the picks; softmax subtracts the column max, so any tau is stable. Pad slot columns are zero.
-    dest_valid [R, k]: regions keep unequal numbers of destinations (k the most any keeps), the
-    first count picks of a region (True: the greedy's choice for its own count); the rows of
-    the other (pad) picks are zero and take no token.
+    sim [..., S, S]: the region's cosine similarity (float32; softmax subtracts the column max,
+    so any tau is stable). Pad slot columns are zero. dest_valid [R, k]: True at a region's
+    first `count` picks (the greedy's choice for its own count); the other picks' rows are zero.
     """
     s, ragged = sim.shape[-1], dest_valid is not None
     scores = sim.gather(-2, picks.unsqueeze(-1).expand(*picks.shape, s))
@@ -75,12 +73,9 @@ def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
     # A destination is its own source: keep that exact so no merged token is ever empty. Pad
     # picks are marked one slot past the end, which is then cut off.
     real = torch.where(dest_valid, picks, s) if ragged else picks
-    is_dest = torch.zeros((*sim.shape[:-2], s + 1 if ragged else s), dtype=torch.bool,
-                          device=sim.device)
-    is_dest.scatter_(-1, real, True)                                       # [..., S (+1)]
-    if ragged:
-        is_dest = is_dest[..., :s]
-    p.masked_fill_(is_dest.unsqueeze(-2), 0.0).scatter_(-1, picks.unsqueeze(-1), 1.0)
+    is_dest = torch.zeros((*sim.shape[:-2], s + 1), dtype=torch.bool, device=sim.device)
+    is_dest.scatter_(-1, real, True)                                       # [..., S + 1]
+    p.masked_fill_(is_dest[..., None, :s], 0.0).scatter_(-1, picks.unsqueeze(-1), 1.0)
     if ragged:
         p.mul_(dest_valid.unsqueeze(-1))
     if valid is not None:

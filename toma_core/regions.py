@@ -39,15 +39,9 @@ class Regions:
     even: bool = field(init=False, compare=False, repr=False)      # no pad slots
 
     def __post_init__(self) -> None:
-        derived = {
-            "tokens": self.t * self.h * self.w,
-            "count": len(self.slab_sizes) * len(self.row_sizes) * len(self.col_sizes),
-            "size": max(self.slab_sizes) * max(self.row_sizes) * max(self.col_sizes),
-            "min_size": min(self.slab_sizes) * min(self.row_sizes) * min(self.col_sizes),
-        }
-        derived["even"] = derived["size"] == derived["min_size"]
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
+        axes = (self.slab_sizes, self.row_sizes, self.col_sizes)
+        set_derived(self, tokens=self.t * self.h * self.w, count=math.prod(map(len, axes)),
+                    size=math.prod(map(max, axes)), min_size=math.prod(map(min, axes)))
 
     def tables(self, device: torch.device | str | None = None) -> RegionTables:
         """The index tensors of this partition on `device` (see RegionTables)."""
@@ -59,6 +53,12 @@ class Regions:
         tables = self.tables(x.device)
         flat = tables.token_region * self.size + tables.token_slot
         return x.flatten(-3, -2).index_select(-2, flat)
+
+
+def set_derived(regions: object, **values: int) -> None:
+    """A frozen partition's derived fields, and `even` (no pad slots: size == min_size)."""
+    for name, value in {**values, "even": values["size"] == values["min_size"]}.items():
+        object.__setattr__(regions, name, value)
 
 
 class RegionTables:

@@ -17,7 +17,7 @@ from itertools import accumulate, product
 
 import torch
 
-from .regions import Regions, RegionTables
+from .regions import Regions, RegionTables, set_derived
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,9 @@ class SpanRegions:
         if any(not 1 <= k <= s for k, s in zip(self.counts, self.sizes, strict=True)):
             raise ValueError(f"each piece keeps 1 to its size destinations, got {self.counts} "
                              f"for sizes {self.sizes}")
-        derived = {"tokens": self.cuts[-1] - self.cuts[0], "count": len(self.pieces),
-                   "size": max(self.width, *self.sizes), "min_size": min(self.sizes),
-                   "k": max(self.places, *self.counts)}
-        derived["even"] = derived["size"] == derived["min_size"]
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
+        set_derived(self, tokens=self.cuts[-1] - self.cuts[0], count=len(self.pieces),
+                    size=max(self.width, *self.sizes), min_size=min(self.sizes),
+                    k=max(self.places, *self.counts))
 
     def tables(self, device: torch.device | str | None = None) -> SpanTables:
         return SpanTables(self, device)
@@ -196,7 +193,7 @@ def shard_regions(geometry: ShardGeometry, ratio: float) -> list[SpanRegions | N
     tokens), all ranks dropping common_drop tokens. An empty list when no token can be
     dropped on every rank: then no rank merges."""
     spans = [geometry.span(rank) for rank in range(geometry.world)]
-    found = [span_sizes(geometry.base, lo, hi) if hi > lo else ((), ()) for lo, hi in spans]
+    found = [span_sizes(geometry.base, lo, hi) for lo, hi in spans]     # ((), ()) where none
     drop = common_drop([hi - lo for lo, hi in spans], [len(pieces) for pieces, _ in found],
                        ratio)
     if drop <= 0:
@@ -211,8 +208,7 @@ def shard_regions(geometry: ShardGeometry, ratio: float) -> list[SpanRegions | N
 
 
 def dropped_share(spans: list[SpanRegions | None]) -> float:
-    """The share of the whole grid's tokens that the ranks of `spans` (shard_regions) drop
-    together."""
+    """The share of the whole grid's tokens the ranks of `spans` (shard_regions) drop."""
     present = [span for span in spans if span is not None]
     return sum(span.tokens - sum(span.counts) for span in present) / present[0].base.tokens
 
