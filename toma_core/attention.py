@@ -1,9 +1,8 @@
 """Attention over merged tokens, each key weighted by how many grid tokens it stands for.
 
-Merging n near-identical keys into one leaves the attention they drew as that of one key, which
-moves the whole output where a few tokens draw most of it (attention sinks). log(size) added to
-a merged key's logit gives it the weight of the n keys it stands for (ToMe's proportional
-attention); tokens outside the grid (text, reference images) are their own size: bias 0.
+A merged key draws the attention of one key where its n sources drew n times as much, which
+moves the whole output where a few tokens draw most of it (attention sinks): log(n) on its logit
+gives back their weight (ToMe's proportional attention). Tokens outside the grid get bias 0.
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ import torch
 from .merge_plan import MergePlan
 from .regions import compiling
 
-# attend(tokens [B, L', C], bias [B, 1, 1, L'] or None) -> [B, L', C]: an attention whose keys
-# come from `tokens`, taking `bias` as an additive mask on their logits
+# attend(tokens [B, L', C], bias [B, 1, 1, L'] additive on the keys' logits, or None) -> [B, L', C]
 Attend = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 

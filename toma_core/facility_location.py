@@ -29,12 +29,9 @@ def gram_similarity(x: torch.Tensor, valid: torch.Tensor | None = None,
 def greedy_facility_location(sim: torch.Tensor, k: int, valid: torch.Tensor | None = None,
                              weight: torch.Tensor | None = None) -> torch.Tensor:
     """Pick k destinations per region greedily: picks [..., k] (distinct slots, in pick order,
-    ties to the lowest slot).
-
-    sim [..., S, S] (`gram_similarity`); valid [R, S] or None; weight [..., S] (non-negative)
-    or None: what covering each token counts (f's terms times weight_j, still submodular).
-    k must not exceed the smallest region's valid slots (unchecked: a check would sync).
-    """
+    ties to the lowest slot). sim [..., S, S] (`gram_similarity`); valid [R, S] or None; weight
+    [..., S] (non-negative) or None: what covering each token counts (still submodular).
+    k must not exceed the smallest region's valid slots (unchecked: a check would sync)."""
     s = sim.shape[-1]
     if not 1 <= k <= s:
         raise ValueError(f"k must be in [1, {s}], got {k}")

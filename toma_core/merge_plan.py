@@ -32,9 +32,8 @@ ORDER_NEEDS = "region order needs even regions and a stream that is only the gri
 
 
 class Pending(NamedTuple):
-    """What `MergePlan.begin` hands `finish`: base [B*R, S, C] and merged [B*R, k, C] (None in
-    the in-place case) as begin describes them; shared: base is the caller's own tensor (an
-    input already in region order), which finish never writes into."""
+    """What `MergePlan.begin` hands `finish`: base [B*R, S, C], merged [B*R, k, C] or None (see
+    begin); shared: base is the caller's own tensor (an ordered input), never written into."""
 
     base: torch.Tensor
     merged: torch.Tensor | None
@@ -54,11 +53,9 @@ class MergePlan:
     dest_slots [B, R, k]: each destination's slot; dest_tokens [B, R*k]: its grid token (the
     merged sequence's order); merge_w [B*R, k, S], unmerge_w [B*R, S, k]: M and U in the
     activations' dtype (pad slots weigh 0); assignment [B*R, S, k]: P^T where unmerge_w is not
-    (pinv; attention.key_sizes reads it), else None. size_biases: attention.size_bias's masks
-    (hot paths read them inline).
+    (pinv), else None. size_biases: attention.size_bias's masks (hot paths read them inline).
     A shard's SpanRegions keep unequal numbers of destinations (k the most): the merged sequence
-    holds only the real ones (dest_tokens [B, M]), gathered by tables.compact after the merge
-    and back by tables.expand before the unmerge.
+    holds only the real ones (dest_tokens [B, M]), gathered by compact and expand.
     """
 
     regions: Regions | SpanRegions
@@ -240,8 +237,19 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
     weights per item (cond and uncond never mix); "shared": one set from the batch's mean
     features for every item (cheaper, coarser).
     """
-    _validate(features, h * w, offset, ratio, tau, unmerge, batch)
-    if regions is not None and regions.tokens != h * w:
+    n = h * w
+    if features.dim() != 3 or offset < 0 or features.shape[1] < offset + n:
+        raise ValueError(f"features must be [B, L, C] holding {n} grid tokens from row {offset}, "
+                         f"got {tuple(features.shape)}")
+    if not 0 <= ratio < 1:
+        raise ValueError(f"ratio must be in [0, 1), got {ratio}")
+    if not tau > 0:
+        raise ValueError(f"tau must be positive, got {tau}")
+    if unmerge not in UNMERGE_METHODS:
+        raise ValueError(f"unmerge must be one of {UNMERGE_METHODS}, got {unmerge!r}")
+    if batch not in BATCH_POLICIES:
+        raise ValueError(f"batch policy must be one of {BATCH_POLICIES}, got {batch!r}")
+    if regions is not None and regions.tokens != n:
         raise ValueError(f"regions hold {regions.tokens} tokens, not {h}x{w}")
     regions = regions or make_regions(h, w, mode, tile_count)
     if ratio == 0:
@@ -273,18 +281,3 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
             None if t is None else t.unsqueeze(0).expand(b, -1, -1, -1).flatten(0, 1)
             for t in (merge_w, unmerge_w, assignment))
     return MergePlan(regions, k, tables, picks, dest, merge_w, unmerge_w, assignment)
-
-
-def _validate(features: torch.Tensor, n: int, offset: int, ratio: float, tau: float,
-              unmerge: str, batch: str) -> None:
-    if features.dim() != 3 or offset < 0 or features.shape[1] < offset + n:
-        raise ValueError(f"features must be [B, L, C] holding {n} grid tokens from row {offset}, "
-                         f"got {tuple(features.shape)}")
-    if not 0 <= ratio < 1:
-        raise ValueError(f"ratio must be in [0, 1), got {ratio}")
-    if not tau > 0:
-        raise ValueError(f"tau must be positive, got {tau}")
-    if unmerge not in UNMERGE_METHODS:
-        raise ValueError(f"unmerge must be one of {UNMERGE_METHODS}, got {unmerge!r}")
-    if batch not in BATCH_POLICIES:
-        raise ValueError(f"batch policy must be one of {BATCH_POLICIES}, got {batch!r}")

@@ -6,10 +6,8 @@ features minus their mean over C, as layer-normed), k destinations by greedy fac
 (weighted: coverage counted by squared feature norm, so attention sinks stay their own
 destinations), then merge_plan's P, M and U. Returns picks [B, R, k] (slots, in pick order),
 dest [B, R*k] (their grid tokens), merge_w [B*R, k, S] and unmerge_w [B*R, S, k] in `dtype`.
-
-Why one operator: the greedy's k sequential steps are one launch (the Triton kernel of
-triton_plan.py on CUDA) and one opaque node for torch.compile; elsewhere the same steps run as
-plain torch ops (`plan_weights_reference`).
+One operator, so that the greedy's k sequential steps are one launch on CUDA (triton_plan.py)
+and one opaque node for torch.compile; elsewhere they run as `plan_weights_reference`'s ops.
 """
 
 from __future__ import annotations
@@ -41,10 +39,8 @@ def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tenso
     weight = x.square().sum(-1) if weighted else None                  # [B, R, S]
     picks = greedy_facility_location(sim, k, valid, weight)            # [B, R, k]
     p = assignment(sim, picks, tau, valid, dest_valid)                 # [B, R, k, S]
-    total = p.sum(-1, keepdim=True)
-    if dest_valid is not None:
-        total = total.clamp_min(1.0)    # a destination weighs itself 1; pad rows sum to 0
-    merge_w = (p / total).to(dtype).view(b * r, k, s)
+    # a destination weighs itself 1, so only ragged regions' pad rows (sum 0) are clamped
+    merge_w = (p / p.sum(-1, keepdim=True).clamp_min(1.0)).to(dtype).view(b * r, k, s)
     # A dense copy, as the fake outputs are: .to(dtype, memory_format=contiguous_format) returns
     # the transposed view itself when the dtype already matches.
     unmerge_w = torch.empty((b, r, s, k), dtype=dtype, device=p.device).copy_(p.mT)
@@ -83,9 +79,8 @@ def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
     return p
 
 
-def empty_outputs(stream: torch.Tensor, slots: torch.Tensor, k: int,
-                  dtype: torch.dtype) -> PlanTensors:
-    """The operator's outputs, uninitialised (its fake, and the Triton kernel's to fill)."""
+def _empty_like_outputs(stream: torch.Tensor, slots: torch.Tensor, k: int,
+                        dtype: torch.dtype) -> PlanTensors:
     b, (r, s) = stream.shape[0], slots.shape
     return (stream.new_empty((b, r, k), dtype=torch.long),
             stream.new_empty((b, r * k), dtype=torch.long),
@@ -126,7 +121,7 @@ def _register():
                                       weighted=weighted)
 
     op.register_fake(lambda stream, offset, slots, valid, k, tau, center, dtype, weighted=False:
-                     empty_outputs(stream, slots, k, dtype))
+                     _empty_like_outputs(stream, slots, k, dtype))
     op.register_kernel("cuda")(_cuda_kernel)
     return getattr(getattr(torch.ops, namespace), name)
 

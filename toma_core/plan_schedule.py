@@ -1,10 +1,9 @@
 """When plans are built again: the recompute schedule, decided on the host before a model call.
 
-Plans are kept per identity (batch layout, device, context window: calls that must never share a
-plan) in a dict the blocks fill. A call at `step` gets a fresh dict when its identity has none,
-its plans are `recompute_every` or more steps old, or `step` is earlier than the latest they
-served (a new run). Steps come from the sampler on the host, so CFG, samplers that call the
-model several times per step and repeated runs see the same schedule, at no device cost.
+Plans are kept per identity (calls that must never share a plan) in a dict the blocks fill,
+fresh when the identity has none, its plans are `recompute_every` or more steps old, or `step`
+is earlier than the latest they served (a new run). Steps are the sampler's, on the host: CFG,
+several calls per step and repeated runs see the same schedule, at no device cost.
 """
 
 from __future__ import annotations

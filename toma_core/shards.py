@@ -1,12 +1,8 @@
-"""Merging a sequence split across ranks (sequence parallelism), each rank its own tokens.
-
-The sequence of P * S rows (S per rank) holds the grid at rows [grid_start, grid_start + N);
-rank r holds rows [r * S, (r + 1) * S), a contiguous span of the grid's flattened order. A
-rank's regions are make_regions' clipped to its span (a region cut by a shard boundary becomes
-one piece per rank), so no plan needs another rank's tokens. The attention's all-to-all needs
-equal lengths, so every rank drops the same D tokens (common_drop), decided from the geometry
-alone, its pieces keeping destinations in proportion to their sizes (spread_counts, "ragged"
-counts, see MergePlan).
+"""Merging a sequence split across ranks (sequence parallelism), each rank its own tokens
+(docs/multi-gpu.md says why so). Rank r holds rows [r * S, (r + 1) * S) of the sequence, a span
+of the grid's flattened order; its regions are the whole grid's clipped to that span. Every rank
+drops the same number of tokens (common_drop), decided from the geometry alone, its pieces
+keeping destinations in proportion to their sizes (spread_counts: "ragged" counts).
 """
 
 from __future__ import annotations
@@ -23,13 +19,10 @@ from .regions import Regions, RegionTables, set_derived
 @dataclass(frozen=True)
 class SpanRegions:
     """The regions of `base` clipped to grid tokens [cuts[0], cuts[-1]) and cut again at the
-    cuts between, keeping `counts` destinations per piece: one rank's span (two cuts), or the
-    union of every rank's (one process merging the whole grid as the ranks together do).
-
-    pieces: (span index, global region index) of each piece, in order; sizes: its tokens;
-    width / places: slots and destination places per piece (0: the largest size / count here;
-    shard_regions gives every rank the largest of all ranks, so a piece's picks come from the
-    same shapes everywhere). Host metadata, hashable, like Regions."""
+    cuts between (one rank's span, or the union of every rank's), keeping `counts` destinations
+    per piece. pieces: (span index, global region index) of each piece, in order; sizes: its
+    tokens; width / places: slots and destination places per piece (0: the largest here;
+    shard_regions gives every rank the largest of all ranks: the same shapes everywhere)."""
 
     base: Regions
     cuts: tuple[int, ...]
@@ -46,11 +39,6 @@ class SpanRegions:
     even: bool = field(init=False, compare=False, repr=False)      # no pad slots
 
     def __post_init__(self) -> None:
-        if not (len(self.pieces) == len(self.sizes) == len(self.counts)) or not self.pieces:
-            raise ValueError("a span needs one size and one count per piece, and a piece")
-        if any(not 1 <= k <= s for k, s in zip(self.counts, self.sizes, strict=True)):
-            raise ValueError(f"each piece keeps 1 to its size destinations, got {self.counts} "
-                             f"for sizes {self.sizes}")
         set_derived(self, tokens=self.cuts[-1] - self.cuts[0], count=len(self.pieces),
                     size=max(self.width, *self.sizes), min_size=min(self.sizes),
                     k=max(self.places, *self.counts))
@@ -67,7 +55,7 @@ class SpanTables(RegionTables):
 
     def __init__(self, regions: SpanRegions, device: torch.device | str | None) -> None:
         base = RegionTables(regions.base, device)
-        n, r = regions.tokens, regions.count
+        n = regions.tokens
         first, last = regions.cuts[0], regions.cuts[-1]
         # each span token's (span, global region) as one id, relabelled in order to 0..R-1
         tokens = torch.arange(first, last, device=device)
@@ -78,17 +66,14 @@ class SpanTables(RegionTables):
         present = torch.zeros(len(regions.cuts) * regions.base.count, dtype=torch.long,
                               device=device).index_fill_(0, ids, 1)
         piece = (present.cumsum(0) - 1)[ids]                                    # [n]
-        # a token's slot: its rank among the span tokens of its piece, in token order
-        order = torch.sort(piece, stable=True).indices
-        sizes = torch.zeros(r, dtype=torch.long, device=device).index_add_(
-            0, piece, torch.ones_like(piece))
-        starts = sizes.cumsum(0) - sizes        # each piece's first place in sorted order
+        # a token's slot: its rank among its piece's tokens in token order, i.e. its place in
+        # the stable sort by piece less its piece's first place there
+        grouped, order = torch.sort(piece, stable=True)
         slot = torch.empty_like(piece)
-        slot[order] = torch.arange(n, device=device) - starts[piece[order]]
+        slot[order] = torch.arange(n, device=device) - torch.searchsorted(grouped, grouped)
         self._place(regions, piece, slot)
-        k = regions.k
         counts = torch.tensor(regions.counts, device=device)   # host ints: one small copy
-        self.dest_valid = torch.arange(k, device=device) < counts.unsqueeze(1)    # [R, k]
+        self.dest_valid = torch.arange(regions.k, device=device) < counts.unsqueeze(1)  # [R, k]
         # nonzero with its size given: no read of the count back from the device
         self.compact = self.dest_valid.flatten().nonzero_static(
             size=sum(regions.counts)).squeeze(1)
@@ -146,10 +131,8 @@ def spread_counts(sizes: tuple[int, ...], keep: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class ShardGeometry:
-    """Where the grid lies in a sequence split over `world` ranks of `shard` rows each.
-
-    grid_start: the grid's first row in the whole (unsplit) sequence; base: the whole grid's
-    regions (N = base.tokens grid tokens)."""
+    """Where the grid (regions `base`) lies in a sequence split over `world` ranks of `shard`
+    rows each, from row `grid_start` of the whole sequence."""
 
     world: int
     shard: int

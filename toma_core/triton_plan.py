@@ -15,8 +15,6 @@ import math
 
 import torch
 
-from .plan_op import empty_outputs
-
 log = logging.getLogger("ToMA")
 
 MAX_SLOTS = 128
@@ -41,7 +39,7 @@ _KERNEL: list = []
 
 
 def _kernel():
-    """The jitted kernel, defined on first use (Triton is imported only where it runs)."""
+    """The jitted kernel, defined on first use (Triton is imported only where it runs), or None."""
     if _KERNEL:
         return _KERNEL[0]
     try:
@@ -143,7 +141,10 @@ def plan_weights(stream: torch.Tensor, offset: int, slots: torch.Tensor,
     """Launch the kernel: shapes and meaning as plan_op.plan_weights_reference."""
     kernel = _kernel()
     b, (r, s), c = stream.shape[0], slots.shape, stream.shape[-1]
-    picks, dest, merge_w, unmerge_w = empty_outputs(stream, slots, k, dtype)
+    picks = torch.empty((b, r, k), dtype=torch.long, device=stream.device)
+    dest = torch.empty((b, r * k), dtype=torch.long, device=stream.device)
+    merge_w = torch.empty((b * r, k, s), dtype=dtype, device=stream.device)
+    unmerge_w = torch.empty((b * r, s, k), dtype=dtype, device=stream.device)
     s_pad = max(16, 1 << (s - 1).bit_length())
     k_pad = max(16, 1 << (k - 1).bit_length())
     slots = slots.contiguous()
