@@ -42,6 +42,16 @@ def test_sizes_are_the_assignments_row_sums_and_add_up_to_the_grid(batch_policy:
     assert (key_sizes(plan) >= 1).all()          # each destination is its own source
 
 
+
+def test_sizes_under_the_pseudo_inverse_are_still_ps_row_sums() -> None:
+    """unmerge "pinv" keeps P^T apart (plan.assignment): the sizes are those of the transpose
+    plan with the same destinations, not the pseudo-inverse's column sums."""
+    x = torch.randn(2, 12 * 10, 8)
+    want = build_plan(x, 12, 10, 0.5, tile_count=6, tau=10.0)
+    got = build_plan(x, 12, 10, 0.5, tile_count=6, tau=10.0, unmerge="pinv")
+    assert torch.equal(got.dest_slots, want.dest_slots)
+    assert torch.equal(key_sizes(got), key_sizes(want))
+
 def test_size_bias_is_log_size_on_the_grid_and_zero_elsewhere() -> None:
     x = torch.randn(2, 3 + 64 + 2, 8)
     plan = build_plan(x, 8, 8, 0.5, offset=3, tile_count=4)
