@@ -1,9 +1,8 @@
 """Attention over merged tokens, each key weighted by how many grid tokens it stands for.
 
-Merging n near-identical keys into one leaves the attention they drew as that of one key, which
-moves the whole output where a few tokens draw most of it (attention sinks). log(size) added to
-a merged key's logit gives it the weight of the n keys it stands for (ToMe's proportional
-attention); tokens outside the grid (text, reference images) are their own size: bias 0.
+A merged key draws the attention of one key where its n sources drew n times as much, which
+moves the whole output where a few tokens draw most of it (attention sinks): log(n) on its logit
+gives back their weight (ToMe's proportional attention). Tokens outside the grid get bias 0.
 """
 
 from __future__ import annotations
@@ -15,9 +14,16 @@ import torch
 from .merge_plan import MergePlan
 from .regions import compiling
 
-# attend(tokens [B, L', C], bias [B, 1, 1, L'] or None) -> [B, L', C]: an attention whose keys
-# come from `tokens`, taking `bias` as an additive mask on their logits
+# attend(tokens [B, L', C], bias [B, 1, 1, L'] additive on the keys' logits, or None) -> [B, L', C]
 Attend = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def key_sizes(plan: MergePlan) -> torch.Tensor:
+    """[B, merged_tokens] float32: how many grid tokens each merged token stands for (its row
+    of P summed), the keys' weights."""
+    p_t = plan.unmerge_w if plan.assignment is None else plan.assignment
+    sizes = p_t.sum(1, dtype=torch.float32).view(plan.items, -1)
+    return sizes if plan.compact is None else sizes.index_select(1, plan.compact)
 
 
 def size_bias(plan: MergePlan, length: int, prefix: int = 0,
@@ -28,7 +34,7 @@ def size_bias(plan: MergePlan, length: int, prefix: int = 0,
     key = (length, prefix, dtype)
     found = plan.size_biases.get(key)
     if found is None:
-        bias = plan.key_sizes().log()
+        bias = key_sizes(plan).log()
         tail = length - prefix - bias.shape[1]
         if prefix or tail:
             bias = torch.nn.functional.pad(bias, (prefix, tail))

@@ -1,10 +1,8 @@
 """Destination selection: batched greedy facility location inside each region.
 
-f(D) = sum_j max_{d in D} (sim(j, d) + 1) over the tokens j of a region, sim the cosine
-similarity. The +1 shift makes f non-negative with f({}) = 0 while leaving every greedy choice
-unchanged (the first pick is still the token with the largest row sum), so the greedy keeps its
-(1 - 1/e) guarantee. The loop over the k picks is sequential; each pick is one batched op over
-every region of every batch item.
+f(D) = sum_j max_{d in D} (sim(j, d) + 1) over a region's tokens j, sim the cosine similarity:
+the +1 makes f non-negative with f({}) = 0 and changes no greedy choice, so the greedy keeps its
+(1 - 1/e) guarantee. The k picks are sequential, each one batched op over every region and item.
 """
 
 from __future__ import annotations
@@ -16,10 +14,8 @@ def gram_similarity(x: torch.Tensor, valid: torch.Tensor | None = None,
                     eps: float = 1e-6) -> torch.Tensor:
     """Cosine similarity inside each region from raw features: x [..., S, C] -> [..., S, S].
 
-    The float32 Gram matrix X X^T scaled by the inverse norms read off its diagonal (norms
-    below `eps` count as `eps`; hidden states' squared norms fit in float32), so no normalised
-    copy of x is made. Pad slots (valid False, [R, S]) get similarity -1 to everything, 0 after
-    the shift: they add nothing to any coverage.
+    The float32 Gram matrix scaled by the inverse norms off its diagonal (at least `eps`), with
+    no normalised copy of x. Pad slots (valid False, [R, S]) get -1 to everything: no coverage.
     """
     x = x.float()
     gram = x @ x.transpose(-1, -2)
@@ -32,15 +28,10 @@ def gram_similarity(x: torch.Tensor, valid: torch.Tensor | None = None,
 
 def greedy_facility_location(sim: torch.Tensor, k: int, valid: torch.Tensor | None = None,
                              weight: torch.Tensor | None = None) -> torch.Tensor:
-    """Pick k destinations per region greedily.
-
-    sim [..., S, S] cosine similarity (see `gram_similarity`); valid [R, S] or None; weight
-    [..., S] (non-negative) or None: how much covering each token counts, f(D) = sum_j weight_j
-    max_{d in D} (sim(j, d) + 1), still monotone submodular. Returns picks [..., k] (slots,
-    distinct within a region, in pick order; ties to the lowest slot). k must not exceed the
-    smallest region's valid slots (the caller knows it; a check here would read the mask back
-    to the host).
-    """
+    """Pick k destinations per region greedily: picks [..., k] (distinct slots, in pick order,
+    ties to the lowest slot). sim [..., S, S] (`gram_similarity`); valid [R, S] or None; weight
+    [..., S] (non-negative) or None: what covering each token counts (still submodular).
+    k must not exceed the smallest region's valid slots (unchecked: a check would sync)."""
     s = sim.shape[-1]
     if not 1 <= k <= s:
         raise ValueError(f"k must be in [1, {s}], got {k}")

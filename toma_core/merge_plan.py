@@ -1,24 +1,15 @@
 """The merge plan: destinations plus merge/unmerge weights, computed once, applied many times.
 
-For each region with tokens X [S, C] and destinations D (k slots):
-    P = softmax over destinations of tau * cos(X[D], X)      [k, S], each column sums to 1
-    merge(x)   = M x      with M = P row-normalised (a merged token is the mean of its sources)
-    unmerge(y) = U y      with U = P^T (rows sum to 1, so it commutes with a linear layer plus
-                          bias), or, as an option, U = pinv(M)
-Each destination is its own only source (its column of P is one-hot), so no merged token is empty.
-
-On the hot path every step is a static-shape gather or one batched matmul over all regions of
-all batch items (few launches, no host syncs, nothing data-dependent):
-    xr = x[items, slots]                 region layout [B*R, S, C]         one gather
-    merged = M @ xr                      [B*R, k, C], viewed [B, R*k, C]  one bmm
-and for a block run on merged tokens ("block scope", `begin` / `finish`, whose docstrings say
-how blocks that update their input in place and blocks in a row are served):
-    out_grid = xr + U @ (block(merged) - merged)    one subtraction, one baddbmm
-    grid order back by one gather of out_grid
-The products are dense over the region (destination columns included): k*S*C multiply-adds per
-region, noise next to the block, for one op each and shapes that never depend on the data.
-A stream [B, L, C] holds the N grid tokens after `prefix` other tokens (text) and before any
-suffix (reference images); those other tokens pass through untouched.
+For each region with tokens X [S, C] and destinations D (k slots), P = softmax over destinations
+of tau * cos(X[D], X) [k, S] (each column sums to 1; a destination is its own only source):
+merge(x) = M x with M = P row-normalised; unmerge(y) = U y with U = P^T (rows sum to 1, so it
+commutes with a linear layer plus bias) or pinv(M).
+On the hot path each step is one static-shape gather or one batched matmul over every region of
+every batch item, dense over the region (no host syncs, nothing data-dependent):
+xr = x[items, slots] [B*R, S, C], merged = M @ xr [B*R, k, C]; a block run on merged tokens
+("block scope", `begin` / `finish`) gives xr + U @ (block(merged) - merged), gathered back to
+grid order. A stream [B, L, C] holds the N grid tokens after `prefix` other tokens (text) and
+before any suffix (reference images), which pass through untouched.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ from typing import Literal, NamedTuple, get_args
 import torch
 
 from .plan_op import plan_weights, plan_weights_reference
-from .regions import RegionMode, Regions, RegionTables, compiling, make_regions
+from .regions import RegionMode, Regions, RegionTables, make_regions
 from .shards import SpanRegions
 
 UnmergeMethod = Literal["transpose", "pinv"]
@@ -41,9 +32,8 @@ ORDER_NEEDS = "region order needs even regions and a stream that is only the gri
 
 
 class Pending(NamedTuple):
-    """What `MergePlan.begin` hands `finish`: base [B*R, S, C] and merged [B*R, k, C] (None in
-    the in-place case) as begin describes them; shared: base is the caller's own tensor (an
-    input already in region order), which finish never writes into."""
+    """What `MergePlan.begin` hands `finish`: base [B*R, S, C], merged [B*R, k, C] or None (see
+    begin); shared: base is the caller's own tensor (an ordered input), never written into."""
 
     base: torch.Tensor
     merged: torch.Tensor | None
@@ -51,11 +41,8 @@ class Pending(NamedTuple):
 
 
 def destinations_per_region(ratio: float, regions: Regions) -> int:
-    """k, the same for every region: round((1 - ratio) * N / R), clamped to [1, smallest region].
-
-    With ragged regions (sides differing by one token) the larger regions merge a little harder,
-    and the merged count R * k stays close to (1 - ratio) * N.
-    """
+    """k, the same for every region: round((1 - ratio) * N / R), clamped to [1, smallest region]
+    (where sizes differ by a token, the larger regions merge a little harder)."""
     return min(max(1, round((1.0 - ratio) * regions.tokens / regions.count)), regions.min_size)
 
 
@@ -63,16 +50,12 @@ def destinations_per_region(ratio: float, regions: Regions) -> int:
 class MergePlan:
     """Merge/unmerge for one token grid and batch. Build it with `build_plan`.
 
-    regions: the partition; k: destinations per region; tables: its index tensors;
-    dest_slots [B, R, k]: the slot of each destination; dest_tokens [B, R*k]: its grid token
-    (the merged sequence's order); merge_w [B*R, k, S] and unmerge_w [B*R, S, k]: M and U in
-    the activations' dtype (pad slots have zero weight); assignment [B*R, S, k]: P^T where
-    unmerge_w is something else (pinv), None where it is P^T (key_sizes reads it).
-    size_biases: attention.size_bias's masks, kept here (a hot path reads them inline).
-    A sequence shard's regions (SpanRegions) keep unequal numbers of destinations, k the most
-    any keeps: the merged sequence holds only the real ones, one gather from the padded R*k
-    order (tables.compact) after the merge and one back (tables.expand) before the unmerge;
-    dest_tokens [B, M] are the real ones' tokens.
+    dest_slots [B, R, k]: each destination's slot; dest_tokens [B, R*k]: its grid token (the
+    merged sequence's order); merge_w [B*R, k, S], unmerge_w [B*R, S, k]: M and U in the
+    activations' dtype (pad slots weigh 0); assignment [B*R, S, k]: P^T where unmerge_w is not
+    (pinv), else None. size_biases: attention.size_bias's masks (hot paths read them inline).
+    A shard's SpanRegions keep unequal numbers of destinations (k the most): the merged sequence
+    holds only the real ones (dest_tokens [B, M]), gathered by compact and expand.
     """
 
     regions: Regions | SpanRegions
@@ -98,14 +81,12 @@ class MergePlan:
         self.tokens = self.regions.tokens
         self.merged_tokens = self.dest_tokens.shape[1]
         self.items = self.dest_tokens.shape[0]
-        # the padded-order gathers of ragged regions, None where every region keeps k
-        ragged = isinstance(self.regions, SpanRegions)
-        self.compact = self.tables.compact if ragged else None
-        self.expand = self.tables.expand if ragged else None
+        # the padded-order gathers of ragged regions (SpanTables), None where every region keeps k
+        self.compact = getattr(self.tables, "compact", None)
+        self.expand = getattr(self.tables, "expand", None)
 
     def weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(M, U) in `dtype`, cast once and kept. The hot path reads `_cast` first
-        (`_cast.get(dtype) or weights(dtype)`): no call per block when the dtype is at hand."""
+        """(M, U) in `dtype`, cast once and kept (hot paths read `_cast` first: no call)."""
         found = self._cast.get(dtype)
         if found is None:
             found = self._cast[dtype] = (self.merge_w.to(dtype), self.unmerge_w.to(dtype))
@@ -120,11 +101,6 @@ class MergePlan:
         if x.shape[0] != self.items:
             raise ValueError(f"plan built for batch {self.items}, got {x.shape[0]}")
 
-    def _regions_of(self, x: torch.Tensor, prefix: int) -> torch.Tensor:
-        """x's grid in region layout [B*R, S, C]: one gather (a new tensor)."""
-        items, slots = self.tables.merge_index(x.shape[0], prefix)
-        return x[items, slots]
-
     def _grid_of(self, y: torch.Tensor, prefix: int) -> torch.Tensor:
         """y's merged grid as [B*R, k, C] (a view where y holds only it)."""
         m = self.merged_tokens
@@ -133,30 +109,12 @@ class MergePlan:
             grid = grid.index_select(1, self.expand)
         return grid.reshape(-1, self.k, y.shape[-1])
 
-    def _in_grid_order(self, full: torch.Tensor) -> torch.Tensor:
-        """Region layout [B*R, S, C] back to grid order [B, N, C]: one gather."""
-        rows, slots = self.tables.unmerge_index(self.items)
-        return full[rows, slots]
-
-    def key_sizes(self) -> torch.Tensor:
-        """[B, merged_tokens] float32: how many grid tokens each merged token stands for (its
-        row of P summed), the keys' weights of size-weighted attention (attention.py), which
-        alone reads them: made on first use and kept."""
-        found = self._rows.get("key_sizes")
-        if found is None:
-            p_t = self.unmerge_w if self.assignment is None else self.assignment
-            found = p_t.sum(1, dtype=torch.float32).view(self.items, -1)
-            if self.compact is not None:      # ragged counts: the real destinations only
-                found = found.index_select(1, self.compact)
-            if not compiling():     # a traced graph makes its own (a kept one is guarded on)
-                self._rows["key_sizes"] = found
-        return found
-
     def merge(self, x: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """x [B, prefix + N + suffix, C] -> [B, prefix + R*k + suffix, C]."""
         self._check(x, self.tokens, prefix)
         merge_w, _ = self._cast.get(x.dtype) or self.weights(x.dtype)
-        merged = torch.bmm(merge_w, self._regions_of(x, prefix)).view(x.shape[0], -1, x.shape[-1])
+        xr = x[self.tables.merge_index(x.shape[0], prefix)]     # region layout [B*R, S, C]
+        merged = torch.bmm(merge_w, xr).view(x.shape[0], -1, x.shape[-1])
         if self.compact is not None:      # ragged counts: the real destinations only
             merged = merged.index_select(1, self.compact)
         return self.splice(x, merged, prefix, self.tokens)
@@ -165,19 +123,20 @@ class MergePlan:
         """Inverse of merge: y [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C]."""
         self._check(y, self.merged_tokens, prefix)
         _, unmerge_w = self._cast.get(y.dtype) or self.weights(y.dtype)
-        full = self._in_grid_order(torch.bmm(unmerge_w, self._grid_of(y, prefix)))
+        full = torch.bmm(unmerge_w, self._grid_of(y, prefix))        # region layout [B*R, S, C]
+        full = full[self.tables.unmerge_index(self.items)]           # grid order [B, N, C]
         return self.splice(y, full, prefix, self.merged_tokens)
 
     def begin(self, x: torch.Tensor, prefix: int = 0, block_keeps_input: bool = False,
               ordered: bool = False) -> tuple[torch.Tensor, Pending]:
         """Block scope, before the block: (merged stream [B, prefix + R*k + suffix, C], what
-        `finish` needs). block_keeps_input: the block leaves its input tensor alone (ComfyUI's
-        UNet blocks); otherwise (`img += ...` would overwrite merged) base = xr - U @ merged is
-        taken now (one baddbmm more) and finish adds U @ block(merged) to it. ordered:
-        x [B, N, C] is already in region order (a `finish` with keep_order), so no gather."""
+        `finish` needs). block_keeps_input: the block leaves its input alone (ComfyUI's UNet
+        blocks); otherwise (`img += ...` would overwrite merged) base = xr - U @ merged is taken
+        now. ordered: x [B, N, C] is in region order (`finish` with keep_order): no gather."""
         self._check(x, self.tokens, prefix)
         merge_w, unmerge_w = self._cast.get(x.dtype) or self.weights(x.dtype)
-        xr = self._ordered_regions(x, prefix) if ordered else self._regions_of(x, prefix)
+        xr = (self._ordered_regions(x, prefix) if ordered
+              else x[self.tables.merge_index(x.shape[0], prefix)])      # one gather
         merged = torch.bmm(merge_w, xr)
         grid = merged.view(x.shape[0], -1, x.shape[-1])
         if self.compact is not None:      # ragged counts: the real destinations only
@@ -191,12 +150,10 @@ class MergePlan:
 
     def finish(self, out: torch.Tensor, pending: Pending, prefix: int = 0,
                keep_order: bool = False) -> torch.Tensor:
-        """Block scope, after the block: its output on the merged stream
-        out [B, prefix + R*k + suffix, C] -> [B, prefix + N + suffix, C], the grid being
-        x + U (out - merged) and every other token out's own. keep_order: return the grid in
-        region order instead, for the next block's `begin(ordered=True)` (blocks in a row on
-        one plan, such as a UNet transformer's: region layout is then a view of it, with even
-        regions and a stream that is only the grid), saving a gather here and one there."""
+        """Block scope, after the block: out [B, prefix + R*k + suffix, C] ->
+        [B, prefix + N + suffix, C], the grid being x + U (out - merged), other tokens out's.
+        keep_order: the grid in region order, for the next block's `begin(ordered=True)` on
+        the same plan (a gather fewer each; even regions, a stream that is only the grid)."""
         self._check(out, self.merged_tokens, prefix)
         grid = self._grid_of(out, prefix)
         base, merged, shared = pending
@@ -211,26 +168,23 @@ class MergePlan:
             if not self.regions.even or prefix or out.shape[1] != self.merged_tokens:
                 raise ValueError(ORDER_NEEDS)
             return full.view(self.items, self.tokens, full.shape[-1])
-        return self.splice(out, self._in_grid_order(full), prefix, self.merged_tokens)
+        full = full[self.tables.unmerge_index(self.items)]          # grid order, one gather
+        return self.splice(out, full, prefix, self.merged_tokens)
 
     def around(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                prefix: int = 0, block_keeps_input: bool = False, ordered: bool = False,
                keep_order: bool = False) -> torch.Tensor:
-        """Run a residual block `fn` on merged tokens and unmerge only its update:
-        x + unmerge(fn(merge(x)) - merge(x)), so every token keeps its own residual stream.
-        x [B, prefix + N + suffix, C]; fn maps the merged sequence to one of the same shape
-        (block_keeps_input, ordered: see `begin`; keep_order: see `finish`)."""
+        """x + unmerge(fn(merge(x)) - merge(x)) for a residual block `fn` (every token keeps its
+        own residual stream); x [B, prefix + N + suffix, C]. Options: see `begin`, `finish`."""
         merged, pending = self.begin(x, prefix, block_keeps_input, ordered)
         return self.finish(fn(merged), pending, prefix, keep_order)
 
     def grid_order(self, x: torch.Tensor) -> torch.Tensor:
-        """A grid kept in region order by `finish(keep_order=True)` back in grid order:
-        x [B, N, C] -> [B, N, C], one gather."""
-        return self._in_grid_order(self._ordered_regions(x, 0))
+        """A grid in region order (`finish(keep_order=True)`) back in grid order: x [B, N, C]."""
+        return self._ordered_regions(x, 0)[self.tables.unmerge_index(self.items)]
 
     def _ordered_regions(self, x: torch.Tensor, prefix: int) -> torch.Tensor:
-        """A grid in region order as region layout: x [B, N, C] -> [B*R, S, C], a view (region
-        order holds no pad slots: even regions, and nothing around the grid)."""
+        """A grid in region order as region layout: x [B, N, C] -> [B*R, S, C], a view."""
         if not self.regions.even or prefix or x.shape[1] != self.tokens:
             raise ValueError(ORDER_NEEDS)
         return x.view(-1, self.regions.size, x.shape[-1])
@@ -245,9 +199,8 @@ class MergePlan:
         return grid if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def position_rows(self, length: int, prefix: int = 0) -> torch.Tensor:
-        """[B, prefix + R*k + suffix]: for a sequence of `length` rows whose grid starts at
-        `prefix`, the row each merged-sequence position takes (its destination's for the grid,
-        its own elsewhere). Made once per length and prefix."""
+        """[B, prefix + R*k + suffix]: the row of a `length`-row sequence (grid from `prefix`)
+        each merged position takes: its destination's in the grid, its own elsewhere. Kept."""
         key = (length, prefix)
         if key not in self._rows:
             own = torch.arange(length, device=self.dest_tokens.device).expand(self.items, -1)
@@ -255,11 +208,9 @@ class MergePlan:
         return self._rows[key]
 
     def merge_positions(self, pe: torch.Tensor, dim: int, prefix: int = 0) -> torch.Tensor:
-        """Positional rows (e.g. RoPE) for the merged sequence: each merged token takes the row of
-        its destination; rows outside the grid are kept. pe has the grid rows at
-        [prefix, prefix + N) along `dim` (not 0); its batch is 1 or B.
-        pe [B or 1, ..., L, ...] -> [B, ..., prefix + R*k + suffix, ...] (batch 1 kept when the
-        plan is for one item)."""
+        """Positional rows (e.g. RoPE) for the merged sequence, as position_rows picks them:
+        pe [B or 1, ..., L, ...] (grid rows [prefix, prefix + N) along `dim`, not 0) ->
+        [B, ..., prefix + R*k + suffix, ...] (batch 1 kept when the plan is for one item)."""
         dim = dim % pe.dim()
         if dim == 0 or pe.shape[dim] < prefix + self.tokens or pe.shape[0] not in (1, self.items):
             raise ValueError(f"positions {tuple(pe.shape)} cannot hold {prefix} + {self.tokens} "
@@ -267,13 +218,8 @@ class MergePlan:
         rows = self.position_rows(pe.shape[dim], prefix)
         if self.items == 1:
             return pe.index_select(dim, rows[0])
-        moved = pe.movedim(dim, 1)
-        if pe.shape[0] == 1:
-            picked = moved[0][rows]                                   # [B, L', ...]
-        else:
-            items = torch.arange(self.items, device=pe.device).view(-1, 1)
-            picked = moved[items, rows]
-        return picked.movedim(1, dim)
+        items = torch.arange(self.items, device=pe.device).view(-1, 1) if pe.shape[0] > 1 else 0
+        return pe.movedim(dim, 1)[items, rows].movedim(1, dim)        # picked [B, L', ...]
 
 
 def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
@@ -285,14 +231,25 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
     weights in the features' dtype. ratio: fraction of grid tokens merged away, in [0, 1);
     None when nothing would merge (ratio 0, or regions too small to drop a token).
 
-    regions (e.g. video boxes, see make_regions; a sequence shard's SpanRegions bring their own
-    destination counts) replaces mode / tile_count and must hold N tokens; tables: its index
-    tensors on this device, when the caller keeps them. center, weighted: see plan_op.
-    batch "per_item": destinations and weights per batch item (cond and uncond never mix);
-    "shared": one set from the batch's mean features, applied to every item (cheaper, coarser).
+    regions (video boxes; a shard's SpanRegions bring their own destination counts) replaces
+    mode / tile_count and must hold N tokens; tables: its index tensors on this device, when
+    the caller keeps them. center, weighted: see plan_op. batch "per_item": destinations and
+    weights per item (cond and uncond never mix); "shared": one set from the batch's mean
+    features for every item (cheaper, coarser).
     """
-    _validate(features, h * w, offset, ratio, tau, unmerge, batch)
-    if regions is not None and regions.tokens != h * w:
+    n = h * w
+    if features.dim() != 3 or offset < 0 or features.shape[1] < offset + n:
+        raise ValueError(f"features must be [B, L, C] holding {n} grid tokens from row {offset}, "
+                         f"got {tuple(features.shape)}")
+    if not 0 <= ratio < 1:
+        raise ValueError(f"ratio must be in [0, 1), got {ratio}")
+    if not tau > 0:
+        raise ValueError(f"tau must be positive, got {tau}")
+    if unmerge not in UNMERGE_METHODS:
+        raise ValueError(f"unmerge must be one of {UNMERGE_METHODS}, got {unmerge!r}")
+    if batch not in BATCH_POLICIES:
+        raise ValueError(f"batch policy must be one of {BATCH_POLICIES}, got {batch!r}")
+    if regions is not None and regions.tokens != n:
         raise ValueError(f"regions hold {regions.tokens} tokens, not {h}x{w}")
     regions = regions or make_regions(h, w, mode, tile_count)
     if ratio == 0:
@@ -324,18 +281,3 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
             None if t is None else t.unsqueeze(0).expand(b, -1, -1, -1).flatten(0, 1)
             for t in (merge_w, unmerge_w, assignment))
     return MergePlan(regions, k, tables, picks, dest, merge_w, unmerge_w, assignment)
-
-
-def _validate(features: torch.Tensor, n: int, offset: int, ratio: float, tau: float,
-              unmerge: str, batch: str) -> None:
-    if features.dim() != 3 or offset < 0 or features.shape[1] < offset + n:
-        raise ValueError(f"features must be [B, L, C] holding {n} grid tokens from row {offset}, "
-                         f"got {tuple(features.shape)}")
-    if not 0 <= ratio < 1:
-        raise ValueError(f"ratio must be in [0, 1), got {ratio}")
-    if not tau > 0:
-        raise ValueError(f"tau must be positive, got {tau}")
-    if unmerge not in UNMERGE_METHODS:
-        raise ValueError(f"unmerge must be one of {UNMERGE_METHODS}, got {unmerge!r}")
-    if batch not in BATCH_POLICIES:
-        raise ValueError(f"batch policy must be one of {BATCH_POLICIES}, got {batch!r}")

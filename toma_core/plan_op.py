@@ -1,23 +1,13 @@
 """A plan's destinations and weights for every region at once, as one operator.
 
-    picks, dest, merge_w, unmerge_w = plan_weights(stream, offset, slots, valid, k, tau, center,
-                                                   dtype, weighted)
-
-stream [B, L, C]: the grid's tokens are rows offset + slots[r, s] ([R, S], pad slots marked False
-in valid [R, S], or valid None). For each region: cosine similarity of its tokens' features in
-float32 (center: features minus their mean over C first, which gives the cosine similarity of
-layer-normed features), k destinations by greedy facility location (weighted: each token's
-coverage counted by its squared feature norm, so that tokens standing out in norm, such as the
-attention sinks of trained models, stay their own destinations), then P, merge_w = M
-[B*R, k, S] and unmerge_w = U = P^T [B*R, S, k] as merge_plan defines them, in `dtype` (the
-activations'); picks [B, R, k] are slots and dest [B, R*k] their grid tokens, in pick order (the
-merged sequence's order): the shapes merge and unmerge use.
-
-Why one operator: the greedy is k sequential steps of several small ops each, as many kernel
-launches per plan on a GPU; behind one operator it is one launch (a Triton kernel on CUDA,
-`triton_plan.py`), one node torch.compile treats as opaque (no graph break, no unrolled loop)
-and one op to count. On the CPU, and on CUDA without Triton, it runs `plan_weights_reference`,
-the same steps as plain torch ops.
+stream [B, L, C] holds the grid's tokens at rows offset + slots[r, s] (slots [R, S], pad slots
+False in valid [R, S] or valid None). Per region: cosine similarity in float32 (center: of
+features minus their mean over C, as layer-normed), k destinations by greedy facility location
+(weighted: coverage counted by squared feature norm, so attention sinks stay their own
+destinations), then merge_plan's P, M and U. Returns picks [B, R, k] (slots, in pick order),
+dest [B, R*k] (their grid tokens), merge_w [B*R, k, S] and unmerge_w [B*R, S, k] in `dtype`.
+One operator, so that the greedy's k sequential steps are one launch on CUDA (triton_plan.py)
+and one opaque node for torch.compile; elsewhere they run as `plan_weights_reference`'s ops.
 """
 
 from __future__ import annotations
@@ -37,12 +27,9 @@ def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tenso
                            valid: torch.Tensor | None, k: int, tau: float, center: bool,
                            dtype: torch.dtype, dest_valid: torch.Tensor | None = None,
                            weighted: bool = False) -> PlanTensors:
-    """The operator in plain torch ops (shapes in the module docstring).
-
-    dest_valid [R, k]: regions keep unequal numbers of destinations (sequence shards, see
-    assignment); the pad picks get zero merge and unmerge weights, and dest holds their slots'
-    tokens too (MergePlan keeps only the real ones). Not behind the operator: it runs as these
-    ops on every device.
+    """The operator in plain torch ops (shapes in the module docstring). dest_valid [R, k]
+    (sequence shards' unequal counts, see assignment; not behind the operator): pad picks get
+    zero weights, and dest holds their slots' tokens too (MergePlan keeps only the real ones).
     """
     b, (r, s) = stream.shape[0], slots.shape
     x = stream.index_select(1, (slots + offset).flatten()).view(b, r, s, -1).float()
@@ -52,10 +39,8 @@ def plan_weights_reference(stream: torch.Tensor, offset: int, slots: torch.Tenso
     weight = x.square().sum(-1) if weighted else None                  # [B, R, S]
     picks = greedy_facility_location(sim, k, valid, weight)            # [B, R, k]
     p = assignment(sim, picks, tau, valid, dest_valid)                 # [B, R, k, S]
-    total = p.sum(-1, keepdim=True)
-    if dest_valid is not None:
-        total = total.clamp_min(1.0)    # a destination weighs itself 1; pad rows sum to 0
-    merge_w = (p / total).to(dtype).view(b * r, k, s)
+    # a destination weighs itself 1, so only ragged regions' pad rows (sum 0) are clamped
+    merge_w = (p / p.sum(-1, keepdim=True).clamp_min(1.0)).to(dtype).view(b * r, k, s)
     # A dense copy, as the fake outputs are: .to(dtype, memory_format=contiguous_format) returns
     # the transposed view itself when the dtype already matches.
     unmerge_w = torch.empty((b, r, s, k), dtype=dtype, device=p.device).copy_(p.mT)
@@ -68,11 +53,9 @@ def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
                ) -> torch.Tensor:
     """P [..., k, S]: softmax over destinations of tau * cos(dest, token); tau = inf is hard.
 
-    sim [..., S, S] is the region's cosine similarity (float32), so the scores are its rows at
-    the picks; softmax subtracts the column max, so any tau is stable. Pad slot columns are zero.
-    dest_valid [R, k]: regions keep unequal numbers of destinations (k the most any keeps), the
-    first count picks of a region (True: the greedy's choice for its own count); the rows of
-    the other (pad) picks are zero and take no token.
+    sim [..., S, S]: the region's cosine similarity (float32; softmax subtracts the column max,
+    so any tau is stable). Pad slot columns are zero. dest_valid [R, k]: True at a region's
+    first `count` picks (the greedy's choice for its own count); the other picks' rows are zero.
     """
     s, ragged = sim.shape[-1], dest_valid is not None
     scores = sim.gather(-2, picks.unsqueeze(-1).expand(*picks.shape, s))
@@ -86,12 +69,9 @@ def assignment(sim: torch.Tensor, picks: torch.Tensor, tau: float,
     # A destination is its own source: keep that exact so no merged token is ever empty. Pad
     # picks are marked one slot past the end, which is then cut off.
     real = torch.where(dest_valid, picks, s) if ragged else picks
-    is_dest = torch.zeros((*sim.shape[:-2], s + 1 if ragged else s), dtype=torch.bool,
-                          device=sim.device)
-    is_dest.scatter_(-1, real, True)                                       # [..., S (+1)]
-    if ragged:
-        is_dest = is_dest[..., :s]
-    p.masked_fill_(is_dest.unsqueeze(-2), 0.0).scatter_(-1, picks.unsqueeze(-1), 1.0)
+    is_dest = torch.zeros((*sim.shape[:-2], s + 1), dtype=torch.bool, device=sim.device)
+    is_dest.scatter_(-1, real, True)                                       # [..., S + 1]
+    p.masked_fill_(is_dest[..., None, :s], 0.0).scatter_(-1, picks.unsqueeze(-1), 1.0)
     if ragged:
         p.mul_(dest_valid.unsqueeze(-1))
     if valid is not None:
@@ -153,10 +133,8 @@ def plan_weights(stream: torch.Tensor, offset: int, slots: torch.Tensor,
                  valid: torch.Tensor | None, k: int, tau: float, center: bool,
                  dtype: torch.dtype, weighted: bool = False) -> PlanTensors:
     """(picks, dest, merge_w, unmerge_w) for the grid in `stream` (module docstring)."""
-    if _OP is None:
-        if stream.is_cuda:
-            return _cuda_kernel(stream, offset, slots, valid, k, tau, center, dtype, weighted)
-        return plan_weights_reference(stream, offset, slots, valid, k, tau, center, dtype,
-                                      weighted=weighted)
+    if _OP is None:     # torch < 2.4: plain functions
+        run = _cuda_kernel if stream.is_cuda else plan_weights_reference
+        return run(stream, offset, slots, valid, k, tau, center, dtype, weighted=weighted)
     return _OP(stream, offset, slots, valid, k, float(tau), center, dtype, weighted)
 

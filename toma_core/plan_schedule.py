@@ -1,12 +1,9 @@
 """When plans are built again: the recompute schedule, decided on the host before a model call.
 
-Plans are kept per identity (batch layout, device, context window: calls that must never share a
-plan) in a dict that the model call's blocks fill. A call at sampling step `step` gets a fresh,
-empty dict when its identity has none yet, when its plans were built `recompute_every` or more
-steps ago, or when `step` is earlier than the latest step they served (a new run); otherwise the
-kept one. Steps come from the sampler on the host (not from counting model calls nor from the
-noise level on the device), so CFG, samplers that call the model several times per step and
-repeated runs all see the same schedule, and the decision costs the device nothing.
+Plans are kept per identity (calls that must never share a plan) in a dict the blocks fill,
+fresh when the identity has none, its plans are `recompute_every` or more steps old, or `step`
+is earlier than the latest they served (a new run). Steps are the sampler's, on the host: CFG,
+several calls per step and repeated runs see the same schedule, at no device cost.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Partition of a t x h x w token grid into merge regions: boxes of frames x tile rows x tile cols.
-
-Tokens are in frame-major, row-major order (a UNet's flattened feature map and a transformer's
-image tokens are one frame, t = 1; video is frame by frame). Every token belongs to exactly one
-region. Along each axis the grid is cut into parts whose sizes differ by at most one (the larger
-ones first), so a region is a box and regions are laid out as a padded [R, S] table: S slots
-per region, the largest box's size; smaller boxes have pad slots, marked invalid, that never
-count nor get picked. Regions are ordered slab by slab, then tile row, then tile column; slots
-inside a box frame by frame, row by row.
-
-`Regions` is host metadata (Python ints): cheap, hashable, the same on every device.
-`RegionTables` holds the index tensors merge and unmerge gather with, built on the target device
-from those ints with device ops (no host-to-device copy, no host sync), static in shape.
+"""Partition of a t x h x w token grid (frame-major, row-major; an image is t = 1) into merge
+regions: boxes of frames x tile rows x tile columns, cut along each axis into parts whose sizes
+differ by at most one (larger first). Regions go slab by slab, tile row, tile column; slots in a
+box frame by frame, row by row; a padded [R, S] table holds them (S the largest box's size, pad
+slots invalid: never counted nor picked). `Regions` is host metadata (Python ints, hashable);
+`RegionTables` its index tensors, built on the device with device ops (no copy, no sync).
 """
 
 from __future__ import annotations
@@ -27,10 +20,8 @@ REGION_MODES: tuple[str, ...] = get_args(RegionMode)
 
 @dataclass(frozen=True)
 class Regions:
-    """R regions of a t x h x w grid, each padded to S slots.
-
-    slab_sizes, row_sizes, col_sizes: extent of each part along t, h and w (they sum to t, h, w).
-    """
+    """R regions of a t x h x w grid, each padded to S slots; slab_sizes, row_sizes, col_sizes:
+    each part's extent along t, h and w."""
 
     t: int
     h: int
@@ -46,15 +37,10 @@ class Regions:
     even: bool = field(init=False, compare=False, repr=False)      # no pad slots
 
     def __post_init__(self) -> None:
-        derived = {
-            "tokens": self.t * self.h * self.w,
-            "count": len(self.slab_sizes) * len(self.row_sizes) * len(self.col_sizes),
-            "size": max(self.slab_sizes) * max(self.row_sizes) * max(self.col_sizes),
-            "min_size": min(self.slab_sizes) * min(self.row_sizes) * min(self.col_sizes),
-        }
-        derived["even"] = derived["size"] == derived["min_size"]
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
+        set_derived(self, tokens=self.t * self.h * self.w,
+                    count=len(self.slab_sizes) * len(self.row_sizes) * len(self.col_sizes),
+                    size=max(self.slab_sizes) * max(self.row_sizes) * max(self.col_sizes),
+                    min_size=min(self.slab_sizes) * min(self.row_sizes) * min(self.col_sizes))
 
     def tables(self, device: torch.device | str | None = None) -> RegionTables:
         """The index tensors of this partition on `device` (see RegionTables)."""
@@ -63,20 +49,20 @@ class Regions:
     def join(self, x: torch.Tensor) -> torch.Tensor:
         """Region layout back to grid order: x [..., R, S, C] -> [..., N, C] (pad slots
         dropped)."""
-        tables = self.tables(x.device)
-        flat = tables.token_region * self.size + tables.token_slot
-        return x.flatten(-3, -2).index_select(-2, flat)
+        return x.flatten(-3, -2).index_select(-2, self.tables(x.device).flat)
+
+
+def set_derived(regions: object, **values: int) -> None:
+    """A frozen partition's derived fields, and `even` (no pad slots: size == min_size)."""
+    for name, value in {**values, "even": values["size"] == values["min_size"]}.items():
+        object.__setattr__(regions, name, value)
 
 
 class RegionTables:
-    """Index tensors of one partition on one device, built there with device ops.
-
-    token_region [N], token_slot [N]: where each grid token sits; slots [R, S]: grid token of
-    each slot (pad slots: token 0); valid [R, S] bool, False at pad slots, or None when the
-    regions are even. The batched gather indices merge and unmerge use are made once per batch
-    size and offset and kept here (this object lives as long as its owner keeps it: a sampling
-    run).
-    """
+    """Index tensors of one partition on one device: token_region [N], token_slot [N]: where
+    each grid token sits, flat [N] its place in the [R * S] table; slots [R, S]: grid token of
+    each slot (pad slots: token 0); valid [R, S] bool, False at pad slots, or None when even.
+    Merge's and unmerge's gather indices are kept per batch size and offset."""
 
     def __init__(self, regions: Regions, device: torch.device | str | None) -> None:
         r = regions
@@ -97,11 +83,11 @@ class RegionTables:
         self.regions, self.token_region, self.token_slot = regions, token_region, token_slot
         device, table = token_region.device, (regions.count, regions.size)
         places = regions.count * regions.size
-        flat = token_region * regions.size + token_slot
+        self.flat = token_region * regions.size + token_slot
         self.slots = torch.zeros(places, dtype=torch.long, device=device).index_put_(
-            (flat,), torch.arange(regions.tokens, device=device)).view(table)
+            (self.flat,), torch.arange(regions.tokens, device=device)).view(table)
         self.valid = None if regions.even else torch.zeros(
-            places, dtype=torch.bool, device=device).index_fill_(0, flat, True).view(table)
+            places, dtype=torch.bool, device=device).index_fill_(0, self.flat, True).view(table)
         self._merge: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._unmerge: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -113,8 +99,7 @@ class RegionTables:
         if found is None:
             r = self.regions.count
             items = torch.arange(batch, device=self.slots.device).repeat_interleave(r).view(-1, 1)
-            tokens = (self.slots + offset).repeat(batch, 1)
-            found = (items, tokens)
+            found = (items, (self.slots + offset).repeat(batch, 1))
             if not compiling():
                 self._merge[key] = found
         return found
@@ -124,8 +109,7 @@ class RegionTables:
         grid order [B, N, C] in one gather."""
         found = self._unmerge.get(batch)
         if found is None:
-            r = self.regions.count
-            items = torch.arange(batch, device=self.slots.device).view(-1, 1) * r
+            items = torch.arange(batch, device=self.slots.device).view(-1, 1) * self.regions.count
             found = (items + self.token_region, self.token_slot)
             if not compiling():
                 self._unmerge[batch] = found
@@ -146,9 +130,8 @@ def _parts(total: int, sizes: tuple[int, ...],
     return part, c - (part * base + part.clamp(max=extra))
 
 
-# Whether dynamo is tracing: then index tensors are rebuilt in the graph (inductor folds them),
-# not cached in a dict the compiled code would guard on. Dynamo's own flag, bound once: one
-# Python call (is_compiling makes two), and blocks ask on every call.
+# Whether dynamo is tracing: then index tensors are rebuilt in the graph, not cached in a dict the
+# compiled code would guard on. Dynamo's own flag: one Python call (is_compiling makes two).
 compiling = torch.compiler.is_dynamo_compiling
 
 
@@ -159,12 +142,8 @@ def even_sizes(total: int, parts: int) -> tuple[int, ...]:
 
 
 def tile_grid(h: int, w: int, tile_count: int) -> tuple[int, int]:
-    """Tiles along each side for about `tile_count` near-square tiles on an h x w grid.
-
-    The tile side follows the grid's aspect so that 832x1216 gets taller-than-wide tile rows
-    rather than thin tiles. Tiles are at least 2 tokens per side where the grid allows it:
-    a 1-token tile could only keep itself, which merges nothing.
-    """
+    """Tiles along each side for about `tile_count` near-square tiles on an h x w grid, at least
+    2 tokens per side where the grid allows it (a 1-token tile could only keep itself)."""
     side = math.sqrt(h * w / max(tile_count, 1))
     rows = min(max(1, round(h / side)), max(1, h // 2))
     cols = min(max(1, round(w / side)), max(1, w // 2))
@@ -173,15 +152,10 @@ def tile_grid(h: int, w: int, tile_count: int) -> tuple[int, int]:
 
 def make_regions(h: int, w: int, mode: RegionMode = "tile", tile_count: int = 64,
                  t: int = 1, frames: int = 1) -> Regions:
-    """Partition a t x h x w grid (t = 1: an image).
-
-    mode "tile": about `tile_count` tiles per frame; "stripe": `tile_count` bands of whole rows
-    (at most h); "global": one region per slab holding all of its tokens. Frames are cut into
-    t // `frames` slabs (one when t < `frames`) of depths that differ by at most one: never a
-    thinner last slab, since every region keeps the same number of destinations (at most the
-    smallest region's size) and one thin slab would make every other region merge harder than
-    the ratio asks.
-    """
+    """Partition a t x h x w grid (t = 1: an image). mode "tile": about `tile_count` tiles per
+    frame; "stripe": `tile_count` bands of whole rows (at most h); "global": one region per slab.
+    Frames are cut into t // `frames` slabs (one when t < `frames`) of even depths: a thinner
+    last slab would cap every region's destination count and make the others merge harder."""
     if h < 1 or w < 1 or t < 1:
         raise ValueError(f"token grid must be at least 1x1, got {t}x{h}x{w}")
     if frames < 1:

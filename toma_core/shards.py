@@ -1,42 +1,28 @@
-"""Merging a sequence that is split across ranks (sequence parallelism): each rank holds one
-contiguous shard of the token sequence and merges only its own tokens.
-
-The sequence of P * S rows (S per rank, the last rank's tail padded) holds the token grid at rows
-[grid_start, grid_start + N); rank r holds rows [r * S, (r + 1) * S), a contiguous span of the
-grid's flattened (frame, row, column) order. A rank's regions are the full grid's regions
-(make_regions) clipped to its span: a region a shard boundary cuts becomes two pieces, one per
-rank, so no plan needs another rank's tokens.
-
-Every rank must hand the same number of tokens to the attention's all-to-all, so every rank
-drops the same number D of tokens (common_drop), decided from the shard geometry alone (every
-rank computes every rank's spans, with no communication); each piece keeps destinations in
-proportion to its size (spread_counts), so pieces keep unequal numbers ("ragged" counts, see
-MergePlan).
+"""Merging a sequence split across ranks (sequence parallelism), each rank its own tokens
+(docs/multi-gpu.md says why so). Rank r holds rows [r * S, (r + 1) * S) of the sequence, a span
+of the grid's flattened order; its regions are the whole grid's clipped to that span. Every rank
+drops the same number of tokens (common_drop), decided from the geometry alone, its pieces
+keeping destinations in proportion to their sizes (spread_counts: "ragged" counts).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, product
 
 import torch
 
-from .regions import Regions, RegionTables
+from .regions import Regions, RegionTables, set_derived
 
 
 @dataclass(frozen=True)
 class SpanRegions:
-    """The regions of `base` (a t x h x w grid's partition) clipped to the grid tokens
-    [cuts[0], cuts[-1]) of its flattened order and cut again at the cuts between, with `counts`
-    destinations kept per piece: one rank's span (two cuts), or the union of every rank's (a
-    cut at each shard boundary: one process merging the whole grid as the ranks together do).
-
-    pieces: (span index, global region index) of each piece, in order; sizes: its tokens;
-    width / places: slots and destination places per piece in the padded layout (0: the largest
-    size / count here). shard_regions gives every rank the largest of all ranks, so a piece's
-    similarities and picks come from the same shapes on every rank and in the union. Host
-    metadata (Python ints), hashable, like Regions."""
+    """The regions of `base` clipped to grid tokens [cuts[0], cuts[-1]) and cut again at the
+    cuts between (one rank's span, or the union of every rank's), keeping `counts` destinations
+    per piece. pieces: (span index, global region index) of each piece, in order; sizes: its
+    tokens; width / places: slots and destination places per piece (0: the largest here;
+    shard_regions gives every rank the largest of all ranks: the same shapes everywhere)."""
 
     base: Regions
     cuts: tuple[int, ...]
@@ -53,32 +39,23 @@ class SpanRegions:
     even: bool = field(init=False, compare=False, repr=False)      # no pad slots
 
     def __post_init__(self) -> None:
-        if not (len(self.pieces) == len(self.sizes) == len(self.counts)) or not self.pieces:
-            raise ValueError("a span needs one size and one count per piece, and a piece")
-        if any(not 1 <= k <= s for k, s in zip(self.counts, self.sizes, strict=True)):
-            raise ValueError(f"each piece keeps 1 to its size destinations, got {self.counts} "
-                             f"for sizes {self.sizes}")
-        derived = {"tokens": self.cuts[-1] - self.cuts[0], "count": len(self.pieces),
-                   "size": max(self.width, *self.sizes), "min_size": min(self.sizes),
-                   "k": max(self.places, *self.counts)}
-        derived["even"] = derived["size"] == derived["min_size"]
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
+        set_derived(self, tokens=self.cuts[-1] - self.cuts[0], count=len(self.pieces),
+                    size=max(self.width, *self.sizes), min_size=min(self.sizes),
+                    k=max(self.places, *self.counts))
 
     def tables(self, device: torch.device | str | None = None) -> SpanTables:
         return SpanTables(self, device)
 
 
 class SpanTables(RegionTables):
-    """RegionTables of a SpanRegions (span-local token indices), built with device ops from the
-    base partition's, and for the ragged counts: dest_valid [R, k] (k the largest count),
-    compact [M] (the real destinations' places in the padded R * k order) and expand [R * k]
-    (each padded place's index in the compact order; pad places point at 0, which zero unmerge
-    weights ignore)."""
+    """RegionTables of a SpanRegions (span-local token indices), and for the ragged counts:
+    dest_valid [R, k] (k the largest count), compact [M] (the real destinations' places in the
+    padded R * k order) and expand [R * k] (each place's index in the compact order; pad places
+    point at 0, which zero unmerge weights ignore)."""
 
     def __init__(self, regions: SpanRegions, device: torch.device | str | None) -> None:
         base = RegionTables(regions.base, device)
-        n, r = regions.tokens, regions.count
+        n = regions.tokens
         first, last = regions.cuts[0], regions.cuts[-1]
         # each span token's (span, global region) as one id, relabelled in order to 0..R-1
         tokens = torch.arange(first, last, device=device)
@@ -89,25 +66,18 @@ class SpanTables(RegionTables):
         present = torch.zeros(len(regions.cuts) * regions.base.count, dtype=torch.long,
                               device=device).index_fill_(0, ids, 1)
         piece = (present.cumsum(0) - 1)[ids]                                    # [n]
-        # a token's slot: its rank among the span tokens of its piece, in token order
-        order = torch.sort(piece, stable=True).indices
-        sizes = torch.zeros(r, dtype=torch.long, device=device).index_add_(
-            0, piece, torch.ones_like(piece))
-        starts = sizes.cumsum(0) - sizes        # each piece's first place in sorted order
+        # a token's slot: its rank among its piece's tokens in token order, i.e. its place in
+        # the stable sort by piece less its piece's first place there
+        grouped, order = torch.sort(piece, stable=True)
         slot = torch.empty_like(piece)
-        slot[order] = torch.arange(n, device=device) - starts[piece[order]]
+        slot[order] = torch.arange(n, device=device) - torch.searchsorted(grouped, grouped)
         self._place(regions, piece, slot)
-        k = regions.k
         counts = torch.tensor(regions.counts, device=device)   # host ints: one small copy
-        self.dest_valid = torch.arange(k, device=device) < counts.unsqueeze(1)    # [R, k]
+        self.dest_valid = torch.arange(regions.k, device=device) < counts.unsqueeze(1)  # [R, k]
         # nonzero with its size given: no read of the count back from the device
         self.compact = self.dest_valid.flatten().nonzero_static(
             size=sum(regions.counts)).squeeze(1)
         self.expand = (self.dest_valid.flatten().long().cumsum(0) - 1).clamp_min(0)
-
-
-def _starts(sizes: tuple[int, ...]) -> list[int]:
-    return [0, *accumulate(sizes)][:-1]
 
 
 def _below(c: int, h: int, w: int, box: tuple[int, int, int, int, int, int]) -> int:
@@ -128,16 +98,14 @@ def span_sizes(base: Regions, start: int, end: int) -> tuple[tuple[int, ...], tu
     """(pieces, sizes): the regions of `base` that meet grid tokens [start, end), in region
     order, and their tokens there. Host arithmetic, one step per region."""
     pieces, sizes = [], []
-    index = 0
-    for f0, df in zip(_starts(base.slab_sizes), base.slab_sizes, strict=True):
-        for y0, dy in zip(_starts(base.row_sizes), base.row_sizes, strict=True):
-            for x0, dx in zip(_starts(base.col_sizes), base.col_sizes, strict=True):
-                box = (f0, f0 + df, y0, y0 + dy, x0, x0 + dx)
-                inside = _below(end, base.h, base.w, box) - _below(start, base.h, base.w, box)
-                if inside:
-                    pieces.append(index)
-                    sizes.append(inside)
-                index += 1
+    axes = (base.slab_sizes, base.row_sizes, base.col_sizes)
+    boxes = product(*(zip([0, *accumulate(parts)][:-1], parts, strict=True) for parts in axes))
+    for index, ((f0, df), (y0, dy), (x0, dx)) in enumerate(boxes):     # in region order
+        box = (f0, f0 + df, y0, y0 + dy, x0, x0 + dx)
+        inside = _below(end, base.h, base.w, box) - _below(start, base.h, base.w, box)
+        if inside:
+            pieces.append(index)
+            sizes.append(inside)
     return tuple(pieces), tuple(sizes)
 
 
@@ -163,10 +131,8 @@ def spread_counts(sizes: tuple[int, ...], keep: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class ShardGeometry:
-    """Where the grid lies in a sequence split over `world` ranks of `shard` rows each.
-
-    grid_start: the grid's first row in the whole (unsplit) sequence; base: the whole grid's
-    regions (N = base.tokens grid tokens)."""
+    """Where the grid (regions `base`) lies in a sequence split over `world` ranks of `shard`
+    rows each, from row `grid_start` of the whole sequence."""
 
     world: int
     shard: int
@@ -210,7 +176,7 @@ def shard_regions(geometry: ShardGeometry, ratio: float) -> list[SpanRegions | N
     tokens), all ranks dropping common_drop tokens. An empty list when no token can be
     dropped on every rank: then no rank merges."""
     spans = [geometry.span(rank) for rank in range(geometry.world)]
-    found = [span_sizes(geometry.base, lo, hi) if hi > lo else ((), ()) for lo, hi in spans]
+    found = [span_sizes(geometry.base, lo, hi) for lo, hi in spans]     # ((), ()) where none
     drop = common_drop([hi - lo for lo, hi in spans], [len(pieces) for pieces, _ in found],
                        ratio)
     if drop <= 0:
@@ -225,8 +191,7 @@ def shard_regions(geometry: ShardGeometry, ratio: float) -> list[SpanRegions | N
 
 
 def dropped_share(spans: list[SpanRegions | None]) -> float:
-    """The share of the whole grid's tokens that the ranks of `spans` (shard_regions) drop
-    together."""
+    """The share of the whole grid's tokens the ranks of `spans` (shard_regions) drop."""
     present = [span for span in spans if span is not None]
     return sum(span.tokens - sum(span.counts) for span in present) / present[0].base.tokens
 

@@ -1,16 +1,11 @@
 """plan_op's operator as one Triton kernel: one program per (batch item, region).
 
-A program loads its region's S tokens (gathered through the slot table, so no region-layout copy
-is made), accumulates their float32 Gram matrix over the channels (tl.dot in IEEE float32: the
-similarity must be float32, and TF32 would round it to 10 bits), scales it into cosine
-similarity, runs the k greedy picks in registers (weighted: by the Gram diagonal) and writes
-M and U in the activations' dtype: the same steps, order and tie-breaking (lowest slot) as
-`plan_op.plan_weights_reference`; tests run it under TRITON_INTERPRET=1 against the reference.
-
-Regions up to MAX_SLOTS slots (padded to a power of two, at least 16 for tl.dot) take this path;
-larger ones (user tile counts far below the default, "global" regions) and tau = inf use the
-reference ops. If the kernel cannot be built on this machine it is disabled for the process and
-the reference ops run instead (logged once).
+A program gathers its region's S tokens through the slot table, accumulates their Gram matrix in
+IEEE float32 (TF32 would round the similarity to 10 bits), runs the k greedy picks in registers
+and writes M and U: the steps, order and tie-breaking (lowest slot) of
+`plan_op.plan_weights_reference`, which tests compare it with under TRITON_INTERPRET=1. Regions
+over MAX_SLOTS slots and tau = inf use the reference ops, as does every call once the kernel
+failed to build here (logged once).
 """
 
 from __future__ import annotations
@@ -44,7 +39,7 @@ _KERNEL: list = []
 
 
 def _kernel():
-    """The jitted kernel, defined on first use (Triton is imported only where it runs)."""
+    """The jitted kernel, defined on first use (Triton is imported only where it runs), or None."""
     if _KERNEL:
         return _KERNEL[0]
     try:

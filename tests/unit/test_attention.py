@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from toma_pack.toma_core import build_plan, merged_attention, size_bias
+from toma_pack.toma_core.attention import key_sizes
 
 COPIES = (22, 14, 10, 7, 5, 3, 2, 1)     # 64 tokens, 8 distinct
 
@@ -33,13 +34,23 @@ def attend(t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 def test_sizes_are_the_assignments_row_sums_and_add_up_to_the_grid(batch_policy: str) -> None:
     x = torch.randn(3, 12 * 10, 8)
     plan = build_plan(x, 12, 10, 0.5, tile_count=6, tau=10.0, batch=batch_policy)
-    assert plan.key_sizes().shape == (3, plan.merged_tokens)
-    assert torch.allclose(plan.key_sizes().sum(1), torch.full((3,), 120.0))
+    assert key_sizes(plan).shape == (3, plan.merged_tokens)
+    assert torch.allclose(key_sizes(plan).sum(1), torch.full((3,), 120.0))
     # transpose unmerge: U = P^T, so a merged token's size is its column of U summed
     per_region = plan.unmerge_w.float().sum(1).view(3, -1)
-    assert torch.allclose(plan.key_sizes(), per_region)
-    assert (plan.key_sizes() >= 1).all()          # each destination is its own source
+    assert torch.allclose(key_sizes(plan), per_region)
+    assert (key_sizes(plan) >= 1).all()          # each destination is its own source
 
+
+
+def test_sizes_under_the_pseudo_inverse_are_still_ps_row_sums() -> None:
+    """unmerge "pinv" keeps P^T apart (plan.assignment): the sizes are those of the transpose
+    plan with the same destinations, not the pseudo-inverse's column sums."""
+    x = torch.randn(2, 12 * 10, 8)
+    want = build_plan(x, 12, 10, 0.5, tile_count=6, tau=10.0)
+    got = build_plan(x, 12, 10, 0.5, tile_count=6, tau=10.0, unmerge="pinv")
+    assert torch.equal(got.dest_slots, want.dest_slots)
+    assert torch.equal(key_sizes(got), key_sizes(want))
 
 def test_size_bias_is_log_size_on_the_grid_and_zero_elsewhere() -> None:
     x = torch.randn(2, 3 + 64 + 2, 8)
@@ -49,7 +60,7 @@ def test_size_bias_is_log_size_on_the_grid_and_zero_elsewhere() -> None:
     assert bias.shape == (2, 1, 1, 3 + m + 2) and bias.dtype == torch.float16
     assert torch.equal(bias[..., :3], torch.zeros(2, 1, 1, 3, dtype=torch.float16))
     assert torch.equal(bias[..., 3 + m:], torch.zeros(2, 1, 1, 2, dtype=torch.float16))
-    assert torch.allclose(bias[0, 0, 0, 3:3 + m].float(), plan.key_sizes()[0].log(), atol=1e-2)
+    assert torch.allclose(bias[0, 0, 0, 3:3 + m].float(), key_sizes(plan)[0].log(), atol=1e-2)
     assert size_bias(plan, 3 + m + 2, prefix=3, dtype=torch.float16) is bias   # made once
     assert plan.size_biases[(3 + m + 2, 3, torch.float16)] is bias   # where hot paths read it
 
@@ -60,7 +71,7 @@ def test_merging_duplicate_keys_loses_nothing_when_size_weighted() -> None:
     plain one is not."""
     x = duplicated_grid()
     plan = build_plan(x, 8, 8, 1 - 8 / 64, tile_count=1, tau=math.inf)
-    assert sorted(plan.key_sizes()[0].tolist()) == sorted(float(c) for c in COPIES)
+    assert sorted(key_sizes(plan)[0].tolist()) == sorted(float(c) for c in COPIES)
     full = attend(x, None)
     weighted = merged_attention(plan, x, attend)
     plain = merged_attention(plan, x, attend, size_weighted=False)
