@@ -192,25 +192,36 @@ def sdxl_spec(name: str, side: int) -> ModelSpec:
 H3_WIDTH = 5376     # MiniMaxH3Model's width
 
 
-def minimax_h3_conds(vision_at: int = 0, vision: int = 0) -> Callable[..., dict[str, Any]]:
+def minimax_h3_conds(pictures: tuple[int, ...] = (), vision: int = 0,
+                     refs: bool = False) -> Callable[..., dict[str, Any]]:
     """The cond entries ComfyUI's MiniMax H3 nodes give besides the text states: each token's
-    modality tag (`minimax_token_tags`: 1 text, 0 over a picture's vision block, tokens
-    vision_at to vision_at + vision) and, with a picture, it as the first frame's keyframe
-    (`minimax_keyframes`: its video latent [1, 24, 1, H, W] at the canvas' size).
+    modality tag (`minimax_token_tags`: 1 text, 0 over each picture's vision block of `vision`
+    tokens, which starts at the text position given in `pictures`) and each picture's video
+    latent [1, 24, 1, H, W] at the canvas' size: MiniMaxH3ImageToVideo's one picture as the
+    first frame's keyframe (`minimax_keyframes`), or (refs) MiniMaxH3ReferenceToVideo's
+    reference images (`minimax_refs`: kind "image", the latent and its height and width).
 
     The templates' prompts as MiniMaxH3Tokenizer tokenizes them: text to video 388 tokens; image
     to video "<Picture 1>: " (6 tokens), the first frame's vision block (vision start, its 400
-    Qwen3-VL tokens at 640x640: 16-pixel patches merged 2x2, vision end) and 302 prompt tokens.
+    Qwen3-VL tokens at 640x640: 16-pixel patches merged 2x2, vision end) and 302 prompt tokens;
+    reference to video, for each of its two reference images "<Picture i>: " (6 tokens) and its
+    vision block (405 tokens at 864x480, and the two around them), then 319 prompt tokens.
     The text states at the model's width: extra_conds runs condition_proj and the token refiner
-    once per sampling, before the calls, and hands the calls their output."""
+    once per sampling, before the calls, and hands the calls their output. The pictures'
+    pixels and latents are random: a call's cost depends on their shapes only."""
     def extra(seed: int, text: tuple[int, ...], latent: Shape) -> dict[str, Any]:
         tags = torch.ones(text[1], dtype=torch.long)
         out: dict[str, Any] = {"minimax_token_tags": tags}
-        if vision:
-            tags[vision_at:vision_at + vision] = 0
-            video = latent[0]
-            out["minimax_keyframes"] = [{"resolved_frame_index": 0, "latent": _randn(
-                1, video[1], 1, *video[3:], seed=seed)}]
+        video = latent[0]
+        latents = [_randn(1, video[1], 1, *video[3:], seed=seed + i)
+                   for i in range(len(pictures))]
+        for at in pictures:
+            tags[at:at + vision] = 0
+        if refs:
+            out["minimax_refs"] = [{"kind": "image", "latent_h": video[3], "latent_w": video[4],
+                                    "latent": z} for z in latents]
+        elif latents:
+            out["minimax_keyframes"] = [{"resolved_frame_index": 0, "latent": latents[0]}]
         return out
 
     return extra
@@ -263,7 +274,18 @@ MODELS: dict[str, ModelSpec] = {
     "minimax_h3_i2v": ModelSpec("minimax_h3_i2v", "MiniMax H3 i2v 640x640x124", "MiniMaxH3",
                                 {"image_model": "minimax_h3"},
                                 ((1, 24, 37, 40, 40), (1, 32, 2, 207)), 1.0,
-                                (1, 6 + 402 + 302, H3_WIDTH), minimax_h3_conds(6, 402)),
+                                (1, 6 + 402 + 302, H3_WIDTH), minimax_h3_conds((6,), 402)),
+    # Reference to video (video_minimax_h3_r2v): its MiniMaxH3ReferenceToVideo at the text to
+    # video size and length with two reference images, which its ref_image_size "match" scales
+    # down to the canvas' area keeping their aspect. The template's two images do not ship with
+    # the template packages: assumed 16:9 and at least 864x480, so each is 864x480 (what a
+    # larger 16:9 image becomes), latent [1, 24, 1, 30, 54] -> 405 rows in front of the audio
+    # and video, and 405 Qwen3-VL tokens in the text.
+    "minimax_h3_r2v": ModelSpec("minimax_h3_r2v", "MiniMax H3 r2v 864x480x124", "MiniMaxH3",
+                                {"image_model": "minimax_h3"},
+                                ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0,
+                                (1, 2 * (6 + 407) + 319, H3_WIDTH),
+                                minimax_h3_conds((6, 6 + 407 + 6), 407, refs=True)),
 }
 
 
@@ -306,6 +328,7 @@ SETTINGS: tuple[tuple[str, Setting], ...] = (
     ("krea2", Setting("default", {"ratio": 0.5})),
     ("minimax_h3", Setting("default", {"ratio": 0.5})),
     ("minimax_h3_i2v", Setting("default", {"ratio": 0.5})),
+    ("minimax_h3_r2v", Setting("default", {"ratio": 0.5})),
 )
 
 
@@ -643,9 +666,10 @@ SMALL: dict[str, tuple[dict[str, Any], Shape, tuple[int, ...], dict[str, Any]]] 
 
 
 # the same classes at another size: the same small model (MiniMax H3's image to video: its
-# first frame's keyframe, the vision block's tags over the small prompt's tokens 6 and 7)
+# first frame's keyframe, the vision block's tags over the small prompt's tokens 6 and 7; its
+# reference to video: the same tags, two reference images of the canvas' 4 x 5 tokens)
 SMALL["sdxl_512"], SMALL["sd15_768"] = SMALL["sdxl"], SMALL["sd15"]
-SMALL["minimax_h3_i2v"] = SMALL["minimax_h3"]
+SMALL["minimax_h3_i2v"] = SMALL["minimax_h3_r2v"] = SMALL["minimax_h3"]
 
 COPIES = ("aten::_to_copy", "aten::copy_")
 SCALAR_WRITE = "a Python number written into a tensor"
