@@ -281,7 +281,9 @@ MODELS: dict[str, ModelSpec] = {
     # the template packages: assumed 16:9 and at least 864x480, so each is 864x480 (what a
     # larger 16:9 image becomes), latent [1, 24, 1, 30, 54] -> 405 rows in front of the audio
     # and video, and 405 Qwen3-VL tokens in the text.
-    "minimax_h3_r2v": ModelSpec("minimax_h3_r2v", "MiniMax H3 r2v 864x480x124", "MiniMaxH3",
+    "minimax_h3_r2v": ModelSpec("minimax_h3_r2v",
+                                "MiniMax H3 r2v 864x480x124, 2 synthetic 864x480 refs",
+                                "MiniMaxH3",
                                 {"image_model": "minimax_h3"},
                                 ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0,
                                 (1, 2 * (6 + 407) + 319, H3_WIDTH),
