@@ -222,6 +222,16 @@ class MergePlan:
         return pe.movedim(dim, 1)[items, rows].movedim(1, dim)        # picked [B, L', ...]
 
 
+def pseudo_inverse(m: torch.Tensor) -> torch.Tensor:
+    """pinv(M) [..., S, k] of merge weights M [..., k, S]: M^T (M M^T)^-1, exact because a
+    destination is its own only source (the nonzero rows are independent), by a k x k solve
+    where an SVD can fail to converge; zero rows (ragged pad picks) get zero columns."""
+    wide = m.to(torch.float32 if m.device.type == "mps" else torch.float64)  # mps: no float64
+    gram = wide @ wide.mT
+    gram = gram + torch.diag_embed((gram.diagonal(dim1=-2, dim2=-1) == 0).to(gram.dtype))
+    return torch.linalg.solve(gram, wide).mT.to(m.dtype)
+
+
 def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
                mode: RegionMode = "tile", tile_count: int = 64, tau: float = 1000.0,
                unmerge: UnmergeMethod = "transpose", batch: BatchPolicy = "per_item",
@@ -274,7 +284,7 @@ def build_plan(features: torch.Tensor, h: int, w: int, ratio: float, *,
     assignment = None
     if unmerge == "pinv":     # P^T kept for key_sizes, which the pseudo-inverse no longer is
         assignment = unmerge_w
-        merge_w, unmerge_w = merge_w.to(dtype), torch.linalg.pinv(merge_w).to(dtype)
+        merge_w, unmerge_w = merge_w.to(dtype), pseudo_inverse(merge_w).to(dtype)
     if batch == "shared" and b > 1:
         picks, dest = picks.expand(b, -1, -1), dest.expand(b, -1)
         merge_w, unmerge_w, assignment = (

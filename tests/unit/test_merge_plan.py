@@ -616,6 +616,18 @@ def test_plan_property(h: int, w: int, tile_count: int, mode: str, ratio: float,
     _close(plan.unmerge(plan.merge(const)), const, 1e-5)   # measured up to 2.5e-6 (40 examples)
 
 
+def test_pinv_plan_where_an_svd_does_not_converge() -> None:
+    """A grid (found by test_plan_property) whose merge weights made LAPACK's SVD fail to
+    converge in torch.linalg.pinv here: the plan still builds, and U is a right inverse of M."""
+    h, w = 19, 24
+    x = torch.rand(2, h * w, 4, generator=torch.Generator().manual_seed(h * w)) + 0.1
+    plan = build_plan(x, h, w, 0.27075197245413535, mode="global", tile_count=76,
+                      unmerge="pinv")
+    m, u = plan.merge_w.double(), plan.unmerge_w.double()
+    eye = torch.eye(m.shape[1], dtype=torch.float64).expand(m.shape[0], -1, -1)
+    _close(m @ u, eye, 3e-7)       # measured 5.9e-8
+
+
 # --------------------------------------------------------------------------- the hot path
 
 
