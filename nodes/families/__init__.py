@@ -23,6 +23,7 @@ import importlib
 import inspect
 import math
 import pkgutil
+from collections.abc import Callable
 
 import torch
 
@@ -88,7 +89,8 @@ def latent_tokens(latent: object, patch: tuple[int, int, int]) -> int:
 
 
 def describe_latent(patch: tuple[int, int, int], references: str | None = None,
-                    text: bool = False, refusals: tuple[tuple[str, str], ...] = ()):
+                    text: bool = False, refusals: tuple[tuple[str, str], ...] = ()
+                    ) -> Callable[[ModelCall, object, dict], str | None]:
     """describe for a call read as the grid of latent x [B, C, H, W] (latent_grid): unmerged,
     saying why, where it has one of `refusals`' (key, why); after the tokens of its
     `references` latents (a list, each [1, C, h, w]) and, where `text`, its text (context
