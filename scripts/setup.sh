@@ -80,6 +80,7 @@ if [ -d "$TREES" ]; then
   mapfile -t trees < <(find "$TREES" -mindepth 1 -maxdepth 1 -name 'v*' -printf '%f\n' | sort -V)
 fi
 newest=${trees[${#trees[@]}-1]:-}
+built=0
 for version in "${trees[@]}" ""; do  # "" last: .venv
   if [ -z "$version" ]; then
     dir=.venv tree=${newest:+$TREES/$newest}
@@ -97,8 +98,16 @@ for version in "${trees[@]}" ""; do  # "" last: .venv
     [ -z "$tree" ] || add_comfy_requirements "$dir" "$tree"
     [ -n "$version" ] || add_raylight_requirements "$dir"
     echo "$stamp" >"$dir/.stamp"
+    built=1
   fi
 done
+# The venvs hold the same torch, triton and most other wheels: one copy on disk, hard-linked
+# (each venv holds about 3 GB alone, and CI's disk is small). pip replaces files rather than
+# writing into them, so a later install in one venv leaves the others as they were. -t: the
+# copies differ only in their install times; -s: the small files save little and cost most.
+if [ "$built" = 1 ] && [ -d .cache/venvs ] && command -v hardlink >/dev/null; then
+  hardlink -q -t -s 64K .venv .cache/venvs || echo "setup: hardlink failed; the venvs stay copies"
+fi
 
 # .cache/tools/: the command-line tools the tests call, in a venv of their own (their
 # dependencies stay out of the test venvs): comfy-cli builds and validates the Comfy Registry

@@ -52,6 +52,9 @@ fi
 started=$SECONDS
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
+# torch.compile's cache (the compile tests' C++ kernels) lives and goes with this run: kept in
+# /tmp, it grows by every run's kernels on a machine whose disk is small.
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$logs/inductor}
 
 labels=()
 commands=()
@@ -111,6 +114,7 @@ while [ ${#running[@]} -gt 0 ]; do finish; done
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "== FAILED after $((SECONDS - started)) s: ${failed[*]}"
+  df -h "$ROOT" "$logs"  # a full disk fails tests far from their cause
   exit 1
 fi
 echo "== all tests passed in $((SECONDS - started)) s"
