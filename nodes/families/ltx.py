@@ -22,10 +22,12 @@ from ..dit_families import (
     Family,
     HeldRows,
     TextAt,
-    conditioned_frames,
+    host_read,
     latent_grid,
+    leading_true,
     set_grid,
 )
+from ..model_call import ModelCall
 from . import conditioning, patch_of, unmerged
 
 MODELS = "LTX-Video, LTX-2"
@@ -136,6 +138,29 @@ def describe(patch: tuple[int, int, int], call, base_model, arguments: dict) -> 
                               "leading frames), which merged tokens cannot keep apart")
     set_grid(call, (frames, h, w), protect_frames=kept)
     return None
+
+
+def conditioned_frames(call: ModelCall, mask: object, frames: int, total: int) -> int | None:
+    """Leading latent frames of a denoise mask [B|1, C|1, total, H, W] that are not all 1 (the
+    sampler does not fully denoise them: image-to-video and in-place guide frames), read in the
+    first `frames` (the video). None where the mask is no such prefix: a value below 1 after a
+    frame of all 1 (inpainting), a negative value (a token ComfyUI drops), or another length.
+    0 without a mask (host_read)."""
+    if mask is None:
+        return 0
+    if not torch.is_tensor(mask) or mask.dim() != 5 or mask.shape[2] != total:
+        return None
+
+    def read() -> int | None:
+        video = mask[:, :, :frames].float()
+        low, high = torch.stack((video.amin(dim=(0, 1, 3, 4)),
+                                 video.amax(dim=(0, 1, 3, 4)))).tolist()    # one host read
+        free = [a == 1 and b == 1 for a, b in zip(low, high, strict=True)]
+        count = leading_true([not f for f in free])
+        clean = all(free[count:]) and min(low[:count], default=0) >= 0
+        return count if clean else None
+
+    return host_read(call, ("conditioned_frames", tuple(mask.shape), frames), read)
 
 
 def held_rows(av_model) -> HeldRows | None:

@@ -21,13 +21,12 @@ from ..dit_families import (
     Family,
     ShardKind,
     TextAt,
-    given_frames,
     host_read,
     latent_grid,
     leading_true,
     set_grid,
-    zero_timestep_frames,
 )
+from ..model_call import ModelCall
 from . import conditioning
 
 MODELS = "Wan 2.1/2.2 (and VACE, Fun control and camera control, Animate)"
@@ -115,6 +114,24 @@ def video_grid(arguments: dict, patch: tuple[int, int, int]) -> tuple[int, int, 
     """The (t, h, w) grid of latent x, with the frames time_dim_concat appends."""
     grid, extra = (latent_grid(arguments.get(name), patch) for name in ("x", "time_dim_concat"))
     return grid if grid is None or extra is None else (grid[0] + extra[0], *grid[1:])
+
+
+def zero_timestep_frames(call: ModelCall, mask: object, frames: int) -> int:
+    """Leading latent frames a denoise mask [B|1, C|1, T, H, W] keeps entirely (all zero):
+    image-to-video conditioning frames. 0 without such a mask (host_read)."""
+    if not torch.is_tensor(mask) or mask.dim() != 5 or mask.shape[2] != frames:
+        return 0
+    return host_read(call, ("zero_timestep_frames", tuple(mask.shape)), lambda: leading_true(
+        (mask.float().abs().amax(dim=(0, 1, 3, 4)) == 0).tolist()))
+
+
+def given_frames(call: ModelCall, mask: object) -> int:
+    """Leading latent frames a concatenated image-to-video mask [B, C, T, H, W] marks as given
+    entirely (all 1, on the start image's frames). 0 without such a mask (host_read)."""
+    if not torch.is_tensor(mask) or mask.dim() != 5:
+        return 0
+    return host_read(call, ("given_frames", tuple(mask.shape)), lambda: leading_true(
+        (mask.float().amin(dim=(0, 1, 3, 4)) == 1).tolist()))
 
 
 def concat_mask(c_concat: object, x: object) -> object:
