@@ -192,14 +192,16 @@ def sdxl_spec(name: str, side: int) -> ModelSpec:
 H3_WIDTH = 5376     # MiniMaxH3Model's width
 
 
-def minimax_h3_conds(pictures: tuple[int, ...] = (), vision: int = 0,
-                     refs: bool = False) -> Callable[..., dict[str, Any]]:
+def minimax_h3_conds(pictures: tuple[int, ...] = (), vision: int = 0, refs: bool = False,
+                     ref_latent: tuple[int, int] | None = None) -> Callable[..., dict[str, Any]]:
     """The cond entries ComfyUI's MiniMax H3 nodes give besides the text states: each token's
     modality tag (`minimax_token_tags`: 1 text, 0 over each picture's vision block of `vision`
     tokens, which starts at the text position given in `pictures`) and each picture's video
     latent [1, 24, 1, H, W] at the canvas' size: MiniMaxH3ImageToVideo's one picture as the
     first frame's keyframe (`minimax_keyframes`), or (refs) MiniMaxH3ReferenceToVideo's
-    reference images (`minimax_refs`: kind "image", the latent and its height and width).
+    reference images (`minimax_refs`: kind "image", the latent and its height and width), at
+    the latent size `ref_latent` (H, W) where its ref_image_size gives them another size than
+    the canvas'.
 
     The templates' prompts as MiniMaxH3Tokenizer tokenizes them: text to video 388 tokens; image
     to video "<Picture 1>: " (6 tokens), the first frame's vision block (vision start, its 400
@@ -213,12 +215,13 @@ def minimax_h3_conds(pictures: tuple[int, ...] = (), vision: int = 0,
         tags = torch.ones(text[1], dtype=torch.long)
         out: dict[str, Any] = {"minimax_token_tags": tags}
         video = latent[0]
-        latents = [_randn(1, video[1], 1, *video[3:], seed=seed + i)
+        height, width = ref_latent or video[3:]
+        latents = [_randn(1, video[1], 1, height, width, seed=seed + i)
                    for i in range(len(pictures))]
         for at in pictures:
             tags[at:at + vision] = 0
         if refs:
-            out["minimax_refs"] = [{"kind": "image", "latent_h": video[3], "latent_w": video[4],
+            out["minimax_refs"] = [{"kind": "image", "latent_h": height, "latent_w": width,
                                     "latent": z} for z in latents]
         elif latents:
             out["minimax_keyframes"] = [{"resolved_frame_index": 0, "latent": latents[0]}]
@@ -288,6 +291,21 @@ MODELS: dict[str, ModelSpec] = {
                                 ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0,
                                 (1, 2 * (6 + 407) + 319, H3_WIDTH),
                                 minimax_h3_conds((6, 6 + 407 + 6), 407, refs=True)),
+    # The same with ref_image_size "max": each reference scaled down (never up) to a 2048-pixel
+    # short edge, keeping its aspect, each side rounded to 32. Assumed: two 16:9 images of a
+    # 2048-pixel short edge or more (a 3840x2160 photo: 3640.9 x 2048 -> 3648x2048), so each is
+    # latent [1, 24, 1, 128, 228] -> 64 x 114 = 7296 rows, and Qwen3-VL's processor keeps
+    # 3648x2048 (under its 12845056-pixel cap): 7296 tokens in a vision block of 7298. A source
+    # of 864x480 stays 864x480 under "max" (minimax_h3_r2v's sizes).
+    "minimax_h3_r2v_max": ModelSpec("minimax_h3_r2v_max",
+                                    "MiniMax H3 r2v 864x480x124, 2 synthetic 3840x2160 refs "
+                                    "at max (3648x2048)",
+                                    "MiniMaxH3",
+                                    {"image_model": "minimax_h3"},
+                                    ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0,
+                                    (1, 2 * (6 + 7298) + 319, H3_WIDTH),
+                                    minimax_h3_conds((6, 6 + 7298 + 6), 7298, refs=True,
+                                                     ref_latent=(128, 228))),
 }
 
 
@@ -331,6 +349,7 @@ SETTINGS: tuple[tuple[str, Setting], ...] = (
     ("minimax_h3", Setting("default", {"ratio": 0.5})),
     ("minimax_h3_i2v", Setting("default", {"ratio": 0.5})),
     ("minimax_h3_r2v", Setting("default", {"ratio": 0.5})),
+    ("minimax_h3_r2v_max", Setting("default", {"ratio": 0.5})),
 )
 
 
@@ -669,9 +688,11 @@ SMALL: dict[str, tuple[dict[str, Any], Shape, tuple[int, ...], dict[str, Any]]] 
 
 # the same classes at another size: the same small model (MiniMax H3's image to video: its
 # first frame's keyframe, the vision block's tags over the small prompt's tokens 6 and 7; its
-# reference to video: the same tags, two reference images of the canvas' 4 x 5 tokens)
+# reference to video: the same tags, two reference images of the canvas' 4 x 5 tokens, or at
+# "max" of the full size's 64 x 114)
 SMALL["sdxl_512"], SMALL["sd15_768"] = SMALL["sdxl"], SMALL["sd15"]
 SMALL["minimax_h3_i2v"] = SMALL["minimax_h3_r2v"] = SMALL["minimax_h3"]
+SMALL["minimax_h3_r2v_max"] = SMALL["minimax_h3"]
 
 COPIES = ("aten::_to_copy", "aten::copy_")
 SCALAR_WRITE = "a Python number written into a tensor"
