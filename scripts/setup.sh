@@ -75,12 +75,23 @@ add_raylight_requirements() {  # add_raylight_requirements VENV
   quiet "$1/bin/python" -m pip install --no-deps xfuser==0.4.5
 }
 
+# The venvs hold the same torch, triton and most other wheels: one copy on disk, hard-linked
+# after each build (each venv holds about 3 GB alone, and CI's disk is small). pip replaces
+# files rather than writing into them, so a later install in one venv leaves the others as they
+# were. -t: the copies differ in their install times; -s: the small files save little.
+link_copies() {
+  local dirs=()
+  for dir in .venv .cache/venvs/*/; do [ -f "$dir/.stamp" ] && dirs+=("$dir"); done
+  if [ ${#dirs[@]} -gt 1 ] && command -v hardlink >/dev/null; then
+    hardlink -q -t -s 64K "${dirs[@]}" || echo "setup: hardlink failed; the venvs stay copies"
+  fi
+}
+
 trees=()
 if [ -d "$TREES" ]; then
   mapfile -t trees < <(find "$TREES" -mindepth 1 -maxdepth 1 -name 'v*' -printf '%f\n' | sort -V)
 fi
 newest=${trees[${#trees[@]}-1]:-}
-built=0
 for version in "${trees[@]}" ""; do  # "" last: .venv
   if [ -z "$version" ]; then
     dir=.venv tree=${newest:+$TREES/$newest}
@@ -98,16 +109,9 @@ for version in "${trees[@]}" ""; do  # "" last: .venv
     [ -z "$tree" ] || add_comfy_requirements "$dir" "$tree"
     [ -n "$version" ] || add_raylight_requirements "$dir"
     echo "$stamp" >"$dir/.stamp"
-    built=1
+    link_copies
   fi
 done
-# The venvs hold the same torch, triton and most other wheels: one copy on disk, hard-linked
-# (each venv holds about 3 GB alone, and CI's disk is small). pip replaces files rather than
-# writing into them, so a later install in one venv leaves the others as they were. -t: the
-# copies differ only in their install times; -s: the small files save little and cost most.
-if [ "$built" = 1 ] && [ -d .cache/venvs ] && command -v hardlink >/dev/null; then
-  hardlink -q -t -s 64K .venv .cache/venvs || echo "setup: hardlink failed; the venvs stay copies"
-fi
 
 # .cache/tools/: the command-line tools the tests call, in a venv of their own (their
 # dependencies stay out of the test venvs): comfy-cli builds and validates the Comfy Registry
