@@ -80,7 +80,7 @@ add_raylight_requirements() {  # add_raylight_requirements VENV
 # files rather than writing into them, so a later install in one venv leaves the others as they
 # were. -t: the copies differ in their install times; -s: the small files save little.
 link_copies() {
-  local dirs=()
+  local dirs=() dir
   for dir in .venv .cache/venvs/*/; do [ -f "$dir/.stamp" ] && dirs+=("$dir"); done
   if [ ${#dirs[@]} -gt 1 ] && command -v hardlink >/dev/null; then
     hardlink -q -t -s 64K "${dirs[@]}" || echo "setup: hardlink failed; the venvs stay copies"
