@@ -329,8 +329,37 @@ async def _drive(cdp: Cdp, server: ComfyServer, record: PageRecord) -> None:
                            f"{json.dumps(locale)}).then(() => true)")
         await browser.reload(cdp, UI_TIMEOUT_S)
         await _set_vue_nodes(cdp, False)
+        await _names_in_locale(cdp, locale)
         for node_type in PACK_TYPES:
             record.help.append(await _help_view(cdp, record, node_type, locale))
+
+
+# How long the names may take to follow a reload before the node definitions are refreshed.
+NAMES_AFTER_RELOAD_S = 20.0
+
+
+async def _names_in_locale(cdp: Cdp, locale: str) -> None:
+    """Wait until the frontend's node types carry the pack's names in `locale`.
+
+    The frontend translates the names when it fetches the node definitions and loads a
+    language's own strings lazily; after a reload the fetch can win that race (seen once with
+    frontend 1.35 in CI), and the names stay English until the definitions are fetched again.
+    A person then refreshes them (Edit > Refresh Node Definitions); so does this. A pack whose
+    translations are missing or wrong still times out.
+    """
+    names = {node_type: display_name(node_type, locale) for node_type in PACK_TYPES}
+    named = f"""(() => {{
+      const types = globalThis.LiteGraph.registered_node_types, names = {json.dumps(names)};
+      return Object.entries(names).every(([type, name]) => types[type]?.title === name);
+    }})()"""
+    try:
+        await cdp.wait_for(named, NAMES_AFTER_RELOAD_S, f"the node names in {locale}")
+    except AssertionError:
+        log.warning("node names not in %s %.0f s after the reload: refreshing the node "
+                    "definitions", locale, NAMES_AFTER_RELOAD_S)
+        await cdp.evaluate(f"{JS_APP}.extensionManager.command.execute("
+                           "'Comfy.RefreshNodeDefinitions').then(() => true)")
+        await cdp.wait_for(named, UI_TIMEOUT_S, f"the node names in {locale} after a refresh")
 
 
 def help_page(node_type: str, locale: str) -> str:
