@@ -306,6 +306,18 @@ MODELS: dict[str, ModelSpec] = {
                                     (1, 2 * (6 + 7298) + 319, H3_WIDTH),
                                     minimax_h3_conds((6, 6 + 7298 + 6), 7298, refs=True,
                                                      ref_latent=(128, 228))),
+    # "max" with two 1920x1080 sources (under the 2048 short edge: never scaled up, each side
+    # rounded to 32 -> 1920x1088): latent [1, 24, 1, 68, 120] -> 34 x 60 = 2040 rows each, and
+    # 2040 Qwen3-VL tokens in a vision block of 2042.
+    "minimax_h3_r2v_max_1080": ModelSpec("minimax_h3_r2v_max_1080",
+                                         "MiniMax H3 r2v 864x480x124, 2 synthetic 1920x1080 "
+                                         "refs at max (1920x1088)",
+                                         "MiniMaxH3",
+                                         {"image_model": "minimax_h3"},
+                                         ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0,
+                                         (1, 2 * (6 + 2042) + 319, H3_WIDTH),
+                                         minimax_h3_conds((6, 6 + 2042 + 6), 2042, refs=True,
+                                                          ref_latent=(68, 120))),
 }
 
 
@@ -350,6 +362,7 @@ SETTINGS: tuple[tuple[str, Setting], ...] = (
     ("minimax_h3_i2v", Setting("default", {"ratio": 0.5})),
     ("minimax_h3_r2v", Setting("default", {"ratio": 0.5})),
     ("minimax_h3_r2v_max", Setting("default", {"ratio": 0.5})),
+    ("minimax_h3_r2v_max_1080", Setting("default", {"ratio": 0.5})),
 )
 
 
@@ -692,7 +705,7 @@ SMALL: dict[str, tuple[dict[str, Any], Shape, tuple[int, ...], dict[str, Any]]] 
 # "max" of the full size's 64 x 114)
 SMALL["sdxl_512"], SMALL["sd15_768"] = SMALL["sdxl"], SMALL["sd15"]
 SMALL["minimax_h3_i2v"] = SMALL["minimax_h3_r2v"] = SMALL["minimax_h3"]
-SMALL["minimax_h3_r2v_max"] = SMALL["minimax_h3"]
+SMALL["minimax_h3_r2v_max"] = SMALL["minimax_h3_r2v_max_1080"] = SMALL["minimax_h3"]
 
 COPIES = ("aten::_to_copy", "aten::copy_")
 SCALAR_WRITE = "a Python number written into a tensor"
