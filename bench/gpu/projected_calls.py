@@ -230,6 +230,18 @@ def minimax_h3_conds(pictures: tuple[int, ...] = (), vision: int = 0, refs: bool
     return extra
 
 
+def minimax_h3_r2v_spec(name: str, refs: str, vision: int,
+                        ref_latent: tuple[int, int] | None = None) -> ModelSpec:
+    """MiniMax H3 reference to video at the text to video size and length with two reference
+    images described by `refs`: each "<Picture i>: " (6 tokens) and its vision block of `vision`
+    tokens, then 319 prompt tokens; their latents at the canvas' size or `ref_latent` (H, W)."""
+    return ModelSpec(name, f"MiniMax H3 r2v 864x480x124, 2 synthetic {refs}", "MiniMaxH3",
+                     {"image_model": "minimax_h3"}, ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0,
+                     (1, 2 * (6 + vision) + 319, H3_WIDTH),
+                     minimax_h3_conds((6, 6 + vision + 6), vision, refs=True,
+                                      ref_latent=ref_latent))
+
+
 MODELS: dict[str, ModelSpec] = {
     # 1024x1024: latent 128x128; CLIP-L + bigG context 77 x 2048, pooled bigG 1280
     "sdxl": sdxl_spec("sdxl", 1024),
@@ -284,40 +296,20 @@ MODELS: dict[str, ModelSpec] = {
     # the template packages: assumed 16:9 and at least 864x480, so each is 864x480 (what a
     # larger 16:9 image becomes), latent [1, 24, 1, 30, 54] -> 405 rows in front of the audio
     # and video, and 405 Qwen3-VL tokens in the text.
-    "minimax_h3_r2v": ModelSpec("minimax_h3_r2v",
-                                "MiniMax H3 r2v 864x480x124, 2 synthetic 864x480 refs",
-                                "MiniMaxH3",
-                                {"image_model": "minimax_h3"},
-                                ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0,
-                                (1, 2 * (6 + 407) + 319, H3_WIDTH),
-                                minimax_h3_conds((6, 6 + 407 + 6), 407, refs=True)),
+    "minimax_h3_r2v": minimax_h3_r2v_spec("minimax_h3_r2v", "864x480 refs", 407),
     # The same with ref_image_size "max": each reference scaled down (never up) to a 2048-pixel
     # short edge, keeping its aspect, each side rounded to 32. Assumed: two 16:9 images of a
     # 2048-pixel short edge or more (a 3840x2160 photo: 3640.9 x 2048 -> 3648x2048), so each is
     # latent [1, 24, 1, 128, 228] -> 64 x 114 = 7296 rows, and Qwen3-VL's processor keeps
     # 3648x2048 (under its 12845056-pixel cap): 7296 tokens in a vision block of 7298. A source
     # of 864x480 stays 864x480 under "max" (minimax_h3_r2v's sizes).
-    "minimax_h3_r2v_max": ModelSpec("minimax_h3_r2v_max",
-                                    "MiniMax H3 r2v 864x480x124, 2 synthetic 3840x2160 refs "
-                                    "at max (3648x2048)",
-                                    "MiniMaxH3",
-                                    {"image_model": "minimax_h3"},
-                                    ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0,
-                                    (1, 2 * (6 + 7298) + 319, H3_WIDTH),
-                                    minimax_h3_conds((6, 6 + 7298 + 6), 7298, refs=True,
-                                                     ref_latent=(128, 228))),
+    "minimax_h3_r2v_max": minimax_h3_r2v_spec(
+        "minimax_h3_r2v_max", "3840x2160 refs at max (3648x2048)", 7298, (128, 228)),
     # "max" with two 1920x1080 sources (under the 2048 short edge: never scaled up, each side
     # rounded to 32 -> 1920x1088): latent [1, 24, 1, 68, 120] -> 34 x 60 = 2040 rows each, and
     # 2040 Qwen3-VL tokens in a vision block of 2042.
-    "minimax_h3_r2v_max_1080": ModelSpec("minimax_h3_r2v_max_1080",
-                                         "MiniMax H3 r2v 864x480x124, 2 synthetic 1920x1080 "
-                                         "refs at max (1920x1088)",
-                                         "MiniMaxH3",
-                                         {"image_model": "minimax_h3"},
-                                         ((1, 24, 37, 30, 54), (1, 32, 2, 207)), 1.0,
-                                         (1, 2 * (6 + 2042) + 319, H3_WIDTH),
-                                         minimax_h3_conds((6, 6 + 2042 + 6), 2042, refs=True,
-                                                          ref_latent=(68, 120))),
+    "minimax_h3_r2v_max_1080": minimax_h3_r2v_spec(
+        "minimax_h3_r2v_max_1080", "1920x1080 refs at max (1920x1088)", 2042, (68, 120)),
 }
 
 
@@ -702,7 +694,7 @@ SMALL: dict[str, tuple[dict[str, Any], Shape, tuple[int, ...], dict[str, Any]]] 
 # the same classes at another size: the same small model (MiniMax H3's image to video: its
 # first frame's keyframe, the vision block's tags over the small prompt's tokens 6 and 7; its
 # reference to video: the same tags, two reference images of the canvas' 4 x 5 tokens, or at
-# "max" of the full size's 64 x 114)
+# "max" of the full size's 64 x 114 or 34 x 60)
 SMALL["sdxl_512"], SMALL["sd15_768"] = SMALL["sdxl"], SMALL["sd15"]
 SMALL["minimax_h3_i2v"] = SMALL["minimax_h3_r2v"] = SMALL["minimax_h3"]
 SMALL["minimax_h3_r2v_max"] = SMALL["minimax_h3_r2v_max_1080"] = SMALL["minimax_h3"]

@@ -342,8 +342,8 @@ async def _names_in_locale(cdp: Cdp, locale: str) -> None:
     """Wait until the frontend's node types carry the pack's names in `locale`.
 
     The frontend translates the names when it fetches the node definitions and loads a
-    language's own strings lazily; after a reload the fetch can win that race (seen once with
-    frontend 1.35 in CI), and the names stay English until the definitions are fetched again.
+    language's own strings lazily; after a reload the fetch can win that race (frontend 1.35,
+    at times), and the names stay English until the definitions are fetched again.
     A person then refreshes them (Edit > Refresh Node Definitions); so does this. A pack whose
     translations are missing or wrong still times out.
     """
